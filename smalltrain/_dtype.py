@@ -1,0 +1,86 @@
+"""smalltrain's dtypes: thin named wrappers over NumPy dtypes, spelled and compared like torch's."""
+import numpy as np
+
+
+class dtype:
+    """A tensor element type. `smalltrain.float32 == numpy.float32` holds, so arrays and dtypes mix freely."""
+
+    __slots__ = ("name", "np", "is_floating_point", "is_signed", "itemsize")
+
+    def __init__(self, name, np_dtype):
+        self.name = name
+        self.np = np.dtype(np_dtype)
+        self.is_floating_point = self.np.kind == "f"
+        self.is_signed = self.np.kind in "fi"
+        self.itemsize = self.np.itemsize
+
+    def __repr__(self):
+        return f"smalltrain.{self.name}"
+
+    def __eq__(self, other):
+        if isinstance(other, dtype):
+            return self.np == other.np
+        try:
+            return self.np == np.dtype(other)
+        except TypeError:
+            return NotImplemented
+
+    def __hash__(self):
+        return hash(self.np)
+
+
+float32 = dtype("float32", np.float32)
+float64 = dtype("float64", np.float64)
+float16 = dtype("float16", np.float16)
+int64 = dtype("int64", np.int64)
+int32 = dtype("int32", np.int32)
+int16 = dtype("int16", np.int16)
+int8 = dtype("int8", np.int8)
+uint8 = dtype("uint8", np.uint8)
+bool_ = dtype("bool", np.bool_)
+float = float32  # noqa: A001 - torch's aliases
+double = float64
+half = float16
+long = int64
+int = int32  # noqa: A001
+
+_BY_NP = {d.np: d for d in (float32, float64, float16, int64, int32, int16, int8, uint8, bool_)}
+
+
+def from_numpy_dtype(np_dtype):
+    """The smalltrain dtype for a NumPy dtype; TypeError for element types smalltrain does not support."""
+    try:
+        return _BY_NP[np.dtype(np_dtype)]
+    except KeyError:
+        raise TypeError(f"unsupported element type {np.dtype(np_dtype)}; expected one of "
+                        f"{', '.join(str(k) for k in _BY_NP)}") from None
+
+
+def to_numpy_dtype(d):
+    """Accept a smalltrain dtype, a NumPy dtype or a Python type and return the NumPy dtype."""
+    if d is None:
+        return None
+    if isinstance(d, dtype):
+        return d.np
+    if d is builtins_float:
+        return np.dtype(np.float32)
+    if d is builtins_int:
+        return np.dtype(np.int64)
+    if d is builtins_bool:
+        return np.dtype(np.bool_)
+    return from_numpy_dtype(d).np
+
+
+builtins_float, builtins_int, builtins_bool = type(1.0), type(1), type(True)
+_default_float = float32
+
+
+def get_default_dtype():
+    return _default_float
+
+
+def set_default_dtype(d):
+    global _default_float
+    if not isinstance(d, dtype) or not d.is_floating_point:
+        raise TypeError(f"set_default_dtype: expected a floating point dtype, got {d}")
+    _default_float = d

@@ -1,0 +1,128 @@
+"""The backward engine: iterative reverse topological order, gradient accumulation, unbroadcasting, graph freeing."""
+import numpy as np
+
+from . import grad_mode
+
+
+def unbroadcast(grad, shape):
+    """Sum `grad` down to `shape`, undoing NumPy broadcasting (leading dims added, size-1 dims expanded)."""
+    if grad.shape == shape:
+        return grad
+    extra = grad.ndim - len(shape)
+    if extra > 0:
+        grad = grad.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    if axes:
+        grad = grad.sum(axis=axes, keepdims=True)
+    if grad.shape != shape:
+        raise RuntimeError(f"autograd: gradient of shape {list(grad.shape)} cannot be reduced to the input's "
+                           f"shape {list(shape)}")
+    return grad
+
+
+def _topological_order(roots):
+    """Nodes reachable from `roots`, each after every node that consumes its outputs (no recursion)."""
+    order, visited = [], set()
+    stack = [(r, False) for r in roots]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for t in node.inputs:
+            if t is not None and t._ctx is not None and id(t._ctx) not in visited:
+                stack.append((t._ctx, False))
+    order.reverse()
+    return order
+
+
+def _zeros(meta):
+    shape, dtype, array_type = meta
+    if array_type is np.ndarray:
+        return np.zeros(shape, dtype)
+    from ..backend import cuda
+    return cuda.cupy().zeros(shape, dtype)
+
+
+def _accumulate_leaf(leaf, g):
+    from ..tensor import Tensor
+    if leaf._hooks:
+        for hook in leaf._hooks:
+            r = hook(Tensor._wrap(g))
+            if r is not None:
+                g = r.array
+    if leaf.grad is None:
+        # a fresh array: the same upstream array may feed several leaves, and .grad is updated in place later
+        leaf.grad = Tensor._wrap(g.copy())
+    else:
+        leaf.grad.array += g
+    if leaf._post_hooks:
+        for hook in leaf._post_hooks:
+            hook(leaf)
+
+
+def run_backward(tensors, grad_tensors, retain_graph=False):
+    """Backpropagate from `tensors` seeded with `grad_tensors` (raw arrays), accumulating into leaves' .grad."""
+    from ..tensor import Tensor
+    pending = {}   # id(node) -> list of output gradients (arrays or None)
+    roots = []
+    for t, g in zip(tensors, grad_tensors):
+        if t._ctx is None:
+            if t.requires_grad:
+                _accumulate_leaf(t, g)
+            continue
+        node = t._ctx
+        slot = pending.setdefault(id(node), [None] * len(node.out_meta))
+        i = t._out_idx
+        slot[i] = g if slot[i] is None else slot[i] + g
+        roots.append(node)
+    prev = grad_mode._state.enabled
+    grad_mode._state.enabled = False
+    try:
+        for node in _topological_order(roots):
+            grads = pending.pop(id(node), None)
+            if grads is None:
+                continue
+            if node.freed:
+                node.saved_tensors  # raises the torch-style error
+            if node.out_hooks:
+                for i, hooks in node.out_hooks.items():
+                    for hook in hooks:
+                        if grads[i] is not None:
+                            r = hook(Tensor._wrap(grads[i]))
+                            if r is not None:
+                                grads[i] = r.array
+            grads = [Tensor._wrap(g if g is not None else _zeros(m)) if m is not None else None
+                     for g, m in zip(grads, node.out_meta)]
+            in_grads = node.fn.backward(node, *grads)
+            if not isinstance(in_grads, tuple):
+                in_grads = (in_grads,)
+            if len(in_grads) < len(node.inputs) and any(t is not None for t in node.inputs[len(in_grads):]):
+                raise RuntimeError(f"{node.name()}: backward returned {len(in_grads)} gradients, expected "
+                                   f"{len(node.inputs)} (one per forward input)")
+            if not retain_graph:
+                # the structure stays walkable (grad_fn chains); only what forward saved is dropped
+                node.to_save = ()
+                node.freed = True
+                node.__dict__.clear()
+            for t, g in zip(node.inputs, in_grads):
+                if t is None or g is None:
+                    continue
+                g = g.array if isinstance(g, Tensor) else g
+                a = t.array
+                if g.shape != a.shape:
+                    g = unbroadcast(g, a.shape)
+                if g.dtype != a.dtype:
+                    g = g.astype(a.dtype)
+                if t._ctx is None:
+                    _accumulate_leaf(t, g)
+                else:
+                    slot = pending.setdefault(id(t._ctx), [None] * len(t._ctx.out_meta))
+                    i = t._out_idx
+                    slot[i] = g if slot[i] is None else slot[i] + g
+    finally:
+        grad_mode._state.enabled = prev

@@ -1,0 +1,104 @@
+"""Devices and array modules: `xp` is numpy for CPU arrays and cupy for CUDA arrays."""
+import numpy as np
+
+
+class Device:
+    """A device, spelled like torch's: `Device('cpu')`, `Device('cuda')`, `Device('cuda:1')`, `Device('cuda', 1)`."""
+
+    __slots__ = ("type", "index")
+
+    def __new__(cls, spec="cpu", index=None):
+        if isinstance(spec, Device):
+            return spec
+        if not isinstance(spec, str):
+            raise TypeError(f"device: expected a string like 'cpu' or 'cuda:0', got {spec!r}")
+        kind, _, idx = spec.partition(":")
+        if kind not in ("cpu", "cuda"):
+            raise RuntimeError(f"device: expected 'cpu' or 'cuda[:N]', got {spec!r}")
+        if idx:
+            if index is not None or not idx.isdigit():
+                raise RuntimeError(f"device: invalid device string {spec!r}")
+            index = int(idx)
+        if kind == "cpu":
+            index = None
+        elif index is None:
+            index = 0
+        key = (kind, index)
+        cached = _DEVICES.get(key)
+        if cached is None:
+            cached = object.__new__(cls)
+            object.__setattr__(cached, "type", kind)
+            object.__setattr__(cached, "index", index)
+            _DEVICES[key] = cached
+        return cached
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Device is immutable")
+
+    def __repr__(self):
+        return f"device(type='{self.type}')" if self.index is None else \
+            f"device(type='{self.type}', index={self.index})"
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            other = Device(other)
+        return isinstance(other, Device) and self.type == other.type and self.index == other.index
+
+    def __hash__(self):
+        return hash((self.type, self.index))
+
+    def __reduce__(self):
+        return (Device, (str(self),))
+
+
+_DEVICES = {}
+CPU = Device("cpu")
+
+
+def as_device(device):
+    """None means CPU; strings and ints (CUDA ordinals, as torch accepts) become Devices."""
+    if device is None:
+        return CPU
+    if isinstance(device, int) and not isinstance(device, bool):
+        return Device("cuda", device)
+    return Device(device)
+
+
+def device_of(array):
+    """The Device an ndarray lives on."""
+    if isinstance(array, np.ndarray):
+        return CPU
+    return Device("cuda", array.device.id)
+
+
+def get_array_module(x):
+    """numpy for CPU arrays/devices, cupy for CUDA ones (imported lazily: CPU use never needs CuPy)."""
+    if isinstance(x, Device):
+        if x.type == "cpu":
+            return np
+        from . import cuda
+        return cuda.cupy()
+    if isinstance(x, np.ndarray) or np.isscalar(x):
+        return np
+    from . import cuda
+    return cuda.cupy()
+
+
+def to_device(array, device):
+    """Copy an ndarray to `device` (no copy if it is already there)."""
+    device = as_device(device)
+    if device.type == "cpu":
+        if isinstance(array, np.ndarray):
+            return array
+        return array.get()
+    from . import cuda
+    cp = cuda.cupy()
+    if device.index >= cuda.device_count():
+        raise RuntimeError(f"to: CUDA device {device.index} requested, but only {cuda.device_count()} visible")
+    with cp.cuda.Device(device.index):
+        if isinstance(array, cp.ndarray) and array.device.id == device.index:
+            return array
+        return cp.asarray(array)

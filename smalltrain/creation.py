@@ -1,0 +1,188 @@
+"""Tensor creation: tensor, from_numpy, zeros/ones/empty/full, rand/randn/randint, arange, linspace, eye, *_like."""
+import numpy as np
+
+from . import _dtype, random
+from .backend import as_device, get_array_module, to_device
+from .tensor import Tensor
+
+
+def _infer_np_dtype(data):
+    """torch's inference: Python floats -> float32 (the default), ints -> int64, bools -> bool."""
+    probe = data
+    while isinstance(probe, (list, tuple)) and probe:
+        probe = probe[0]
+    if isinstance(probe, Tensor):
+        return probe.array.dtype
+    if isinstance(probe, (bool, np.bool_)):
+        return np.bool_
+    if isinstance(probe, (int, np.integer)):
+        flat = np.asarray(data)
+        return np.float32 if flat.dtype.kind == "f" else np.int64
+    return _dtype.get_default_dtype().np
+
+
+def _to_array(data, dtype=None, device=None):
+    """Copy `data` (nested lists, scalars, arrays, Tensors) into a fresh array of `dtype` on `device`."""
+    np_dtype = _dtype.to_numpy_dtype(dtype)
+    if isinstance(data, Tensor):
+        data = data.array
+    if hasattr(data, "__cuda_array_interface__"):
+        a = data.astype(np_dtype or data.dtype, copy=True)
+        return a if device is None else to_device(a, device)
+    if isinstance(data, np.ndarray):
+        a = np.array(data, dtype=np_dtype or (data.dtype if data.dtype in _dtype._BY_NP
+                                             else _dtype.from_numpy_dtype(data.dtype).np))
+    else:
+        if isinstance(data, (list, tuple)) and data and isinstance(data[0], Tensor):
+            data = [d.array if isinstance(d.array, np.ndarray) else d.array.get() for d in data]
+        a = np.array(data, dtype=np_dtype or _infer_np_dtype(data))
+    _dtype.from_numpy_dtype(a.dtype)  # rejects unsupported element types (object, complex, ...)
+    dev = as_device(device)
+    return a if dev.type == "cpu" else to_device(a, dev)
+
+
+def tensor(data, dtype=None, device=None, requires_grad=False):
+    """A new tensor holding a copy of `data`."""
+    t = Tensor._wrap(_to_array(data, dtype, device))
+    if requires_grad:
+        t.requires_grad_()
+    return t
+
+
+def as_tensor(data, dtype=None, device=None):
+    if isinstance(data, Tensor):
+        return data.to(device=device or data.device, dtype=dtype or data.dtype)
+    if isinstance(data, np.ndarray) and dtype is None and device is None and data.dtype in _dtype._BY_NP:
+        return Tensor._wrap(data)
+    return tensor(data, dtype, device)
+
+
+def from_numpy(array):
+    """A tensor sharing memory with `array`, like torch.from_numpy."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"expected np.ndarray (got {type(array).__name__})")
+    _dtype.from_numpy_dtype(array.dtype)
+    return Tensor._wrap(array)
+
+
+def _shape(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    for s in size:
+        if int(s) < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {list(size)}")
+    return tuple(int(s) for s in size)
+
+
+def _make(fill, size, dtype, device, requires_grad, default=None):
+    dev = as_device(device)
+    xp = get_array_module(dev)
+    np_dtype = _dtype.to_numpy_dtype(dtype) or (default or _dtype.get_default_dtype().np)
+    if dev.type == "cuda":
+        with xp.cuda.Device(dev.index):
+            a = fill(xp, _shape(size), np_dtype)
+    else:
+        a = fill(xp, _shape(size), np_dtype)
+    t = Tensor._wrap(a)
+    return t.requires_grad_() if requires_grad else t
+
+
+def zeros(*size, dtype=None, device=None, requires_grad=False):
+    return _make(lambda xp, s, d: xp.zeros(s, d), size, dtype, device, requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad=False):
+    return _make(lambda xp, s, d: xp.ones(s, d), size, dtype, device, requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad=False):
+    return _make(lambda xp, s, d: xp.empty(s, d), size, dtype, device, requires_grad)
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad=False):
+    if dtype is None:
+        dtype = _dtype.bool_ if isinstance(fill_value, bool) else \
+            _dtype.int64 if isinstance(fill_value, int) else None
+    return _make(lambda xp, s, d: xp.full(s, fill_value, d), (size,) if isinstance(size, int) else tuple(size),
+                 dtype, device, requires_grad)
+
+
+def _random(xp, shape, dtype, kind, **kw):
+    """Draw on the CPU generator (one stream for both devices: the same seed gives the same numbers)."""
+    g = random.default_generator()
+    if kind == "rand":
+        a = g.random(shape, dtype=np.float64 if dtype == np.float64 else np.float32)
+    elif kind == "randn":
+        a = g.standard_normal(shape, dtype=np.float64 if dtype == np.float64 else np.float32)
+    else:
+        a = g.integers(kw["low"], kw["high"], size=shape, dtype=np.int64)
+    a = a.astype(dtype, copy=False)
+    return a if xp is np else xp.asarray(a)
+
+
+def rand(*size, dtype=None, device=None, requires_grad=False, generator=None):
+    return _make(lambda xp, s, d: _random(xp, s, d, "rand"), size, dtype, device, requires_grad)
+
+
+def randn(*size, dtype=None, device=None, requires_grad=False, generator=None):
+    return _make(lambda xp, s, d: _random(xp, s, d, "randn"), size, dtype, device, requires_grad)
+
+
+def randint(low, high=None, size=None, dtype=None, device=None, requires_grad=False, generator=None):
+    if high is None:
+        low, high = 0, low
+    if size is None:
+        raise TypeError("randint() missing required argument 'size'")
+    if high <= low:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+    return _make(lambda xp, s, d: _random(xp, s, d, "randint", low=low, high=high), tuple(size), dtype, device,
+                 requires_grad, default=np.int64)
+
+
+def randperm(n, dtype=None, device=None, generator=None):
+    a = random.default_generator().permutation(int(n)).astype(_dtype.to_numpy_dtype(dtype) or np.int64)
+    return Tensor._wrap(a if as_device(device).type == "cpu" else to_device(a, device))
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise RuntimeError("arange: step must be nonzero")
+    if (end - start) * step < 0:
+        raise RuntimeError(f"arange: upper bound and larger bound inconsistent with step sign "
+                           f"(start={start}, end={end}, step={step})")
+    all_int = all(isinstance(v, (int, np.integer)) for v in (start, end, step))
+    default = np.int64 if all_int else None
+    return _make(lambda xp, s, d: xp.arange(start, end, step).astype(d), (), dtype, device, requires_grad,
+                 default=default)
+
+
+def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
+    if steps < 0:
+        raise RuntimeError(f"linspace: number of steps must be non-negative, got {steps}")
+    return _make(lambda xp, s, d: xp.linspace(start, end, steps).astype(d), (), dtype, device, requires_grad)
+
+
+def eye(n, m=None, dtype=None, device=None, requires_grad=False):
+    return _make(lambda xp, s, d: xp.eye(n, m, dtype=d), (), dtype, device, requires_grad)
+
+
+def _like(fn):
+    def like(t, dtype=None, device=None, requires_grad=False, **kw):
+        return fn(*t.array.shape, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad,
+                  **kw)
+    like.__name__ = fn.__name__ + "_like"
+    return like
+
+
+zeros_like, ones_like, empty_like, rand_like, randn_like = (_like(f) for f in (zeros, ones, empty, rand, randn))
+
+
+def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
+    return full(t.array.shape, fill_value, dtype=dtype or t.dtype, device=device or t.device,
+                requires_grad=requires_grad)
+
+
+def randint_like(t, low, high=None, dtype=None, device=None):
+    return randint(low, high, t.array.shape, dtype=dtype or t.dtype, device=device or t.device)

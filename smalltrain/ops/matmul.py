@@ -1,0 +1,105 @@
+"""Matrix products: batched matmul with broadcasting, and linear (x @ W^T + b) as one op with one GEMM each way."""
+from ..autograd.function import Function
+from ._util import check_same_device, xp_of
+
+
+def _swap(a):
+    return a.swapaxes(-1, -2)
+
+
+class MatMul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        check_same_device("matmul", a, b)
+        x, y = a.array, b.array
+        if x.ndim == 0 or y.ndim == 0:
+            raise RuntimeError(f"matmul: both arguments to matmul need to be at least 1D, but they are "
+                               f"{x.ndim}D and {y.ndim}D")
+        kx = x.shape[-1]
+        ky = y.shape[0] if y.ndim == 1 else y.shape[-2]
+        if kx != ky:
+            raise RuntimeError(f"matmul: mat1 and mat2 shapes cannot be multiplied ({_fmt(x)} and {_fmt(y)})")
+        if x.dtype != y.dtype:
+            raise RuntimeError(f"matmul: expected both arguments to have the same dtype, but got: {x.dtype} "
+                               f"!= {y.dtype}")
+        ctx.x, ctx.y = x, y
+        return x @ y
+
+    @staticmethod
+    def backward(ctx, dout):
+        g, x, y = dout.array, ctx.x, ctx.y
+        # promote 1-D operands to matrices so one formula covers every case, then drop the added dims
+        x2 = x[None, :] if x.ndim == 1 else x
+        y2 = y[:, None] if y.ndim == 1 else y
+        g2 = g
+        if x.ndim == 1:
+            g2 = g2[..., None, :]
+        if y.ndim == 1:
+            g2 = g2[..., None]
+        dx = dy = None
+        if ctx.needs_input_grad[0]:
+            dx = g2 @ _swap(y2)
+            if x.ndim == 1:
+                dx = dx[..., 0, :]
+        if ctx.needs_input_grad[1]:
+            dy = _swap(x2) @ g2
+            if y.ndim == 1:
+                dy = dy[..., 0]
+        return dx, dy
+
+
+def _fmt(a):
+    return "x".join(str(n) for n in (a.shape if a.ndim > 1 else (1,) + a.shape))
+
+
+class Linear(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias=None):
+        check_same_device("linear", x, weight, bias)
+        a, w = x.array, weight.array
+        if w.ndim != 2 or a.ndim == 0 or a.shape[-1] != w.shape[1]:
+            raise RuntimeError(f"linear: mat1 and mat2 shapes cannot be multiplied ({_fmt(a.reshape(-1, a.shape[-1]) if a.ndim else a)}"
+                               f" and {w.shape[1] if w.ndim == 2 else '?'}x{w.shape[0]}); expected input "
+                               f"[..., {w.shape[1] if w.ndim == 2 else '?'}] for weight {list(w.shape)}, "
+                               f"got {list(a.shape)}")
+        ctx.a, ctx.w = a, w
+        out = a @ w.T
+        if bias is not None:
+            out += bias.array
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        g, a, w = dout.array, ctx.a, ctx.w
+        need = ctx.needs_input_grad
+        dx = g @ w if need[0] else None
+        dw = db = None
+        if need[1]:
+            g2 = g.reshape(-1, g.shape[-1])
+            dw = g2.T @ a.reshape(-1, a.shape[-1])
+        if len(need) > 2 and need[2]:
+            db = g.reshape(-1, g.shape[-1]).sum(axis=0)
+        return dx, dw, db
+
+
+def matmul(a, b):
+    return MatMul.apply(a, b)
+
+
+def mm(a, b):
+    if a.array.ndim != 2 or b.array.ndim != 2:
+        raise RuntimeError(f"mm: expected 2-D tensors, got {a.array.ndim}-D and {b.array.ndim}-D")
+    return MatMul.apply(a, b)
+
+
+def bmm(a, b):
+    if a.array.ndim != 3 or b.array.ndim != 3:
+        raise RuntimeError(f"bmm: expected 3-D tensors, got {a.array.ndim}-D and {b.array.ndim}-D")
+    return MatMul.apply(a, b)
+
+
+def linear(input, weight, bias=None):  # noqa: A002
+    return Linear.apply(input, weight, bias)
+
+
+_ = xp_of

@@ -1,0 +1,467 @@
+"""Tensor: an n-d array (NumPy on CPU, CuPy on CUDA) plus what autograd needs: requires_grad, .grad, grad_fn.
+
+The raw array is `tensor.array`; `tensor.data` is a detached Tensor over the same memory, as in torch.
+Operators and methods are thin calls into smalltrain.ops, where every op and its gradient is written out.
+"""
+import numpy as np
+
+from . import _dtype
+from .backend import CPU, as_device, device_of, to_device
+
+
+class Size(tuple):
+    """A shape, as torch.Size: a tuple of ints with a torch-like repr and numel()."""
+
+    def __repr__(self):
+        return f"smalltrain.Size({list(self)})"
+
+    def numel(self):
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+
+class Tensor:
+    __slots__ = ("array", "grad", "requires_grad", "_ctx", "_out_idx", "_hooks", "_post_hooks", "_retain",
+                 "__weakref__")
+    __array_ufunc__ = None  # make `ndarray + Tensor` defer to Tensor.__radd__
+
+    def __init__(self, data=None, dtype=None, device=None, requires_grad=False):
+        from .creation import _to_array
+        self.array = _to_array(data if data is not None else [], dtype, device)
+        self.grad = None
+        self.requires_grad = bool(requires_grad)
+        self._ctx = None
+        self._out_idx = 0
+        self._hooks = None
+        self._post_hooks = None
+        self._retain = False
+
+    @classmethod
+    def _wrap(cls, array, requires_grad=False):
+        """A Tensor over an existing array without copying or validating (the ops' fast path)."""
+        t = object.__new__(cls)
+        if isinstance(array, np.generic):  # NumPy reductions return scalars; tensors always hold arrays
+            array = np.asarray(array)
+        t.array = array
+        t.grad = None
+        t.requires_grad = requires_grad
+        t._ctx = None
+        t._out_idx = 0
+        t._hooks = None
+        t._post_hooks = None
+        t._retain = False
+        return t
+
+    # ---- attributes ------------------------------------------------------------------------------------------
+    @property
+    def shape(self):
+        return Size(self.array.shape)
+
+    def size(self, dim=None):
+        if dim is None:
+            return Size(self.array.shape)
+        from .ops._util import normalize_dim
+        return self.array.shape[normalize_dim("size", dim, self.array.ndim)]
+
+    @property
+    def dtype(self):
+        return _dtype.from_numpy_dtype(self.array.dtype)
+
+    @property
+    def device(self):
+        return CPU if type(self.array) is np.ndarray else device_of(self.array)
+
+    @property
+    def is_cuda(self):
+        return type(self.array) is not np.ndarray
+
+    @property
+    def ndim(self):
+        return self.array.ndim
+
+    def dim(self):
+        return self.array.ndim
+
+    def numel(self):
+        return int(self.array.size)
+
+    nelement = numel
+
+    def element_size(self):
+        return self.array.itemsize
+
+    def is_floating_point(self):
+        return self.array.dtype.kind == "f"
+
+    @property
+    def grad_fn(self):
+        return self._ctx
+
+    @property
+    def is_leaf(self):
+        return self._ctx is None
+
+    @property
+    def data(self):
+        return Tensor._wrap(self.array)
+
+    @data.setter
+    def data(self, value):
+        self.array = value.array if isinstance(value, Tensor) else value
+
+    @property
+    def T(self):
+        return _shape.permute(self, *reversed(range(self.array.ndim)))
+
+    @property
+    def mT(self):
+        return _shape.transpose(self, -2, -1)
+
+    def is_contiguous(self):
+        return bool(self.array.flags.c_contiguous)
+
+    def stride(self, dim=None):
+        st = tuple(s // self.array.itemsize for s in self.array.strides)
+        return st if dim is None else st[dim]
+
+    def data_ptr(self):
+        a = self.array
+        return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
+
+    # ---- conversions -----------------------------------------------------------------------------------------
+    def numpy(self, force=False):
+        if self.requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
+                               "instead.")
+        if not isinstance(self.array, np.ndarray):
+            if not force:
+                raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the "
+                                "tensor to host memory first.")
+            return self.array.get()
+        return self.array
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.array if isinstance(self.array, np.ndarray) else self.array.get()
+        return a if dtype is None else a.astype(dtype)
+
+    def item(self):
+        if self.array.size != 1:
+            raise RuntimeError(f"a Tensor with {self.array.size} elements cannot be converted to Scalar")
+        return self.array.reshape(()).item() if isinstance(self.array, np.ndarray) else self.array.item()
+
+    def tolist(self):
+        a = self.array if isinstance(self.array, np.ndarray) else self.array.get()
+        return a.tolist()
+
+    def to(self, *args, **kwargs):
+        """to(dtype), to(device), to(device, dtype), to(other); copy=False returns self when nothing changes."""
+        dtype = kwargs.pop("dtype", None)
+        device = kwargs.pop("device", None)
+        copy = kwargs.pop("copy", False)
+        kwargs.pop("non_blocking", None)
+        if kwargs:
+            raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
+        for a in args:
+            if isinstance(a, Tensor):
+                dtype, device = a.dtype, a.device
+            elif isinstance(a, _dtype.dtype) or (isinstance(a, type) and a in (float, int, bool)):
+                dtype = a
+            else:
+                device = a
+        device = None if device is None else as_device(device)
+        np_dtype = None if dtype is None else _dtype.to_numpy_dtype(dtype)
+        if not copy and (device is None or device == self.device) and (np_dtype is None or
+                                                                      np_dtype == self.array.dtype):
+            return self
+        return _Convert.apply(self, device, np_dtype, copy)
+
+    def cuda(self, device=None):
+        return self.to("cuda" if device is None else as_device(device))
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def float(self):
+        return self.to(_dtype.float32)
+
+    def double(self):
+        return self.to(_dtype.float64)
+
+    def half(self):
+        return self.to(_dtype.float16)
+
+    def long(self):
+        return self.to(_dtype.int64)
+
+    def int(self):
+        return self.to(_dtype.int32)
+
+    def bool(self):
+        return self.to(_dtype.bool_)
+
+    def type(self, dtype=None):
+        if dtype is None:
+            return f"smalltrain.{self.dtype.name}"
+        return self.to(dtype)
+
+    def type_as(self, other):
+        return self.to(other.dtype)
+
+    def detach(self):
+        return Tensor._wrap(self.array)
+
+    def detach_(self):
+        self._ctx = None
+        self.requires_grad = False
+        return self
+
+    def clone(self):
+        return _Convert.apply(self, None, None, True)
+
+    def contiguous(self):
+        return _shape.contiguous(self)
+
+    def requires_grad_(self, requires_grad=True):
+        if self._ctx is not None and not requires_grad:
+            raise RuntimeError("you can only change requires_grad flags of leaf variables.")
+        if requires_grad and self.array.dtype.kind not in "fc":
+            raise RuntimeError(f"only Tensors of floating point dtype can require gradients (got {self.dtype})")
+        self.requires_grad = requires_grad
+        return self
+
+    # ---- autograd --------------------------------------------------------------------------------------------
+    def _seed_grad(self, gradient):
+        if gradient is None:
+            if self.array.size != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs (got shape "
+                                   f"{list(self.array.shape)}); pass backward(gradient=...)")
+            from .backend import get_array_module
+            return get_array_module(self.array).ones(self.array.shape, self.array.dtype)
+        g = gradient.array if isinstance(gradient, Tensor) else np.asarray(gradient)
+        if g.shape != self.array.shape:
+            raise RuntimeError(f"backward: gradient has shape {list(g.shape)}, expected the tensor's shape "
+                               f"{list(self.array.shape)}")
+        return g
+
+    def backward(self, gradient=None, retain_graph=False, create_graph=False, inputs=None):
+        if not self.requires_grad:
+            raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+        if create_graph:
+            raise NotImplementedError("backward(create_graph=True): higher-order gradients are not supported")
+        from .autograd.engine import run_backward
+        run_backward((self,), (self._seed_grad(gradient),), retain_graph)
+
+    def register_hook(self, hook):
+        """Call hook(grad) when this tensor's gradient is computed; a returned tensor replaces the gradient."""
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        if self._ctx is None:
+            self._hooks = (self._hooks or []) + [hook]
+            return _RemovableHandle(self, "_hooks", hook)
+        node = self._ctx
+        if node.out_hooks is None:
+            node.out_hooks = {}
+        node.out_hooks.setdefault(self._out_idx, []).append(hook)
+        return _RemovableHandle(node.out_hooks, self._out_idx, hook)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """Call hook(tensor) after a gradient was accumulated into this leaf's .grad (DDP uses it)."""
+        if self._ctx is not None:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+        self._post_hooks = (self._post_hooks or []) + [hook]
+        return _RemovableHandle(self, "_post_hooks", hook)
+
+    def retain_grad(self):
+        if self._ctx is None or self._retain:
+            return
+        self._retain = True
+
+        def keep(g, t=self):
+            t.grad = g if t.grad is None else Tensor._wrap(t.grad.array + g.array)
+        self.register_hook(keep)
+
+    # ---- Python protocol -------------------------------------------------------------------------------------
+    def __repr__(self):
+        from .backend import get_array_module
+        a = self.array if isinstance(self.array, np.ndarray) else self.array.get()
+        body = np.array2string(a, separator=", ", prefix="tensor(", precision=4, threshold=1000)
+        extra = []
+        if not isinstance(self.array, np.ndarray):
+            extra.append(f"device='{self.device}'")
+        if self.array.dtype not in (np.float32, np.int64, np.bool_) or self.array.size == 0:
+            extra.append(f"dtype={self.dtype}")
+        if self._ctx is not None:
+            extra.append(f"grad_fn={self._ctx!r}")
+        elif self.requires_grad:
+            extra.append("requires_grad=True")
+        _ = get_array_module
+        return "tensor(" + body + "".join(", " + e for e in extra) + ")"
+
+    def __len__(self):
+        if self.array.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.array.shape[0]
+
+    def __iter__(self):
+        if self.array.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(_shape.unbind(self, 0))
+
+    def __bool__(self):
+        if self.array.size != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {self.array.size} values is ambiguous")
+        return bool(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __index__(self):
+        if self.array.dtype.kind not in "iu" or self.array.size != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    __hash__ = object.__hash__
+
+    def __getitem__(self, key):
+        return _index.getitem(self, key)
+
+    def __setitem__(self, key, value):
+        _index.setitem(self, key, value)
+
+    def __getstate__(self):
+        raise TypeError("smalltrain tensors are not pickled; save them with smalltrain.save (safetensors)")
+
+
+class _RemovableHandle:
+    def __init__(self, owner, key, hook):
+        self.owner, self.key, self.hook = owner, key, hook
+
+    def remove(self):
+        if isinstance(self.owner, dict):
+            hooks = self.owner.get(self.key, [])
+            if self.hook in hooks:
+                hooks.remove(self.hook)
+            return
+        hooks = getattr(self.owner, self.key) or []
+        setattr(self.owner, self.key, [h for h in hooks if h is not self.hook] or None)
+
+
+def _binary(fn, swap=False):
+    if swap:
+        def method(self, other):
+            return fn(other if isinstance(other, Tensor) else _ew._as_tensor_like(other, self), self)
+    else:
+        def method(self, other):
+            return fn(self, other)
+    return method
+
+
+def _install_methods():
+    """Attach operators and methods; each one is a call into smalltrain.ops."""
+    T = Tensor
+    e, r, s, i, m = _ew, _red, _shape, _index, _mm
+    for name, fn in {"__add__": e.add, "__sub__": e.sub, "__mul__": e.mul, "__truediv__": e.div,
+                     "__pow__": e.pow, "__matmul__": m.matmul, "__eq__": e.eq, "__ne__": e.ne, "__lt__": e.lt,
+                     "__le__": e.le, "__gt__": e.gt, "__ge__": e.ge, "__and__": e.logical_and,
+                     "__or__": e.logical_or, "__xor__": e.logical_xor}.items():
+        setattr(T, name, _binary(fn))
+    for name, fn in {"__radd__": e.add, "__rsub__": e.sub, "__rmul__": e.mul, "__rtruediv__": e.div,
+                     "__rpow__": e.pow, "__rmatmul__": m.matmul}.items():
+        setattr(T, name, _binary(fn, swap=True))
+    T.__neg__ = e.neg
+    T.__abs__ = e.abs
+    T.__invert__ = e.logical_not
+    T.__floordiv__ = lambda a, b: e.div(a, b, rounding_mode="floor")
+    T.__mod__ = lambda a, b: T._wrap(_util.xp_of(a.array).mod(a.array, _util.arr(b)))
+    for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "exp", "log", "log1p", "sqrt",
+                 "rsqrt", "abs", "sin", "cos", "tanh", "cosh", "sinh", "sigmoid", "clamp", "clip", "neg",
+                 "sign", "floor", "ceil", "round", "isnan", "isinf", "isfinite", "logical_not", "eq", "ne", "lt",
+                 "le", "gt", "ge", "add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "clamp_", "copy_",
+                 "fill_", "zero_", "allclose", "equal"):
+        setattr(T, name, getattr(e, name))
+    T.negative, T.multiply, T.divide, T.subtract = e.neg, e.mul, e.div, e.sub
+    T.masked_fill = i.masked_fill
+    T.gather, T.index_select, T.nonzero = i.gather, i.index_select, i.nonzero
+    for name in ("sum", "mean", "var", "std", "max", "min", "amax", "amin", "logsumexp", "argmax", "argmin",
+                 "prod", "all", "any", "count_nonzero"):
+        setattr(T, name, getattr(r, name))
+    for name in ("view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "squeeze", "unsqueeze",
+                 "expand", "expand_as", "repeat", "split", "chunk", "unbind", "flip"):
+        setattr(T, name, getattr(s, name))
+    T.view_as = lambda a, other: s.view(a, *other.array.shape)
+    T.reshape_as = T.view_as
+    T.swapaxes = T.swapdims = s.transpose
+    T.matmul, T.mm, T.bmm = m.matmul, m.mm, m.bmm
+    T.relu = lambda a: _act().relu(a)
+    T.softmax = lambda a, dim: _act().softmax(a, dim)
+    T.log_softmax = lambda a, dim: _act().log_softmax(a, dim)
+
+    def inplace_op(fn):
+        def method(self, *args, **kwargs):
+            return e.inplace(self, fn.__name__ + "_", fn(self, *args, **kwargs).array)
+        return method
+    for name in ("exp", "log", "sqrt", "abs", "neg", "sigmoid", "tanh", "pow"):
+        setattr(T, name + "_", inplace_op(getattr(e, name)))
+    T.relu_ = lambda a: e.inplace(a, "relu_", _act().relu(a.detach()).array)
+    T.uniform_ = lambda a, low=0.0, high=1.0: _init().uniform_(a, low, high)
+    T.normal_ = lambda a, mean=0.0, std=1.0: _init().normal_(a, mean, std)
+
+    def iop(fn, name):
+        def method(self, other):
+            from .autograd import grad_mode
+            if grad_mode._state.enabled and (self.requires_grad or getattr(other, "requires_grad", False)):
+                return getattr(e, name)(self, other)  # recorded out of place, rebinding the name
+            return fn(self, other)
+        return method
+    T.__iadd__ = iop(e.add_, "add")
+    T.__isub__ = iop(e.sub_, "sub")
+    T.__imul__ = iop(e.mul_, "mul")
+    T.__itruediv__ = iop(e.div_, "div")
+
+
+def _act():
+    from .ops import activation
+    return activation
+
+
+def _init():
+    from .nn import init
+    return init
+
+
+from .autograd.function import Function  # noqa: E402
+
+
+class _Convert(Function):
+    """dtype and device conversion (and clone): the gradient converts back."""
+
+    @staticmethod
+    def forward(ctx, x, device, np_dtype, copy):
+        a = x.array
+        ctx.src_device, ctx.src_dtype = x.device, a.dtype
+        out = a
+        if device is not None and device != ctx.src_device:
+            out = to_device(out, device)
+            copy = False
+        if np_dtype is not None and out.dtype != np_dtype:
+            out = out.astype(np_dtype)
+            copy = False
+        return out.copy() if copy else out
+
+    @staticmethod
+    def backward(ctx, dout):
+        g = dout.array
+        if g.dtype != ctx.src_dtype:
+            g = g.astype(ctx.src_dtype)
+        if dout.device != ctx.src_device:
+            g = to_device(g, ctx.src_device)
+        return g, None, None, None
+
+
+from .ops import _util, elementwise as _ew, index as _index, matmul as _mm, reduce as _red, shape as _shape  # noqa
+_install_methods()

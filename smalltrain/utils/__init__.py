@@ -1,0 +1,1 @@
+"""Utilities: data loading (`utils.data`), TensorBoard logging, checkpoints and file helpers."""
