@@ -13,7 +13,7 @@ import numpy as np
 
 from smalltrain.utils.io import atomic_write
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint"]
+__all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
 
 _FORMAT, _VERSION = "smalltrain.checkpoint", 1
 

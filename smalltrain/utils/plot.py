@@ -22,8 +22,9 @@ def read_metrics(path):
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: line {number}: not valid JSON: {e}") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
+            if not isinstance(record, dict):  # a malformed file, not a caller's type error: ValueError
+                raise ValueError(  # noqa: TRY004
+                    f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
             records.append(record)
     return records
 

@@ -224,8 +224,7 @@ class _EventFileWriter:
         os.makedirs(log_dir, exist_ok=True)
         # torch's name, except that the counter is zero-padded: readers load files in name order, and with torch's
         # unpadded counter a file ".10" opened in the same second as ".9" would be read (and purged) out of order.
-        name = "events.out.tfevents.%010d.%s.%s.%06d" % (time.time(), socket.gethostname(), os.getpid(),
-                                                         next(_file_counter))
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_file_counter):06d}"
         self.log_dir = log_dir
         self.path = os.path.join(log_dir, name + filename_suffix)
         self.max_queue = max_queue

@@ -216,7 +216,7 @@ def test_failed_write_leaves_no_temp_files_and_keeps_old_checkpoint(saved, monke
     with pytest.raises(RuntimeError, match="disk on fire"):
         save_checkpoint(saved, {"a": np.ones(3), "b": np.ones(3)}, {"epoch": 9})
     assert no_temp_files(saved.parent)
-    tensors, meta = load_checkpoint(saved)  # the previous pair is intact
+    _, meta = load_checkpoint(saved)  # the previous pair is intact
     assert meta == META
 
 

@@ -159,7 +159,7 @@ def test_file_name_and_default_log_dir(tmp_path, monkeypatch):
     host = re.escape(__import__("socket").gethostname())
     assert re.fullmatch(r"runs/[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}_" + host + r"_lr0\.1", writer.log_dir)
     (path,) = event_files(writer.log_dir)
-    pattern = r"events\.out\.tfevents\.\d{10}\." + host + r"\.%d\.\d{6}\.v2" % os.getpid()
+    pattern = r"events\.out\.tfevents\.\d{10}\." + host + rf"\.{os.getpid()}\.\d{{6}}\.v2"
     assert re.fullmatch(pattern, os.path.basename(path))
     assert not [n for n in os.listdir(writer.log_dir) if n.endswith(".tmp")]
 
@@ -222,6 +222,5 @@ def test_purge_step_hides_stale_events(tmp_path):
     ],
 )
 def test_bad_input_raises(tmp_path, call, error):
-    with SummaryWriter(tmp_path) as writer:
-        with pytest.raises((ValueError, TypeError), match=re.escape(error)):
-            call(writer)
+    with SummaryWriter(tmp_path) as writer, pytest.raises((ValueError, TypeError), match=re.escape(error)):
+        call(writer)
