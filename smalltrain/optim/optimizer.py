@@ -1,0 +1,217 @@
+"""Optimizer, the base of every optimizer (param groups, per-parameter state, state_dict), as torch.optim's.
+Subclasses update raw parameter arrays in place with xp ufuncs in the operation order of torch's single-tensor
+(foreach=False) code, so trajectories follow torch's to rounding (torch's CPU kernels fuse multiply-adds)."""
+import copy
+import warnings
+from collections import defaultdict
+from itertools import chain
+
+import numpy as np
+
+from .. import _dtype
+from ..tensor import Tensor
+
+
+class _RequiredParameter:
+    """A default that a parameter group must override (torch.optim.optimizer.required)."""
+
+    def __repr__(self):
+        return "<required parameter>"
+
+
+required = _RequiredParameter()
+
+
+def _typename(obj):
+    if isinstance(obj, Tensor):
+        return "smalltrain.Tensor"
+    module, name = type(obj).__module__, type(obj).__qualname__
+    return name if module in (None, "builtins") else f"{module}.{name}"
+
+
+def _scalar_np_dtype():
+    # torch keeps `step` in float64 only when the default dtype is float64
+    return np.float64 if _dtype.get_default_dtype() == _dtype.float64 else np.float32
+
+
+def _step_tensor(value=0.0):
+    """The per-parameter step counter: a 0-d float CPU tensor, as torch >= 1.12 (without capturable/fused)."""
+    return Tensor._wrap(np.array(float(value), dtype=_scalar_np_dtype()))
+
+
+def _copy_value(value):
+    """A deep copy that also copies Tensors (they refuse to be pickled, so copy.deepcopy cannot)."""
+    if isinstance(value, Tensor):
+        return Tensor._wrap(value.array.copy())
+    if isinstance(value, dict):
+        return {k: _copy_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy_value(v) for v in value)
+    return copy.deepcopy(value)
+
+
+class Optimizer:
+    """Base class: `params` is an iterable of Tensors or of dicts (parameter groups with their own options)."""
+
+    def __init__(self, params, defaults):
+        self.defaults = defaults
+        if isinstance(params, Tensor):
+            raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
+                            "but got " + _typename(params))
+        self.state = defaultdict(dict)
+        self.param_groups = []
+        param_groups = list(params)
+        if len(param_groups) == 0:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(param_groups[0], dict):
+            param_groups = [{"params": param_groups}]
+        for group in param_groups:
+            self.add_param_group(group)
+
+    def __repr__(self):
+        s = self.__class__.__name__ + " ("
+        for i, group in enumerate(self.param_groups):
+            s += f"\nParameter Group {i}\n"
+            for key in sorted(group.keys()):
+                if key != "params":
+                    s += f"    {key}: {group[key]}\n"
+        return s + ")"
+
+    def step(self, closure=None):
+        raise NotImplementedError
+
+    def _closure_loss(self, closure):
+        if closure is None:
+            return None
+        from ..autograd import enable_grad
+        with enable_grad():
+            return closure()
+
+    def zero_grad(self, set_to_none=True):
+        """Drop (default) or zero every parameter's .grad; zeroing keeps the gradient arrays' identity."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    g._ctx = None
+                    g.requires_grad = False
+                    g.array.fill(0)
+
+    def add_param_group(self, param_group):
+        """Append a group; options it leaves out come from the defaults. A parameter may be in one group only."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
+        params = param_group["params"]
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering "
+                            "of tensors in sets will change between runs. Please use a list instead.")
+        params = list(params)
+        names = [p[0] for p in params if isinstance(p, tuple)]
+        param_group["params"] = [p[1] if isinstance(p, tuple) else p for p in params]
+        if names:
+            if len(names) != len(params):
+                raise ValueError("all optimizer params should be with/without names. Some param names are missing")
+            param_group["param_names"] = names
+        for p in param_group["params"]:
+            if not isinstance(p, Tensor):
+                raise TypeError("optimizer can only optimize Tensors, but one of the params is " + _typename(p))
+            if p._ctx is not None and not p._retain:
+                raise ValueError("can't optimize a non-leaf Tensor")
+        for name, default in self.defaults.items():
+            if default is required and name not in param_group:
+                raise ValueError(f"parameter group didn't specify a value of required optimization parameter {name}")
+            param_group.setdefault(name, default)
+        params = param_group["params"]
+        if len(params) != len(set(params)):
+            warnings.warn("optimizer contains a parameter group with duplicate parameters; in future, this will "
+                          "cause an error; see github.com/pytorch/pytorch/issues/40967 for more information",
+                          stacklevel=3)
+        seen = set()
+        for group in self.param_groups:
+            seen.update(group["params"])
+            if ("param_names" in param_group) != ("param_names" in group):
+                txt = "with names" if "param_names" in param_group else "without names"
+                raise ValueError("all optimizer param groups should be with/without names. "
+                                 f"cannot add param group {txt} to the optimizer")
+        if not seen.isdisjoint(params):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(param_group)
+
+    # ---- state_dict ------------------------------------------------------------------------------------------
+    def state_dict(self):
+        """{'state': {index: {name: value}}, 'param_groups': [{..., 'params': [index, ...]}]}, as torch.
+
+        Unlike torch, state tensors are snapshots (copies), so a saved dict never changes with later steps
+        (smalltrain tensors cannot be deep-copied with copy.deepcopy)."""
+        index, groups, start = {}, [], 0
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            for i, p in enumerate(group["params"], start):
+                index.setdefault(id(p), i)
+            packed["params"] = [index[id(p)] for p in group["params"]]
+            start += len(packed["params"])
+            groups.append(packed)
+        state = {(index[id(k)] if isinstance(k, Tensor) else k): _copy_value(v) for k, v in self.state.items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Load what state_dict() returned (values are copied: later steps never write into `state_dict`)."""
+        groups = self.param_groups
+        saved_groups = _copy_value(state_dict["param_groups"])
+        if len(groups) != len(saved_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        if any(len(g["params"]) != len(s["params"]) for g, s in zip(groups, saved_groups)):
+            raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
+                             "optimizer's group")
+        id_map = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
+                          chain.from_iterable(g["params"] for g in groups)))
+        state = defaultdict(dict)
+        for k, v in state_dict["state"].items():
+            if k in id_map:
+                param = id_map[k]
+                state[param] = {name: _cast(param, value, k, name) for name, value in v.items()}
+            else:
+                state[k] = v  # state of no current parameter is kept as is, as torch does
+        for group, new_group in zip(groups, saved_groups):
+            new_group["params"] = group["params"]
+            if "param_names" in group and "param_names" not in new_group:
+                new_group["param_names"] = group["param_names"]
+        self.state = state
+        self.param_groups = saved_groups
+        self._fill_group_defaults()
+
+    def _fill_group_defaults(self):
+        # groups saved by an older or other configuration may lack options that this optimizer reads
+        for group in self.param_groups:
+            for name, default in self.defaults.items():
+                group.setdefault(name, default)
+
+
+def _cast(param, value, index, key):
+    """A copy of one state value on the parameter's device; float state takes the parameter's dtype, `step` stays
+    a CPU float tensor (a plain number, as an older or JSON checkpoint holds it, becomes one)."""
+    if key == "step":
+        if isinstance(value, Tensor):
+            return Tensor._wrap(np.array(float(value.item()), dtype=_scalar_np_dtype()))
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return _step_tensor(value)
+        return _copy_value(value)
+    if isinstance(value, Tensor):
+        a = value.array
+        if a.ndim and a.shape != param.array.shape:
+            raise ValueError(f"load_state_dict: state {key!r} of parameter {index} has shape {list(a.shape)}, but "
+                             f"the parameter has shape {list(param.array.shape)}")
+        from ..backend import to_device
+        a = to_device(a, param.device)
+        if param.array.dtype.kind == "f" and a.dtype != param.array.dtype:
+            a = a.astype(param.array.dtype)
+        return Tensor._wrap(a.copy() if a is value.array else a)
+    if isinstance(value, dict):
+        return {k: _cast(param, v, index, k) for k, v in value.items()}
+    return _copy_value(value)
