@@ -62,8 +62,8 @@ def to_numpy_dtype(d):
         return None
     if isinstance(d, dtype):
         return d.np
-    if d is builtins_float:
-        return np.dtype(np.float32)
+    if d is builtins_float:  # torch reads Python's float as float64
+        return np.dtype(np.float64)
     if d is builtins_int:
         return np.dtype(np.int64)
     if d is builtins_bool:
@@ -84,3 +84,61 @@ def set_default_dtype(d):
     if not isinstance(d, dtype) or not d.is_floating_point:
         raise TypeError(f"set_default_dtype: expected a floating point dtype, got {d}")
     _default_float = d
+
+
+# ---- type promotion, torch's rules ------------------------------------------------------------------------------
+# Categories order bool < integer < floating. Across categories the higher one wins outright (int32 + float16 ->
+# float16, unlike NumPy's float64); within one, NumPy's lattice agrees with torch's for the dtypes above.
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
+_promoted = {}
+
+
+def promote_types(a, b):
+    """The smallest NumPy dtype both `a` and `b` (NumPy dtypes) convert to, as torch.promote_types decides."""
+    key = (a, b)
+    r = _promoted.get(key)
+    if r is None:
+        a, b = np.dtype(a), np.dtype(b)
+        ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
+        r = a if ca > cb else b if cb > ca else np.promote_types(a, b)
+        _promoted[key] = r
+    return r
+
+
+def _combine(higher, lower):
+    # torch's combine_categories: a lower-priority operand only matters when it is of a higher category
+    if higher is None:
+        return lower
+    if lower is None or higher.kind == "f":
+        return higher
+    if higher.kind == "b" or lower.kind == "f":
+        return promote_types(higher, lower)
+    return higher
+
+
+def result_type(*operands):
+    """torch.result_type over Tensors, arrays and Python/NumPy scalars (None is skipped), as a NumPy dtype.
+
+    Tensors with dims outrank 0-d tensors, which outrank Python scalars; a lower-ranked operand only counts when
+    it is of a higher category (int64 tensor + 2.5 -> float32, float32 tensor + float64 0-d tensor -> float32).
+    """
+    dim = zero = wrapped = None
+    for o in operands:
+        if o is None:
+            continue
+        a = getattr(o, "array", o)
+        if isinstance(a, (builtins_bool, np.bool_)):
+            d, group = np.dtype(np.bool_), 2
+        elif isinstance(a, (builtins_int, np.integer)):
+            d, group = np.dtype(np.int64), 2
+        elif isinstance(a, (builtins_float, np.floating)):
+            d, group = _default_float.np, 2
+        else:
+            d, group = a.dtype, 0 if a.ndim else 1
+        if group == 0:
+            dim = d if dim is None else promote_types(dim, d)
+        elif group == 1:
+            zero = d if zero is None else promote_types(zero, d)
+        else:
+            wrapped = d if wrapped is None else promote_types(wrapped, d)
+    return _combine(dim, _combine(zero, wrapped))

@@ -6,19 +6,24 @@ from .backend import as_device, get_array_module, to_device
 from .tensor import Tensor
 
 
-def _infer_np_dtype(data):
-    """torch's inference: Python floats -> float32 (the default), ints -> int64, bools -> bool."""
+def _infer_np_dtype(a, data):
+    """torch's inference for Python data: floats -> the default float, ints -> int64, bools -> bool; NumPy
+    scalars keep their own dtype."""
     probe = data
     while isinstance(probe, (list, tuple)) and probe:
         probe = probe[0]
-    if isinstance(probe, Tensor):
-        return probe.array.dtype
-    if isinstance(probe, (bool, np.bool_)):
-        return np.bool_
-    if isinstance(probe, (int, np.integer)):
-        flat = np.asarray(data)
-        return np.float32 if flat.dtype.kind == "f" else np.int64
-    return _dtype.get_default_dtype().np
+    kind = a.dtype.kind
+    if isinstance(probe, np.generic) and kind in "biuf":
+        return a.dtype
+    if kind == "b":
+        return np.dtype(np.bool_)
+    if kind in "iu":
+        return np.dtype(np.int64)
+    if kind == "f":
+        return _dtype.get_default_dtype().np
+    if a.size == 0 and kind not in "OUS":
+        return _dtype.get_default_dtype().np
+    raise TypeError(f"tensor: could not infer a dtype from data of type {type(probe).__name__}")
 
 
 def _to_array(data, dtype=None, device=None):
@@ -35,7 +40,11 @@ def _to_array(data, dtype=None, device=None):
     else:
         if isinstance(data, (list, tuple)) and data and isinstance(data[0], Tensor):
             data = [d.array if isinstance(d.array, np.ndarray) else d.array.get() for d in data]
-        a = np.array(data, dtype=np_dtype or _infer_np_dtype(data))
+        if np_dtype is not None:
+            a = np.array(data, dtype=np_dtype)
+        else:
+            a = np.array(data)
+            a = a.astype(_infer_np_dtype(a, data), copy=False)
     _dtype.from_numpy_dtype(a.dtype)  # rejects unsupported element types (object, complex, ...)
     dev = as_device(device)
     return a if dev.type == "cpu" else to_device(a, dev)
@@ -69,7 +78,9 @@ def _shape(size):
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = tuple(size[0])
     for s in size:
-        if int(s) < 0:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            raise TypeError(f"expected a sequence of integers as the size, got {list(size)}")
+        if s < 0:
             raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {list(size)}")
     return tuple(int(s) for s in size)
 
@@ -87,16 +98,16 @@ def _make(fill, size, dtype, device, requires_grad, default=None):
     return t.requires_grad_() if requires_grad else t
 
 
-def zeros(*size, dtype=None, device=None, requires_grad=False):
-    return _make(lambda xp, s, d: xp.zeros(s, d), size, dtype, device, requires_grad)
+def zeros(*shape, size=None, dtype=None, device=None, requires_grad=False):
+    return _make(lambda xp, s, d: xp.zeros(s, d), shape or (size,), dtype, device, requires_grad)
 
 
-def ones(*size, dtype=None, device=None, requires_grad=False):
-    return _make(lambda xp, s, d: xp.ones(s, d), size, dtype, device, requires_grad)
+def ones(*shape, size=None, dtype=None, device=None, requires_grad=False):
+    return _make(lambda xp, s, d: xp.ones(s, d), shape or (size,), dtype, device, requires_grad)
 
 
-def empty(*size, dtype=None, device=None, requires_grad=False):
-    return _make(lambda xp, s, d: xp.empty(s, d), size, dtype, device, requires_grad)
+def empty(*shape, size=None, dtype=None, device=None, requires_grad=False):
+    return _make(lambda xp, s, d: xp.empty(s, d), shape or (size,), dtype, device, requires_grad)
 
 
 def full(size, fill_value, dtype=None, device=None, requires_grad=False):
@@ -120,16 +131,21 @@ def _random(xp, shape, dtype, kind, **kw):
     return a if xp is np else xp.asarray(a)
 
 
-def rand(*size, dtype=None, device=None, requires_grad=False, generator=None):
-    return _make(lambda xp, s, d: _random(xp, s, d, "rand"), size, dtype, device, requires_grad)
+def rand(*shape, size=None, dtype=None, device=None, requires_grad=False, generator=None):
+    """Uniform on [0, 1) from the global generator (manual_seed makes it reproducible)."""
+    return _make(lambda xp, s, d: _random(xp, s, d, "rand"), shape or (size,), dtype, device, requires_grad)
 
 
-def randn(*size, dtype=None, device=None, requires_grad=False, generator=None):
-    return _make(lambda xp, s, d: _random(xp, s, d, "randn"), size, dtype, device, requires_grad)
+def randn(*shape, size=None, dtype=None, device=None, requires_grad=False, generator=None):
+    """Standard normal from the global generator."""
+    return _make(lambda xp, s, d: _random(xp, s, d, "randn"), shape or (size,), dtype, device, requires_grad)
 
 
 def randint(low, high=None, size=None, dtype=None, device=None, requires_grad=False, generator=None):
-    if high is None:
+    """Integers in [low, high): randint(high, size) or randint(low, high, size), int64 by default."""
+    if size is None and isinstance(high, (tuple, list)):
+        low, high, size = 0, low, high   # randint(high, size)
+    elif high is None:
         low, high = 0, low
     if size is None:
         raise TypeError("randint() missing required argument 'size'")

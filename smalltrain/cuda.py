@@ -37,3 +37,32 @@ def manual_seed(seed):
 
 
 manual_seed_all = manual_seed
+
+
+def compile_module(source_or_path, options=()):
+    """Compile CUDA C (a .cu path or source text) once per device; returns a cupy.RawModule."""
+    from .backend.cuda.loader import compile_module as f
+    return f(source_or_path, options)
+
+
+def elementwise_kernel(in_params, out_params, operation, name, preamble=""):
+    """A cached cupy.ElementwiseKernel for custom pointwise ops."""
+    from .backend.cuda.loader import elementwise_kernel as f
+    return f(in_params, out_params, operation, name, preamble)
+
+
+def CUDAGraph():  # noqa: N802 - torch's spelling of a class
+    """A CUDA graph to capture into (see smalltrain.backend.cuda.graphs)."""
+    from .backend.cuda.graphs import CUDAGraph as cls
+    return cls()
+
+
+def graph(cuda_graph):
+    """Context manager capturing its block into `cuda_graph`, as torch.cuda.graph."""
+    from .backend.cuda.graphs import graph as g
+    return g(cuda_graph)
+
+
+def is_current_stream_capturing():
+    from .backend.cuda.graphs import is_current_stream_capturing as f
+    return f() if _backend._cupy is not None else False

@@ -3,6 +3,8 @@
 The raw array is `tensor.array`; `tensor.data` is a detached Tensor over the same memory, as in torch.
 Operators and methods are thin calls into smalltrain.ops, where every op and its gradient is written out.
 """
+import math
+
 import numpy as np
 
 from . import _dtype
@@ -29,7 +31,11 @@ class Tensor:
 
     def __init__(self, data=None, dtype=None, device=None, requires_grad=False):
         from .creation import _to_array
-        self.array = _to_array(data if data is not None else [], dtype, device)
+        if data is None:
+            data = []
+        if dtype is None and not hasattr(data, "dtype"):
+            dtype = _dtype.get_default_dtype()  # like torch.Tensor: Python data becomes the default float
+        self.array = _to_array(data, dtype, device)
         self.grad = None
         self.requires_grad = bool(requires_grad)
         self._ctx = None
@@ -245,13 +251,16 @@ class Tensor:
                                f"{list(self.array.shape)}")
         return g
 
-    def backward(self, gradient=None, retain_graph=False, create_graph=False, inputs=None):
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """Accumulate d(self)/d(leaf) * gradient into every leaf's .grad (only into `inputs` when given)."""
         if not self.requires_grad:
             raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
         if create_graph:
             raise NotImplementedError("backward(create_graph=True): higher-order gradients are not supported")
         from .autograd.engine import run_backward
-        run_backward((self,), (self._seed_grad(gradient),), retain_graph)
+        if isinstance(inputs, Tensor):
+            inputs = (inputs,)
+        run_backward((self,), (self._seed_grad(gradient),), bool(retain_graph), inputs)
 
     def register_hook(self, hook):
         """Call hook(grad) when this tensor's gradient is computed; a returned tensor replaces the gradient."""
@@ -284,20 +293,55 @@ class Tensor:
 
     # ---- Python protocol -------------------------------------------------------------------------------------
     def __repr__(self):
-        from .backend import get_array_module
         a = self.array if isinstance(self.array, np.ndarray) else self.array.get()
-        body = np.array2string(a, separator=", ", prefix="tensor(", precision=4, threshold=1000)
-        extra = []
+        suffixes = []
         if not isinstance(self.array, np.ndarray):
-            extra.append(f"device='{self.device}'")
-        if self.array.dtype not in (np.float32, np.int64, np.bool_) or self.array.size == 0:
-            extra.append(f"dtype={self.dtype}")
+            suffixes.append(f"device='{self.device}'")
+        if a.size == 0:
+            body = "[]"
+            if a.ndim != 1:
+                suffixes.append(f"size={tuple(a.shape)}")
+            if a.dtype != _dtype.get_default_dtype().np:
+                suffixes.append(f"dtype={self.dtype}")
+        else:
+            body = _tensor_str(a)
+            if a.dtype not in (_dtype.get_default_dtype().np, np.int64, np.bool_):
+                suffixes.append(f"dtype={self.dtype}")
         if self._ctx is not None:
-            extra.append(f"grad_fn={self._ctx!r}")
+            suffixes.append(f"grad_fn={self._ctx!r}")
         elif self.requires_grad:
-            extra.append("requires_grad=True")
-        _ = get_array_module
-        return "tensor(" + body + "".join(", " + e for e in extra) + ")"
+            suffixes.append("requires_grad=True")
+        out = "tensor(" + body
+        last = len(out) - out.rfind("\n") + 1
+        for suffix in suffixes:  # torch wraps a suffix that would pass 80 columns onto its own line
+            if last + len(suffix) + 2 > 80:
+                out += ",\n       " + suffix
+                last = 7 + len(suffix)
+            else:
+                out += ", " + suffix
+                last += len(suffix) + 2
+        return out + ")"
+
+    def __format__(self, spec):
+        if self.array.ndim == 0:  # f"{loss:.4f}" works on 0-d tensors, as in torch
+            return format(self.item(), spec)
+        return object.__format__(repr(self), spec)
+
+    def __deepcopy__(self, memo):
+        if self._ctx is not None:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol at the moment.")
+        import copy
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for name in Tensor.__slots__[:-1]:
+            object.__setattr__(new, name, getattr(self, name))
+        new.array = self.array.copy()
+        new.grad = copy.deepcopy(self.grad, memo)
+        new._hooks = new._post_hooks = None
+        if hasattr(self, "__dict__"):  # subclasses (nn.Parameter) may carry attributes of their own
+            new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
 
     def __len__(self):
         if self.array.ndim == 0:
@@ -337,6 +381,49 @@ class Tensor:
         raise TypeError("smalltrain tensors are not pickled; save them with smalltrain.save (safetensors)")
 
 
+def _tensor_str(a):
+    """torch's layout for the values: 4 decimals, scientific when magnitudes span > 1e3, `1.` for whole floats."""
+    summarize = a.size > 1000
+    fmt = _formatter(a)
+    return _nd_str(a, 7, summarize, fmt)
+
+
+def _formatter(a):
+    if a.dtype.kind != "f":
+        width = max(len(str(v)) for v in (a.min().item(), a.max().item())) if a.dtype.kind != "b" else \
+            (5 if not a.all() else 4)
+        return lambda v: f"{v}".rjust(width)
+    vals = a[np.isfinite(a) & (a != 0)].astype(np.float64)
+    if vals.size == 0:
+        return lambda v: (f"{v:.0f}" + ("" if math.isinf(v) or math.isnan(v) else "."))
+    mags = np.abs(vals)
+    lo, hi = mags.min(), mags.max()
+    whole = bool(np.all(vals == np.ceil(vals)))
+    sci = hi / lo > 1000.0 or hi > 1.0e8 or lo < 1.0e-4
+    if sci:
+        width = max(len(f"{v:.4e}") for v in (vals.min(), vals.max()))
+        return lambda v: f"{v:{width}.4e}"
+    if whole:
+        width = max(len(f"{v:.0f}") + 1 for v in (vals.min(), vals.max()))
+        return lambda v: (f"{v:.0f}" + ("" if math.isinf(v) or math.isnan(v) else ".")).rjust(width)
+    width = max(len(f"{v:.4f}") for v in (vals.min(), vals.max()))
+    return lambda v: f"{v:.4f}".rjust(width)
+
+
+def _nd_str(a, indent, summarize, fmt):
+    if a.ndim == 0:
+        return fmt(a.item())
+    n = a.shape[0]
+    rows = range(n) if not (summarize and n > 6) else [0, 1, 2, None, n - 3, n - 2, n - 1]
+    if a.ndim == 1:
+        items = [" ..." if i is None else fmt(a[i].item()) for i in rows]
+        per_line = max(1, (80 - indent) // (len(fmt(a[0].item())) + 2))
+        lines = [", ".join(items[i:i + per_line]) for i in range(0, len(items), per_line)]
+        return "[" + (",\n" + " " * (indent + 1)).join(lines) + "]"
+    parts = ["..." if i is None else _nd_str(a[i], indent + 1, summarize, fmt) for i in rows]
+    return "[" + ("," + "\n" * (a.ndim - 1) + " " * (indent + 1)).join(parts) + "]"
+
+
 class _RemovableHandle:
     def __init__(self, owner, key, hook):
         self.owner, self.key, self.hook = owner, key, hook
@@ -354,11 +441,16 @@ class _RemovableHandle:
 def _binary(fn, swap=False):
     if swap:
         def method(self, other):
-            return fn(other if isinstance(other, Tensor) else _ew._as_tensor_like(other, self), self)
+            return fn(other, self)   # the ops take Python scalars on either side
     else:
         def method(self, other):
             return fn(self, other)
     return method
+
+
+def _rmatmul(self, other):
+    return _mm.matmul(other if isinstance(other, Tensor) else Tensor._wrap(_util.xp_of(self.array).asarray(other)),
+                      self)
 
 
 def _install_methods():
@@ -367,23 +459,29 @@ def _install_methods():
     e, r, s, i, m = _ew, _red, _shape, _index, _mm
     for name, fn in {"__add__": e.add, "__sub__": e.sub, "__mul__": e.mul, "__truediv__": e.div,
                      "__pow__": e.pow, "__matmul__": m.matmul, "__eq__": e.eq, "__ne__": e.ne, "__lt__": e.lt,
-                     "__le__": e.le, "__gt__": e.gt, "__ge__": e.ge, "__and__": e.logical_and,
-                     "__or__": e.logical_or, "__xor__": e.logical_xor}.items():
+                     "__le__": e.le, "__gt__": e.gt, "__ge__": e.ge, "__and__": e.bitwise_and,
+                     "__or__": e.bitwise_or, "__xor__": e.bitwise_xor}.items():
         setattr(T, name, _binary(fn))
     for name, fn in {"__radd__": e.add, "__rsub__": e.sub, "__rmul__": e.mul, "__rtruediv__": e.div,
-                     "__rpow__": e.pow, "__rmatmul__": m.matmul}.items():
+                     "__rpow__": e.pow, "__rand__": e.bitwise_and, "__ror__": e.bitwise_or,
+                     "__rxor__": e.bitwise_xor}.items():
         setattr(T, name, _binary(fn, swap=True))
+    T.__rmatmul__ = _rmatmul
     T.__neg__ = e.neg
     T.__abs__ = e.abs
-    T.__invert__ = e.logical_not
+    T.__invert__ = e.bitwise_not
     T.__floordiv__ = lambda a, b: e.div(a, b, rounding_mode="floor")
-    T.__mod__ = lambda a, b: T._wrap(_util.xp_of(a.array).mod(a.array, _util.arr(b)))
+    T.__rfloordiv__ = lambda a, b: e.div(b, a, rounding_mode="floor")
+    T.__mod__ = lambda a, b: T._wrap(_mod(a, b))
+    T.__rmod__ = lambda a, b: T._wrap(_mod(b, a))
     for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "exp", "log", "log1p", "sqrt",
                  "rsqrt", "abs", "sin", "cos", "tanh", "cosh", "sinh", "sigmoid", "clamp", "clip", "neg",
                  "sign", "floor", "ceil", "round", "isnan", "isinf", "isfinite", "logical_not", "eq", "ne", "lt",
                  "le", "gt", "ge", "add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "clamp_", "copy_",
-                 "fill_", "zero_", "allclose", "equal"):
+                 "fill_", "zero_", "allclose", "equal", "logical_and", "logical_or", "logical_xor",
+                 "bitwise_not"):
         setattr(T, name, getattr(e, name))
+    T.where = lambda a, condition, other: e.where(condition, a, other)
     T.negative, T.multiply, T.divide, T.subtract = e.neg, e.mul, e.div, e.sub
     T.masked_fill = i.masked_fill
     T.gather, T.index_select, T.nonzero = i.gather, i.index_select, i.nonzero
@@ -403,7 +501,10 @@ def _install_methods():
 
     def inplace_op(fn):
         def method(self, *args, **kwargs):
-            return e.inplace(self, fn.__name__ + "_", fn(self, *args, **kwargs).array)
+            if e._recording(self):
+                return e.record_inplace(self, fn.__name__ + "_", fn(self, *args, **kwargs))
+            e.check_inplace(self, fn.__name__ + "_")
+            return e.inplace(self, fn.__name__ + "_", fn(self.detach(), *args, **kwargs).array)
         return method
     for name in ("exp", "log", "sqrt", "abs", "neg", "sigmoid", "tanh", "pow"):
         setattr(T, name + "_", inplace_op(getattr(e, name)))
@@ -415,6 +516,8 @@ def _install_methods():
         def method(self, other):
             from .autograd import grad_mode
             if grad_mode._state.enabled and (self.requires_grad or getattr(other, "requires_grad", False)):
+                if self.requires_grad and self._ctx is None:
+                    e.check_inplace(self, f"__i{name}__")  # torch refuses `leaf += ...` while recording
                 return getattr(e, name)(self, other)  # recorded out of place, rebinding the name
             return fn(self, other)
         return method
@@ -422,6 +525,11 @@ def _install_methods():
     T.__isub__ = iop(e.sub_, "sub")
     T.__imul__ = iop(e.mul_, "mul")
     T.__itruediv__ = iop(e.div_, "div")
+
+
+def _mod(a, b):
+    x, y, _ = _util.promote("remainder", a, b)
+    return _util.xp_of(x if hasattr(x, "dtype") else y).mod(x, y)  # Python's sign convention, as torch's
 
 
 def _act():

@@ -2,6 +2,7 @@
 import numpy as np
 
 from . import grad_mode
+from .function import Tensor   # the Tensor class, bound once tensor.py has loaded (function.py imports it)
 
 
 def unbroadcast(grad, shape):
@@ -49,7 +50,6 @@ def _zeros(meta):
 
 
 def _accumulate_leaf(leaf, g):
-    from ..tensor import Tensor
     if leaf._hooks:
         for hook in leaf._hooks:
             r = hook(Tensor._wrap(g))
@@ -65,14 +65,26 @@ def _accumulate_leaf(leaf, g):
             hook(leaf)
 
 
-def run_backward(tensors, grad_tensors, retain_graph=False):
-    """Backpropagate from `tensors` seeded with `grad_tensors` (raw arrays), accumulating into leaves' .grad."""
-    from ..tensor import Tensor
+_callbacks = []
+
+
+def queue_callback(fn):
+    """Run `fn()` once the backward pass in progress has finished (DDP flushes its last buckets this way)."""
+    _callbacks.append(fn)
+
+
+def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
+    """Backpropagate from `tensors` seeded with `grad_tensors` (raw arrays), accumulating into leaves' .grad.
+
+    With `inputs`, only those leaves accumulate. Without `retain_graph`, what each node saved is dropped as soon
+    as its backward ran, and the graph keeps only shapes of intermediate tensors (not their memory).
+    """
+    only = None if inputs is None else {id(t) for t in inputs}
     pending = {}   # id(node) -> list of output gradients (arrays or None)
     roots = []
     for t, g in zip(tensors, grad_tensors):
         if t._ctx is None:
-            if t.requires_grad:
+            if t.requires_grad and (only is None or id(t) in only):
                 _accumulate_leaf(t, g)
             continue
         node = t._ctx
@@ -90,39 +102,76 @@ def run_backward(tensors, grad_tensors, retain_graph=False):
             if node.freed:
                 node.saved_tensors  # raises the torch-style error
             if node.out_hooks:
-                for i, hooks in node.out_hooks.items():
-                    for hook in hooks:
-                        if grads[i] is not None:
-                            r = hook(Tensor._wrap(grads[i]))
-                            if r is not None:
-                                grads[i] = r.array
-            grads = [Tensor._wrap(g if g is not None else _zeros(m)) if m is not None else None
-                     for g, m in zip(grads, node.out_meta)]
-            in_grads = node.fn.backward(node, *grads)
-            if not isinstance(in_grads, tuple):
-                in_grads = (in_grads,)
-            if len(in_grads) < len(node.inputs) and any(t is not None for t in node.inputs[len(in_grads):]):
-                raise RuntimeError(f"{node.name()}: backward returned {len(in_grads)} gradients, expected "
-                                   f"{len(node.inputs)} (one per forward input)")
+                _run_tensor_hooks(node, grads)
+            in_grads = _call_backward(node, grads)
             if not retain_graph:
-                # the structure stays walkable (grad_fn chains); only what forward saved is dropped
-                node.to_save = ()
-                node.freed = True
-                node.__dict__.clear()
+                _free(node)
             for t, g in zip(node.inputs, in_grads):
                 if t is None or g is None:
                     continue
                 g = g.array if isinstance(g, Tensor) else g
-                a = t.array
+                leaf = t._ctx is None
+                a = t.array if leaf else t   # an Edge carries shape and dtype itself
                 if g.shape != a.shape:
                     g = unbroadcast(g, a.shape)
                 if g.dtype != a.dtype:
                     g = g.astype(a.dtype)
-                if t._ctx is None:
-                    _accumulate_leaf(t, g)
+                if leaf:
+                    if only is None or id(t) in only:
+                        _accumulate_leaf(t, g)
                 else:
                     slot = pending.setdefault(id(t._ctx), [None] * len(t._ctx.out_meta))
                     i = t._out_idx
                     slot[i] = g if slot[i] is None else slot[i] + g
     finally:
         grad_mode._state.enabled = prev
+    while _callbacks:
+        _callbacks.pop(0)()
+
+
+def _run_tensor_hooks(node, grads):
+    for i, hooks in node.out_hooks.items():
+        for hook in list(hooks):
+            if grads[i] is not None:
+                r = hook(Tensor._wrap(grads[i]))
+                if r is not None:
+                    grads[i] = r.array if isinstance(r, Tensor) else r
+
+
+def _call_backward(node, grads):
+    if node.materialize:
+        grads = [Tensor._wrap(g if g is not None else _zeros(m)) if m is not None else None
+                 for g, m in zip(grads, node.out_meta)]
+    else:
+        grads = [None if g is None else Tensor._wrap(g) for g in grads]
+    in_grads = node.fn.backward(node, *grads)
+    if not isinstance(in_grads, tuple):
+        in_grads = (in_grads,)
+    n = len(node.inputs)
+    if len(in_grads) != n:
+        if len(in_grads) < n and any(t is not None for t in node.inputs[len(in_grads):]):
+            raise RuntimeError(f"{node.name()}: backward returned {len(in_grads)} gradients, expected {n} (one "
+                               "per forward input)")
+        if len(in_grads) > n and any(g is not None for g in in_grads[n:]):
+            raise RuntimeError(f"{node.name()}: function backward returned an incorrect number of gradients "
+                               f"(expected {n}, got {len(in_grads)})")
+    return in_grads
+
+
+def _holds_data(node):
+    if node.to_save:
+        return True
+    for v in node.__dict__.values():
+        if hasattr(v, "shape") or (isinstance(v, (tuple, list)) and any(hasattr(u, "shape") for u in v)):
+            return True
+    return False
+
+
+def _free(node):
+    """Drop what forward saved; the structure stays walkable (grad_fn chains)."""
+    if _holds_data(node):
+        # a second backward through this node must fail loudly, as torch's does; nodes that saved nothing
+        # (add, sum, reshape) stay usable, as torch's are
+        node.to_save = ()
+        node.freed = True
+        node.__dict__.clear()

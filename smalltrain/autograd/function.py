@@ -14,7 +14,7 @@ class Node:
 
     def __init__(self, fn):
         self.fn = fn
-        self.inputs = ()            # the Tensor inputs that need gradients (None elsewhere), by position
+        self.inputs = ()            # per forward input: a leaf Tensor or an Edge where a gradient is needed, else None
         self.needs_input_grad = ()
         self.to_save = ()
         self.out_meta = ()          # (shape, dtype, device) per output, to materialize missing gradients
@@ -43,7 +43,7 @@ class Node:
 
     @property
     def next_functions(self):
-        return tuple((t.grad_fn if t is not None else None, 0) for t in self.inputs)
+        return tuple((t._ctx if t is not None else None, t._out_idx if t is not None else 0) for t in self.inputs)
 
     def name(self):
         return self.fn.__name__ + "Backward"
@@ -66,34 +66,70 @@ class Function:
     @classmethod
     def apply(cls, *args, **kwargs):
         ctx = Node(cls)
-        prev = grad_mode._state.enabled
-        needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args) if prev else (False,) * len(args)
-        record = True in needs
+        state = grad_mode._state
+        prev = state.enabled
+        if prev:
+            needs = tuple([isinstance(a, Tensor) and a.requires_grad for a in args])
+            record = True in needs
+        else:
+            needs, record = (False,) * len(args), False
         ctx.needs_input_grad = needs
-        grad_mode._state.enabled = False
+        state.enabled = False
         try:
             out = cls.forward(ctx, *args, **kwargs)
         finally:
-            grad_mode._state.enabled = prev
-        single = not isinstance(out, tuple)
-        outs = (out,) if single else out
-        wrapped = [o if isinstance(o, Tensor) or o is None else Tensor._wrap(o) for o in outs]
+            state.enabled = prev
+        if type(out) is not tuple:   # one output: the common case, kept short
+            if isinstance(out, Tensor):
+                if record and out._ctx is None and not out.requires_grad and any(out is a for a in args):
+                    out = Tensor._wrap(out.array)   # an input handed back: never turn the caller's tensor into ours
+            elif out is not None:
+                out = Tensor._wrap(out)
+            if record:
+                ctx.inputs = tuple([(a if a._ctx is None else Edge(a)) if n else None for a, n in zip(args, needs)])
+                out = _attach(ctx, out, 0)
+                ctx.out_meta = (None if out is None or out._ctx is not ctx else
+                                (out.array.shape, out.array.dtype, type(out.array)),)
+            return out
+        outs = [o if isinstance(o, Tensor) or o is None else Tensor._wrap(o) for o in out]
+        outs = [Tensor._wrap(o.array) if o is not None and any(o is a for a in args) else o for o in outs]
         if record:
-            ctx.inputs = tuple(a if n else None for a, n in zip(args, needs))
-            meta = []
-            for i, o in enumerate(wrapped):
-                if o is None or (ctx.non_differentiable and id(o) in ctx.non_differentiable):
-                    meta.append(None)
-                    continue
-                if o._ctx is not None or o.requires_grad:
-                    # forward handed back an existing tensor: give the output a handle of its own
-                    o = wrapped[i] = Tensor._wrap(o.array)
-                o._ctx = ctx
-                o._out_idx = i
-                o.requires_grad = True
-                meta.append((o.array.shape, o.array.dtype, type(o.array)))
-            ctx.out_meta = tuple(meta)
-        return wrapped[0] if single else tuple(wrapped)
+            ctx.inputs = tuple([(a if a._ctx is None else Edge(a)) if n else None for a, n in zip(args, needs)])
+            outs = [_attach(ctx, o, i) for i, o in enumerate(outs)]
+            ctx.out_meta = tuple(None if o is None or o._ctx is not ctx else (o.array.shape, o.array.dtype,
+                                                                              type(o.array)) for o in outs)
+        return tuple(outs)
+
+
+def _attach(ctx, o, i):
+    """Make `o` output i of node ctx, unless it is None, marked non-differentiable, or of an integer dtype."""
+    if o is None or (ctx.non_differentiable and id(o) in ctx.non_differentiable) or o.array.dtype.kind not in "fc":
+        return o
+    if o._ctx is not None or o.requires_grad:
+        o = Tensor._wrap(o.array)   # forward handed back an existing tensor: give the output a handle of its own
+    o._ctx = ctx
+    o._out_idx = i
+    o.requires_grad = True
+    return o
+
+
+class Edge:
+    """What a node keeps of an intermediate input: the node that made it, which output, its shape and dtype.
+
+    Keeping this instead of the Tensor frees intermediate arrays that backward does not need (as torch does), and
+    an in-place op that later rebinds the Tensor to a new node cannot reroute this node's gradient. Leaf inputs
+    are kept as Tensors: their .grad is where gradients land.
+    """
+
+    __slots__ = ("_ctx", "_out_idx", "shape", "dtype")
+
+    def __init__(self, t):
+        self._ctx, self._out_idx = t._ctx, t._out_idx
+        self.shape, self.dtype = t.array.shape, t.array.dtype
+
+    @property
+    def grad_fn(self):
+        return self._ctx
 
 
 from ..tensor import Tensor  # noqa: E402  (tensor.py imports this module first)

@@ -1,9 +1,10 @@
 """Gradient recording switch: `no_grad` / `enable_grad` / `set_grad_enabled`, as context managers and decorators."""
 import functools
+import threading
 
 
-class _State:
-    enabled = True
+class _State(threading.local):
+    enabled = True   # per thread, as torch's grad mode: a loader thread under no_grad leaves training alone
 
 
 _state = _State()
@@ -44,15 +45,22 @@ class set_grad_enabled:
 
 
 class _GradMode:
+    """Context manager and decorator; `@no_grad` and `@no_grad()` both work, as in torch."""
+
     mode = True
 
+    def __new__(cls, orig_func=None):
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)   # used bare as a decorator
+
     def __enter__(self):
-        self.prev = _state.enabled
+        self.__dict__.setdefault("_prev", []).append(_state.enabled)   # a stack: one instance may nest
         _state.enabled = self.mode
         return self
 
     def __exit__(self, *exc):
-        _state.enabled = self.prev
+        _state.enabled = self._prev.pop()
         return False
 
     def __call__(self, fn):
@@ -80,5 +88,12 @@ class enable_grad(_GradMode):
 
 
 class inference_mode(no_grad):
+    """Like no_grad (smalltrain has no separate inference tensors); inference_mode(False) records."""
+
+    def __new__(cls, mode=True):
+        if callable(mode):
+            return cls()(mode)
+        return object.__new__(cls)
+
     def __init__(self, mode=True):
-        self.mode = not mode
+        self.mode = not mode if not callable(mode) else False

@@ -1,6 +1,7 @@
-"""Small helpers every op file uses: raw arrays of operands, torch's dtype promotion for scalars."""
+"""Small helpers every op file uses: raw arrays of operands, torch's dtype promotion, dim checks."""
 import numpy as np
 
+from .._dtype import get_default_dtype, result_type
 from ..tensor import Tensor
 
 
@@ -29,6 +30,59 @@ def fix_float(out, *operands):
     return out
 
 
+def promote(op, a, b, floating=False):
+    """The raw operands of binary op `op` cast to torch's result dtype, and that dtype.
+
+    Python scalars stay Python scalars: NumPy treats them as weak, so they take the array's dtype. With
+    `floating`, an integer result type becomes the default float (true division). CPU and CUDA operands raise.
+    """
+    x = a.array if isinstance(a, Tensor) else a
+    y = b.array if isinstance(b, Tensor) else b
+    tx, ty = type(x), type(y)
+    # fast paths: same dtype, or a float array with a Python number (NumPy keeps the array's dtype, as torch)
+    if ty is float or ty is int:
+        dx = x.dtype
+        if dx.kind == "f" or (ty is int and dx.kind in "iu" and not floating):
+            return x, y, dx
+    elif tx is float or tx is int:
+        dy = y.dtype
+        if dy.kind == "f" or (tx is int and dy.kind in "iu" and not floating):
+            return x, y, dy
+    else:
+        dx, dy = getattr(x, "dtype", None), getattr(y, "dtype", None)
+        if dx is not None and dx == dy and (not floating or dx.kind == "f"):
+            if tx is not ty:
+                check_same_device(op, a, b)
+            return x, y, dx
+    dx, dy = getattr(x, "dtype", None), getattr(y, "dtype", None)
+    if dx is not None and dy is not None and type(x) is not type(y):
+        check_same_device(op, a, b)
+    dt = result_type(a, b)
+    if floating and dt.kind != "f":
+        dt = get_default_dtype().np
+    return _cast(x, dt), _cast(y, dt), dt
+
+
+def _cast(v, dt):
+    if isinstance(v, np.generic):  # NumPy scalars are strong under NEP 50; torch reads them as Python numbers
+        v = v.item()
+    if v is None or isinstance(v, (bool, int, float)):
+        return v
+    return v if v.dtype == dt else v.astype(dt)
+
+
+def broadcast_error(op, x, y):
+    """torch's RuntimeError for operands whose shapes do not broadcast (None when they do)."""
+    sa, sb = tuple(getattr(x, "shape", ())), tuple(getattr(y, "shape", ()))
+    n = max(len(sa), len(sb))
+    pa, pb = (1,) * (n - len(sa)) + sa, (1,) * (n - len(sb)) + sb
+    for i in range(n - 1, -1, -1):
+        if pa[i] != pb[i] and pa[i] != 1 and pb[i] != 1:
+            return RuntimeError(f"{op}: The size of tensor a ({pa[i]}) must match the size of tensor b ({pb[i]}) "
+                                f"at non-singleton dimension {i} (shapes {list(sa)} and {list(sb)})")
+    return None
+
+
 def check_same_device(op, *tensors):
     """Mixing CPU and CUDA tensors (or two GPUs) in one op is an error, as in torch."""
     first = None
@@ -52,9 +106,18 @@ def normalize_dim(op, dim, ndim):
 
 
 def normalize_dims(op, dim, ndim):
-    """None -> all dims; int or sequence -> a tuple of non-negative dims."""
+    """None or () -> all dims (as torch reduces); int or sequence -> a tuple of distinct non-negative dims."""
     if dim is None:
         return tuple(range(ndim))
     if isinstance(dim, (list, tuple)):
-        return tuple(normalize_dim(op, d, ndim) for d in dim)
-    return (normalize_dim(op, dim, ndim),)
+        if not dim:
+            return tuple(range(ndim))
+        dims = tuple(normalize_dim(op, d, ndim) for d in dim)
+        if ndim == 0:
+            return ()   # a 0-d tensor accepts dim 0 / -1 and has nothing to reduce
+        if len(set(dims)) != len(dims):
+            d = next(d for d in dims if dims.count(d) > 1)
+            raise RuntimeError(f"{op}: dim {d} appears multiple times in the list of dims")
+        return dims
+    d = normalize_dim(op, dim, ndim)
+    return (d,) if ndim else ()

@@ -1,24 +1,33 @@
-"""Elementwise ops with NumPy broadcasting: arithmetic, unary math, comparisons, where, clamp, in-place updates.
-
-Each differentiable op is a Function; gradients come back in the broadcast shape and the engine reduces them.
+"""Elementwise ops with NumPy broadcasting and torch's type promotion: arithmetic, unary math, comparisons, where,
+clamp, and the in-place updates optimizers use. Gradients come back in the broadcast shape; the engine reduces them.
 """
 import math
 
 import numpy as np
 
+from .._dtype import get_default_dtype, result_type
 from ..autograd import grad_mode
 from ..autograd.function import Function
 from ..tensor import Tensor
-from ._util import arr, check_same_device, fix_float, xp_of
+from ._util import _cast, arr, broadcast_error, promote, xp_of
+
+
+def _no_bool(op, what, *operands):
+    for o in operands:
+        if isinstance(o, bool) or getattr(getattr(o, "array", o), "dtype", None) == np.bool_:
+            raise RuntimeError(f"{op}: {what} a bool tensor is not supported. If you are trying to invert a mask, "
+                               "use the `~` or `logical_not()` operator instead.")
 
 
 class Add(Function):
     @staticmethod
     def forward(ctx, a, b, alpha=1):
-        check_same_device("add", a, b)
+        x, y, _ = promote("add", a, b)
         ctx.alpha = alpha
-        bb = arr(b) if alpha == 1 else arr(b) * alpha
-        return fix_float(arr(a) + bb, a, b)
+        try:
+            return x + y if alpha == 1 else x + y * alpha
+        except ValueError as e:
+            raise (broadcast_error("add", x, y) or e) from None
 
     @staticmethod
     def backward(ctx, dout):
@@ -29,8 +38,12 @@ class Add(Function):
 class Sub(Function):
     @staticmethod
     def forward(ctx, a, b):
-        check_same_device("sub", a, b)
-        return fix_float(arr(a) - arr(b), a, b)
+        _no_bool("sub", "Subtraction, the `-` operator, with", a, b)
+        x, y, _ = promote("sub", a, b)
+        try:
+            return x - y
+        except ValueError as e:
+            raise (broadcast_error("sub", x, y) or e) from None
 
     @staticmethod
     def backward(ctx, dout):
@@ -40,90 +53,109 @@ class Sub(Function):
 class Mul(Function):
     @staticmethod
     def forward(ctx, a, b):
-        check_same_device("mul", a, b)
-        ctx.a, ctx.b = arr(a), arr(b)
-        return fix_float(ctx.a * ctx.b, a, b)
+        x, y, _ = promote("mul", a, b)
+        need = ctx.needs_input_grad
+        ctx.x = x if len(need) > 1 and need[1] else None   # save only what backward reads
+        ctx.y = y if need and need[0] else None
+        try:
+            return x * y
+        except ValueError as e:
+            raise (broadcast_error("mul", x, y) or e) from None
 
     @staticmethod
     def backward(ctx, dout):
         g = dout.array
-        da = g * ctx.b if ctx.needs_input_grad[0] else None
-        db = g * ctx.a if ctx.needs_input_grad[1] else None
-        return da, db
+        return (g * ctx.y if ctx.y is not None else None), (g * ctx.x if ctx.x is not None else None)
 
 
 class Div(Function):
     @staticmethod
     def forward(ctx, a, b):
-        check_same_device("div", a, b)
-        ctx.a, ctx.b = arr(a), arr(b)
-        return fix_float(ctx.a / ctx.b, a, b)
+        x, y, _ = promote("div", a, b, floating=True)
+        ctx.x, ctx.y = x, y
+        try:
+            return x / y
+        except ValueError as e:
+            raise (broadcast_error("div", x, y) or e) from None
 
     @staticmethod
     def backward(ctx, dout):
-        g = dout.array
-        da = g / ctx.b if ctx.needs_input_grad[0] else None
-        db = -g * ctx.a / (ctx.b * ctx.b) if ctx.needs_input_grad[1] else None
+        g, x, y = dout.array, ctx.x, ctx.y
+        da = g / y if ctx.needs_input_grad[0] else None
+        db = -g * x / (y * y) if ctx.needs_input_grad[1] else None
         return da, db
 
 
 class Pow(Function):
     @staticmethod
     def forward(ctx, a, b):
-        check_same_device("pow", a, b)
-        x, e = arr(a), arr(b)
-        out = fix_float(x ** e, a, b)
+        x, e, dt = promote("pow", a, b)
+        if dt.kind in "iu" and (e < 0 if isinstance(e, int) else bool((e < 0).any())):
+            raise RuntimeError("pow: Integers to negative integer powers are not allowed.")
+        try:
+            out = x ** e
+        except ValueError as err:
+            raise (broadcast_error("pow", x, e) or err) from None
         ctx.x, ctx.e, ctx.out = x, e, out
         return out
 
     @staticmethod
     def backward(ctx, dout):
         g, x, e = dout.array, ctx.x, ctx.e
+        xp = xp_of(g)
         da = db = None
         if ctx.needs_input_grad[0]:
-            # torch: exponent 0 gives gradient 0 even where x ** -1 is inf
-            da = g * e * (x ** (e - 1)) if not np.isscalar(e) else (g * 0 if e == 0 else g * e * x ** (e - 1))
-            if not np.isscalar(e):
-                da = xp_of(g).where(e == 0, 0, da)
+            # torch: a zero exponent gives a zero gradient even where x ** (e - 1) is inf
+            if isinstance(e, (int, float)):
+                da = g * 0 if e == 0 else g * e * x ** (e - 1)
+            else:
+                da = xp.where(e == 0, 0, g * e * x ** (e - 1))
         if ctx.needs_input_grad[1]:
-            xp = xp_of(g)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                db = g * ctx.out * xp.log(x)
+            if isinstance(x, (int, float)):
+                log_x = math.log(x) if x > 0 else (-math.inf if x == 0 else math.nan)
+                db = g * ctx.out * log_x
+            else:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    db = g * ctx.out * xp.log(x)
             db = xp.where((x == 0) & (e >= 0), 0, db)
         return da, db
-
-
-def _pick(mask_a, mask_tie, g, xp):
-    return xp.where(mask_tie, g / 2, xp.where(mask_a, g, 0))
 
 
 class Maximum(Function):
     @staticmethod
     def forward(ctx, a, b):
-        check_same_device("maximum", a, b)
-        ctx.a, ctx.b = arr(a), arr(b)
-        xp = xp_of(ctx.a)
-        return xp.maximum(ctx.a, ctx.b)
+        x, y, _ = promote("maximum", a, b)
+        ctx.x, ctx.y = x, y
+        try:
+            return xp_of(x).maximum(x, y)
+        except ValueError as e:
+            raise (broadcast_error("maximum", x, y) or e) from None
 
     @staticmethod
     def backward(ctx, dout):
-        g, xp = dout.array, xp_of(dout.array)
-        tie = ctx.a == ctx.b   # torch splits the gradient evenly between tied inputs
-        return _pick(ctx.a > ctx.b, tie, g, xp), _pick(ctx.b > ctx.a, tie, g, xp)
+        # torch's formula: ties split the gradient; a NaN on either side passes it to both
+        g, x, y = dout.array, ctx.x, ctx.y
+        xp = xp_of(g)
+        half = xp.where(x == y, g / 2, g)
+        return xp.where(x < y, 0, half), xp.where(x > y, 0, half)
 
 
 class Minimum(Function):
     @staticmethod
     def forward(ctx, a, b):
-        check_same_device("minimum", a, b)
-        ctx.a, ctx.b = arr(a), arr(b)
-        return xp_of(ctx.a).minimum(ctx.a, ctx.b)
+        x, y, _ = promote("minimum", a, b)
+        ctx.x, ctx.y = x, y
+        try:
+            return xp_of(x).minimum(x, y)
+        except ValueError as e:
+            raise (broadcast_error("minimum", x, y) or e) from None
 
     @staticmethod
     def backward(ctx, dout):
-        g, xp = dout.array, xp_of(dout.array)
-        tie = ctx.a == ctx.b
-        return _pick(ctx.a < ctx.b, tie, g, xp), _pick(ctx.b < ctx.a, tie, g, xp)
+        g, x, y = dout.array, ctx.x, ctx.y
+        xp = xp_of(g)
+        half = xp.where(x == y, g / 2, g)
+        return xp.where(x > y, 0, half), xp.where(x < y, 0, half)
 
 
 def _unary(name, forward, backward, doc, needs_float=True):
@@ -131,10 +163,9 @@ def _unary(name, forward, backward, doc, needs_float=True):
 
     def fwd(ctx, x):
         a = x.array
-        if needs_float and a.dtype.kind not in "fc":
-            a = a.astype(np.float32)
-        xp = xp_of(a)
-        y = forward(xp, a)
+        if needs_float and a.dtype.kind != "f":
+            a = a.astype(get_default_dtype().np)  # torch computes math on integers in the default float
+        y = forward(xp_of(a), a)
         ctx.x, ctx.y = a, y
         return y
 
@@ -144,19 +175,10 @@ def _unary(name, forward, backward, doc, needs_float=True):
     return type(name, (Function,), {"forward": staticmethod(fwd), "backward": staticmethod(bwd), "__doc__": doc})
 
 
-Neg = _unary("Neg", lambda xp, x: -x, lambda xp, x, y, g: -g, "-x", needs_float=False)
-Exp = _unary("Exp", lambda xp, x: xp.exp(x), lambda xp, x, y, g: g * y, "e**x")
-Log = _unary("Log", lambda xp, x: xp.log(x), lambda xp, x, y, g: g / x, "natural log")
-Log1p = _unary("Log1p", lambda xp, x: xp.log1p(x), lambda xp, x, y, g: g / (1 + x), "log(1 + x)")
-Sqrt = _unary("Sqrt", lambda xp, x: xp.sqrt(x), lambda xp, x, y, g: g / (2 * y), "square root")
-Rsqrt = _unary("Rsqrt", lambda xp, x: 1 / xp.sqrt(x), lambda xp, x, y, g: -0.5 * g * y * y * y, "1 / sqrt(x)")
-Abs = _unary("Abs", lambda xp, x: xp.abs(x), lambda xp, x, y, g: g * xp.sign(x), "|x| (gradient 0 at 0)",
-             needs_float=False)
-Sin = _unary("Sin", lambda xp, x: xp.sin(x), lambda xp, x, y, g: g * xp.cos(x), "sine")
-Cos = _unary("Cos", lambda xp, x: xp.cos(x), lambda xp, x, y, g: -g * xp.sin(x), "cosine")
-Tanh = _unary("Tanh", lambda xp, x: xp.tanh(x), lambda xp, x, y, g: g * (1 - y * y), "hyperbolic tangent")
-Cosh = _unary("Cosh", lambda xp, x: xp.cosh(x), lambda xp, x, y, g: g * xp.sinh(x), "hyperbolic cosine")
-Sinh = _unary("Sinh", lambda xp, x: xp.sinh(x), lambda xp, x, y, g: g * xp.cosh(x), "hyperbolic sine")
+def _neg(xp, x):
+    if x.dtype == np.bool_:
+        _no_bool("neg", "Negation, the `-` operator, on", x)
+    return -x
 
 
 def _sigmoid(xp, x):
@@ -165,67 +187,85 @@ def _sigmoid(xp, x):
     return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
+Neg = _unary("Neg", _neg, lambda xp, x, y, g: -g, "-x", needs_float=False)
+Exp = _unary("Exp", lambda xp, x: xp.exp(x), lambda xp, x, y, g: g * y, "e**x")
+Log = _unary("Log", lambda xp, x: xp.log(x), lambda xp, x, y, g: g / x, "natural log")
+Log1p = _unary("Log1p", lambda xp, x: xp.log1p(x), lambda xp, x, y, g: g / (1 + x), "log(1 + x)")
+Sqrt = _unary("Sqrt", lambda xp, x: xp.sqrt(x), lambda xp, x, y, g: g / (2 * y), "square root")
+Rsqrt = _unary("Rsqrt", lambda xp, x: 1 / xp.sqrt(x), lambda xp, x, y, g: -0.5 * g * y * y * y, "1 / sqrt(x)")
+Abs = _unary("Abs", lambda xp, x: xp.abs(x), lambda xp, x, y, g: xp.where(x > 0, g, xp.where(x < 0, -g, 0)),
+             "|x| (gradient 0 at 0 and at NaN, as torch's sgn)", needs_float=False)
+Sin = _unary("Sin", lambda xp, x: xp.sin(x), lambda xp, x, y, g: g * xp.cos(x), "sine")
+Cos = _unary("Cos", lambda xp, x: xp.cos(x), lambda xp, x, y, g: -g * xp.sin(x), "cosine")
+Tanh = _unary("Tanh", lambda xp, x: xp.tanh(x), lambda xp, x, y, g: g * (1 - y * y), "hyperbolic tangent")
+Cosh = _unary("Cosh", lambda xp, x: xp.cosh(x), lambda xp, x, y, g: g * xp.sinh(x), "hyperbolic cosine")
+Sinh = _unary("Sinh", lambda xp, x: xp.sinh(x), lambda xp, x, y, g: g * xp.cosh(x), "hyperbolic sine")
 Sigmoid = _unary("Sigmoid", _sigmoid, lambda xp, x, y, g: g * y * (1 - y), "logistic sigmoid")
 
 
 class Clamp(Function):
     @staticmethod
-    def forward(ctx, x, min=None, max=None):
-        a = x.array
-        xp = xp_of(a)
+    def forward(ctx, x, min=None, max=None):  # noqa: A002
         if min is None and max is None:
-            raise RuntimeError("clamp: at least one of 'min' or 'max' must not be None")
-        lo, hi = arr(min), arr(max)
-        out = a
-        if lo is not None:
-            out = xp.maximum(out, lo)
-        if hi is not None:
-            out = xp.minimum(out, hi)
+            raise RuntimeError("clamp: At least one of 'min' or 'max' must not be None")
+        dt = result_type(x, min, max)
+        a, lo, hi = (_cast(v, dt) for v in (x.array, arr(min), arr(max)))
+        xp = xp_of(a)
+        out = a if lo is None else xp.maximum(a, lo)
+        out = out if hi is None else xp.minimum(out, hi)
         ctx.a, ctx.lo, ctx.hi = a, lo, hi
-        return out.astype(a.dtype, copy=False)
+        return out.astype(dt, copy=False)
 
     @staticmethod
     def backward(ctx, dout):
+        # the bounds get no gradient (torch gives tensor bounds one; we document that they do not)
         g, a = dout.array, ctx.a
         mask = True
         if ctx.lo is not None:
             mask = a >= ctx.lo
         if ctx.hi is not None:
             mask = mask & (a <= ctx.hi)
-        return xp_of(g).where(mask, g, 0).astype(g.dtype, copy=False), None, None
+        return xp_of(g).where(mask, g, 0), None, None
 
 
 class Where(Function):
     @staticmethod
     def forward(ctx, cond, a, b):
-        check_same_device("where", cond, a, b)
         c = arr(cond)
+        if getattr(c, "dtype", None) != np.bool_:
+            raise RuntimeError(f"where: expected condition to be a boolean tensor, but got a tensor with dtype "
+                               f"{getattr(c, 'dtype', type(c).__name__)}")
+        x, y, dt = promote("where", a, b)
         ctx.c = c
-        xa, xb = arr(a), arr(b)
-        xp = xp_of(c)
-        return fix_float(xp.where(c, xa, xb), a, b)
+        try:
+            out = xp_of(c).where(c, x, y)
+        except ValueError as e:
+            raise (broadcast_error("where", c, x) or broadcast_error("where", c, y) or
+                   broadcast_error("where", x, y) or e) from None
+        return out if out.dtype == dt else out.astype(dt)
 
     @staticmethod
     def backward(ctx, dout):
         g, xp = dout.array, xp_of(dout.array)
-        da = xp.where(ctx.c, g, 0).astype(g.dtype) if ctx.needs_input_grad[1] else None
-        db = xp.where(ctx.c, 0, g).astype(g.dtype) if ctx.needs_input_grad[2] else None
+        da = xp.where(ctx.c, g, 0) if ctx.needs_input_grad[1] else None
+        db = xp.where(ctx.c, 0, g) if ctx.needs_input_grad[2] else None
         return None, da, db
 
 
 # ---- functional spellings -------------------------------------------------------------------------------------
 
 def add(a, b, alpha=1):
-    return Add.apply(a, b, alpha) if isinstance(a, Tensor) else Add.apply(_as_tensor_like(a, b), b, alpha)
+    return Add.apply(a, b, alpha)
 
 
 def _as_tensor_like(x, other):
-    """Scalars on the left of a binary op (`2 - t`) become tensors of the right operand's kind."""
+    """A non-Tensor operand as a Tensor on `other`'s device (kept for callers; ops take scalars directly)."""
     if isinstance(x, Tensor):
         return x
-    xp = xp_of(other.array)
-    return Tensor._wrap(xp.asarray(x, dtype=other.array.dtype if isinstance(x, float) and
-                                   other.array.dtype.kind == "f" else None))
+    if isinstance(x, (bool, int, float)):
+        dt = result_type(x)
+        return Tensor._wrap(xp_of(other.array).asarray(x, dtype=dt))
+    return Tensor._wrap(xp_of(other.array).asarray(x))
 
 
 def sub(a, b, alpha=1):
@@ -239,12 +279,17 @@ def mul(a, b):
 def div(a, b, rounding_mode=None):
     if rounding_mode is None:
         return Div.apply(a, b)
-    xp = xp_of(arr(a) if isinstance(a, Tensor) else arr(b))
-    q = xp.true_divide(arr(a), arr(b))
+    if rounding_mode not in ("trunc", "floor"):
+        raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+                         f"'{rounding_mode}'")
+    x, y, dt = promote("div", a, b)
+    xp = xp_of(x if hasattr(x, "dtype") else y)
+    if dt.kind in "iu" and rounding_mode == "floor":
+        return Tensor._wrap(xp.floor_divide(x, y))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = xp.true_divide(x, y)
     q = xp.floor(q) if rounding_mode == "floor" else xp.trunc(q)
-    out = q.astype(xp.result_type(arr(a), arr(b))) if q.dtype.kind == "f" and \
-        xp.result_type(arr(a), arr(b)).kind in "iu" else q
-    return Tensor._wrap(fix_float(out, a, b))
+    return Tensor._wrap(q.astype(dt, copy=False))
 
 
 def pow(a, b):  # noqa: A001
@@ -321,58 +366,45 @@ clip = clamp
 def where(condition, input=None, other=None):  # noqa: A002
     if input is None and other is None:
         return tuple(Tensor._wrap(i) for i in xp_of(arr(condition)).nonzero(arr(condition)))
-    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
-        xp = xp_of(arr(condition))
-        input = Tensor._wrap(xp.asarray(input, dtype=np.float32 if isinstance(input, float) else None))
     return Where.apply(condition, input, other)
 
 
-def _compare(ufunc_name):
+def _compare(name, ufunc_name):
     def cmp(a, b):
-        check_same_device(ufunc_name, a, b)
-        x = arr(a)
-        xp = xp_of(x if isinstance(a, Tensor) else arr(b))
-        return Tensor._wrap(getattr(xp, ufunc_name)(x, arr(b)))
-    cmp.__name__ = ufunc_name
+        x, y = arr(a), arr(b)
+        xp = xp_of(x if isinstance(a, Tensor) else y)
+        try:
+            return Tensor._wrap(getattr(xp, ufunc_name)(x, y))
+        except ValueError as e:
+            raise (broadcast_error(name, x, y) or e) from None
+    cmp.__name__ = name
     cmp.__doc__ = f"Elementwise {ufunc_name} (a bool tensor; not differentiable)."
     return cmp
 
 
-eq, ne, lt, le, gt, ge = (_compare(n) for n in ("equal", "not_equal", "less", "less_equal", "greater",
-                                                 "greater_equal"))
-logical_and, logical_or, logical_xor = (_compare(n) for n in ("logical_and", "logical_or", "logical_xor"))
+eq, ne, lt, le, gt, ge = (_compare(n, u) for n, u in (("eq", "equal"), ("ne", "not_equal"), ("lt", "less"),
+                                                        ("le", "less_equal"), ("gt", "greater"),
+                                                        ("ge", "greater_equal")))
+logical_and, logical_or, logical_xor = (_compare(n, n) for n in ("logical_and", "logical_or", "logical_xor"))
+bitwise_and, bitwise_or, bitwise_xor = (_compare(n, n) for n in ("bitwise_and", "bitwise_or", "bitwise_xor"))
 
 
-def logical_not(x):
-    return Tensor._wrap(xp_of(x.array).logical_not(x.array))
+def _elementwise(ufunc_name, doc):
+    def fn(x):
+        return Tensor._wrap(getattr(xp_of(x.array), ufunc_name)(x.array))
+    fn.__name__, fn.__doc__ = ufunc_name, doc
+    return fn
 
 
-def isnan(x):
-    return Tensor._wrap(xp_of(x.array).isnan(x.array))
-
-
-def isinf(x):
-    return Tensor._wrap(xp_of(x.array).isinf(x.array))
-
-
-def isfinite(x):
-    return Tensor._wrap(xp_of(x.array).isfinite(x.array))
-
-
-def sign(x):
-    return Tensor._wrap(xp_of(x.array).sign(x.array))
-
-
-def floor(x):
-    return Tensor._wrap(xp_of(x.array).floor(x.array))
-
-
-def ceil(x):
-    return Tensor._wrap(xp_of(x.array).ceil(x.array))
-
-
-def round(x):  # noqa: A001
-    return Tensor._wrap(xp_of(x.array).round(x.array))
+logical_not = _elementwise("logical_not", "Elementwise not (a bool tensor).")
+bitwise_not = _elementwise("invert", "`~x`: logical not for bool tensors, bitwise not for integers.")
+isnan = _elementwise("isnan", "True where x is NaN.")
+isinf = _elementwise("isinf", "True where x is +-inf.")
+isfinite = _elementwise("isfinite", "True where x is neither NaN nor +-inf.")
+sign = _elementwise("sign", "-1, 0 or 1 (not differentiable here).")
+floor = _elementwise("floor", "Round down (not differentiable here).")
+ceil = _elementwise("ceil", "Round up (not differentiable here).")
+round = _elementwise("round", "Round half to even, as torch does (not differentiable here).")  # noqa: A001
 
 
 def allclose(a, b, rtol=1e-5, atol=1e-8, equal_nan=False):
@@ -386,64 +418,116 @@ def equal(a, b):
 # ---- in-place updates (optimizers, initializers): no graph, checked like torch -------------------------------
 
 def check_inplace(t, op):
-    if grad_mode._state.enabled and t.requires_grad and t._ctx is None:
-        raise RuntimeError(f"{op}: a leaf Variable that requires grad is being used in an in-place operation "
-                           "(wrap the update in smalltrain.no_grad())")
+    """In-place writes while recording would corrupt gradients: refuse them on tensors that require grad."""
+    if grad_mode._state.enabled and t.requires_grad:
+        if t._ctx is None:
+            raise RuntimeError(f"{op}: a leaf Variable that requires grad is being used in an in-place operation. "
+                               "Wrap the update in smalltrain.no_grad().")
+        raise RuntimeError(f"{op}: in-place operations on a tensor that is part of a recorded graph are not "
+                           "supported; use the out-of-place op (or smalltrain.no_grad())")
+
+
+def _recording(t):
+    return grad_mode._state.enabled and t.requires_grad and t._ctx is not None
+
+
+def record_inplace(t, op, new):
+    """An in-place op on an intermediate tensor while recording: t becomes the name of the out-of-place result
+    `new` (kept in t's shape and dtype), so gradients stay right; other views of t's memory are not updated."""
+    if new.array.shape != t.array.shape:
+        raise RuntimeError(f"{op}: output with shape {list(t.array.shape)} doesn't match the broadcast shape "
+                           f"{list(new.array.shape)}")
+    if new.array.dtype != t.array.dtype:
+        new = new.to(t.dtype)
+    t.array, t._ctx, t._out_idx = new.array, new._ctx, new._out_idx
+    return t
 
 
 def inplace(t, op, value):
     """Write `value` (array or scalar) into t's array, keeping t's dtype and identity."""
     check_inplace(t, op)
     a = t.array
-    if a.shape == () or not a.flags.writeable:
+    if a.shape == () or not getattr(a.flags, "writeable", True):
         t.array = xp_of(a).asarray(value, dtype=a.dtype).reshape(a.shape).copy()
     else:
         a[...] = value
     return t
 
 
-def add_(t, other, alpha=1):
-    check_inplace(t, "add_")
-    o = arr(other)
-    t.array += o if alpha == 1 else o * alpha
+def _operand(t, op, other, floating=False):
+    """The raw `other` of an in-place op on t, after torch's checks: grad mode, device, castability."""
+    check_inplace(t, op)
+    o = other.array if isinstance(other, Tensor) else other
+    a = t.array
+    od = getattr(o, "dtype", None)
+    if od is not None and type(o) is not type(a):
+        raise RuntimeError(f"{op}: expected all tensors to be on the same device, got {t.device} and "
+                           f"{getattr(other, 'device', type(o).__name__)}")
+    if od != a.dtype or floating:
+        r = result_type(t, other)
+        if floating and r.kind != "f":
+            r = get_default_dtype().np
+        if (r.kind == "f" and a.dtype.kind != "f") or (r.kind != "b" and a.dtype.kind == "b"):
+            raise RuntimeError(f"{op}: result type {r} can't be cast to the desired output type {a.dtype}")
+    return o
+
+
+def _apply_inplace(t, op, ufunc, value):
+    a = t.array
+    try:
+        ufunc(a, value, out=a, casting="unsafe")
+    except ValueError as e:
+        raise RuntimeError(f"{op}: cannot update a tensor of shape {list(a.shape)} in place with an operand of "
+                           f"shape {list(getattr(value, 'shape', ()))} ({e})") from None
     return t
+
+
+def add_(t, other, alpha=1):
+    if _recording(t):
+        return record_inplace(t, "add_", add(t, other, alpha))
+    o = _operand(t, "add_", other)
+    return _apply_inplace(t, "add_", xp_of(t.array).add, o if alpha == 1 else o * alpha)
 
 
 def sub_(t, other, alpha=1):
-    check_inplace(t, "sub_")
-    o = arr(other)
-    t.array -= o if alpha == 1 else o * alpha
-    return t
+    if _recording(t):
+        return record_inplace(t, "sub_", sub(t, other, alpha))
+    o = _operand(t, "sub_", other)
+    return _apply_inplace(t, "sub_", xp_of(t.array).subtract, o if alpha == 1 else o * alpha)
 
 
 def mul_(t, other):
-    check_inplace(t, "mul_")
-    t.array *= arr(other)
-    return t
+    if _recording(t):
+        return record_inplace(t, "mul_", mul(t, other))
+    return _apply_inplace(t, "mul_", xp_of(t.array).multiply, _operand(t, "mul_", other))
 
 
 def div_(t, other):
-    check_inplace(t, "div_")
-    t.array /= arr(other)
-    return t
+    if _recording(t):
+        return record_inplace(t, "div_", div(t, other))
+    return _apply_inplace(t, "div_", xp_of(t.array).true_divide, _operand(t, "div_", other, floating=True))
 
 
 def addcmul_(t, t1, t2, value=1):
-    check_inplace(t, "addcmul_")
-    t.array += value * (arr(t1) * arr(t2)) if value != 1 else arr(t1) * arr(t2)
-    return t
+    _operand(t, "addcmul_", t1)
+    p = arr(t1) * arr(t2)
+    return _apply_inplace(t, "addcmul_", xp_of(t.array).add, p if value == 1 else value * p)
 
 
 def addcdiv_(t, t1, t2, value=1):
-    check_inplace(t, "addcdiv_")
-    t.array += value * (arr(t1) / arr(t2)) if value != 1 else arr(t1) / arr(t2)
-    return t
+    _operand(t, "addcdiv_", t1, floating=True)
+    q = arr(t1) / arr(t2)
+    return _apply_inplace(t, "addcdiv_", xp_of(t.array).add, q if value == 1 else value * q)
 
 
 def clamp_(t, min=None, max=None):  # noqa: A002
-    check_inplace(t, "clamp_")
+    if min is None and max is None:
+        raise RuntimeError("clamp_: At least one of 'min' or 'max' must not be None")
     xp = xp_of(t.array)
-    xp.clip(t.array, arr(min), arr(max), out=t.array)
+    if min is not None:
+        _apply_inplace(t, "clamp_", xp.maximum, _operand(t, "clamp_", min))
+    if max is not None:
+        _apply_inplace(t, "clamp_", xp.minimum, _operand(t, "clamp_", max))
     return t
 
 
@@ -453,13 +537,17 @@ def copy_(t, src):
     if isinstance(src, Tensor) and type(s) is not type(t.array):
         from ..backend import to_device
         s = to_device(s, t.device)
-    t.array[...] = s
+    try:
+        t.array[...] = s
+    except ValueError as e:
+        raise RuntimeError(f"copy_: cannot copy a tensor of shape {list(getattr(s, 'shape', ()))} into one of "
+                           f"shape {list(t.array.shape)} ({e})") from None
     return t
 
 
 def fill_(t, value):
     check_inplace(t, "fill_")
-    t.array.fill(arr(value).item() if isinstance(value, Tensor) else value)
+    t.array.fill(value.item() if isinstance(value, Tensor) else value)
     return t
 
 
@@ -470,6 +558,6 @@ def zero_(t):
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("math", "np", "grad_mode", "Function",
-                                                                      "Tensor", "arr", "check_same_device",
-                                                                      "fix_float", "xp_of")]
-_ = math
+                                                                      "Tensor", "arr", "broadcast_error",
+                                                                      "promote", "xp_of", "get_default_dtype",
+                                                                      "result_type")]

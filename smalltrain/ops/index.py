@@ -7,76 +7,118 @@ from ..tensor import Tensor
 from ._util import normalize_dim, xp_of
 
 
-def _convert_key(key, a):
-    """Tensors inside an index become arrays; lists become integer/bool arrays, as torch reads them."""
-    xp = xp_of(a)
+_VALID = "only integers, slices (`:`), ellipsis (`...`), None and long or byte or bool tensors are valid indices"
 
-    def one(k):
-        if isinstance(k, Tensor):
-            k = k.array
-            if k.dtype.kind not in "biu":
-                raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-            return k
-        if isinstance(k, list):
-            return xp.asarray(k)
+
+def _item(k, xp):
+    """One index item as NumPy/CuPy reads it; Tensors and lists become integer or bool arrays."""
+    if isinstance(k, Tensor):
+        k = k.array
+    elif isinstance(k, list):
+        k = xp.asarray(k) if k else xp.zeros(0, np.int64)
+    elif k is None or k is Ellipsis or isinstance(k, (slice, int, np.integer)):
         return k
-    if isinstance(key, tuple):
-        return tuple(one(k) for k in key)
-    return one(key)
+    if not hasattr(k, "dtype") or k.dtype.kind not in "biu":
+        raise IndexError(f"{_VALID} (got {type(k).__name__}{' of dtype ' + str(k.dtype) if hasattr(k, 'dtype') else ''})")
+    return k
 
 
-def _is_advanced(key):
-    items = key if isinstance(key, tuple) else (key,)
-    return any(hasattr(k, "dtype") and getattr(k, "ndim", 0) >= 0 and not np.isscalar(k) for k in items)
+def _prepare_key(key, shape, xp):
+    """The key with arrays in place of Tensors/lists, checked like torch before anything is indexed.
 
-
-def _check_bounds(key, shape):
-    """IndexError naming the dim and size, before NumPy/CuPy (CuPy would wrap or fault silently)."""
-    items = key if isinstance(key, tuple) else (key,)
-    dim = 0
+    Returns (key, advanced, scatter): `advanced` when an integer or bool array is involved; `scatter` when
+    integer arrays may repeat an element, so the gradient must be summed with add.at rather than assigned.
+    """
+    items = tuple(_item(k, xp) for k in (key if isinstance(key, tuple) else (key,)))
+    consumed = 0
     for k in items:
-        if k is None:
-            continue
-        if k is Ellipsis:
-            dim = len(shape) - sum(1 for j in items if j is not None and j is not Ellipsis and
-                                   not (hasattr(j, "dtype") and j.dtype == np.bool_)) + dim
-            continue
-        if dim >= len(shape):
-            raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
-        if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        if k is not None and k is not Ellipsis and not isinstance(k, bool):
+            consumed += k.ndim if getattr(k, "dtype", None) == np.bool_ else 1
+    if consumed > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+    dim, advanced, scatter = 0, False, False
+    for k in items:
+        if k is None or isinstance(k, bool):
+            advanced = advanced or isinstance(k, bool)
+        elif k is Ellipsis:
+            dim += len(shape) - consumed
+        elif isinstance(k, slice):
+            if k.step is not None and k.step <= 0:
+                raise ValueError("step must be greater than zero" if k.step < 0 else "slice step cannot be zero")
+            dim += 1
+        elif isinstance(k, (int, np.integer)):
             if not -shape[dim] <= k < shape[dim]:
                 raise IndexError(f"index {k} is out of bounds for dimension {dim} with size {shape[dim]}")
-        elif hasattr(k, "dtype") and k.dtype.kind in "iu" and k.size:
-            lo, hi = int(k.min()), int(k.max())
-            if lo < -shape[dim] or hi >= shape[dim]:
-                bad = hi if hi >= shape[dim] else lo
-                raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {shape[dim]}")
-        dim += k.ndim if hasattr(k, "dtype") and k.dtype == np.bool_ else 1
+            dim += 1
+        elif k.dtype == np.bool_:
+            if tuple(k.shape) != tuple(shape[dim:dim + k.ndim]):
+                bad = next(i for i in range(k.ndim) if k.shape[i] != shape[dim + i])
+                raise IndexError(f"The shape of the mask {list(k.shape)} at index {bad} does not match the shape "
+                                 f"of the indexed tensor {list(shape)} at index {dim + bad}")
+            dim, advanced = dim + k.ndim, True
+        else:
+            if k.size:
+                lo, hi = int(k.min()), int(k.max())
+                if lo < -shape[dim] or hi >= shape[dim]:
+                    raise IndexError(f"index {hi if hi >= shape[dim] else lo} is out of bounds for dimension "
+                                     f"{dim} with size {shape[dim]}")
+            dim, advanced, scatter = dim + 1, True, True
+    return (items if isinstance(key, tuple) else items[0]), advanced, scatter
 
 
 class GetItem(Function):
     @staticmethod
     def forward(ctx, x, key):
         a = x.array
-        key = _convert_key(key, a)
-        _check_bounds(key, a.shape)
-        ctx.key, ctx.shape, ctx.dtype = key, a.shape, a.dtype
-        ctx.advanced = _is_advanced(key)
-        return a[key]
+        key, _, ctx.scatter = _prepare_key(key, a.shape, xp_of(a))
+        ctx.key, ctx.shape = key, a.shape
+        try:
+            return a[key]
+        except IndexError as e:  # integer arrays that do not broadcast together
+            raise IndexError(f"index: {e}") from None
 
     @staticmethod
     def backward(ctx, dout):
         g = dout.array
         xp = xp_of(g)
         dx = xp.zeros(ctx.shape, g.dtype)
-        if ctx.advanced:
-            if xp is np:
-                np.add.at(dx, ctx.key, g)
-            else:
-                xp.add.at(dx, ctx.key, g)
+        if ctx.scatter:
+            xp.add.at(dx, ctx.key, g)   # repeated indices sum their gradients
         else:
             dx[ctx.key] = g
         return dx, None
+
+
+class SetItem(Function):
+    """`x[key] = value` recorded: x's gradient is zero where it was overwritten, value's is the indexed slice."""
+
+    @staticmethod
+    def forward(ctx, x, value, key):
+        a = x.array
+        key, _, _ = _prepare_key(key, a.shape, xp_of(a))
+        out = a.copy()
+        _assign(out, key, value.array if isinstance(value, Tensor) else value)
+        ctx.key = key
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        g = dout.array
+        dx = dv = None
+        if ctx.needs_input_grad[0]:
+            dx = g.copy()
+            dx[ctx.key] = 0
+        if ctx.needs_input_grad[1]:
+            dv = g[ctx.key]
+        return dx, dv, None
+
+
+def _assign(a, key, v):
+    try:
+        a[key] = v
+    except ValueError as e:
+        raise RuntimeError(f"setitem: shape mismatch: value of shape {list(getattr(v, 'shape', ()))} cannot be "
+                           f"broadcast to the indexing result ({e})") from None
 
 
 def getitem(x, key):
@@ -84,14 +126,23 @@ def getitem(x, key):
 
 
 def setitem(x, key, value):
-    """`x[key] = value`, untracked; like torch it refuses a leaf that requires grad while recording."""
+    """`x[key] = value`. While recording, a leaf that requires grad refuses (as in torch); otherwise a tensor in
+    a graph, or a value that requires grad, makes x the output of a recorded SetItem."""
     if grad_mode._state.enabled and (x.requires_grad or (isinstance(value, Tensor) and value.requires_grad)):
-        raise RuntimeError("setitem: in-place assignment into a tensor that requires grad is not supported "
-                           "while recording; do it under smalltrain.no_grad()")
+        if x.requires_grad and x._ctx is None:
+            raise RuntimeError("setitem: a leaf Variable that requires grad is being used in an in-place operation; "
+                               "assign under smalltrain.no_grad()")
+        new = SetItem.apply(x, value, key)
+        x.array, x._ctx, x._out_idx, x.requires_grad = new.array, new._ctx, new._out_idx, True
+        return
     a = x.array
-    key = _convert_key(key, a)
-    _check_bounds(key, a.shape)
-    a[key] = value.array if isinstance(value, Tensor) else value
+    key, _, _ = _prepare_key(key, a.shape, xp_of(a))
+    if isinstance(value, Tensor):
+        value = value.array
+    if not getattr(a.flags, "writeable", True):
+        raise RuntimeError("setitem: the tensor's memory is read-only (an expanded tensor or a read-only NumPy "
+                           "array); clone() it first")
+    _assign(a, key, value)
 
 
 class Gather(Function):

@@ -18,32 +18,47 @@ class MatMul(Function):
         kx = x.shape[-1]
         ky = y.shape[0] if y.ndim == 1 else y.shape[-2]
         if kx != ky:
+            if x.ndim == 1 and y.ndim == 1:
+                raise RuntimeError(f"dot: inconsistent tensor size, expected tensor [{kx}] and src [{ky}] to have "
+                                   f"the same number of elements, but got {kx} and {ky} elements respectively")
             raise RuntimeError(f"matmul: mat1 and mat2 shapes cannot be multiplied ({_fmt(x)} and {_fmt(y)})")
         if x.dtype != y.dtype:
             raise RuntimeError(f"matmul: expected both arguments to have the same dtype, but got: {x.dtype} "
                                f"!= {y.dtype}")
-        ctx.x, ctx.y = x, y
-        return x @ y
+        need = ctx.needs_input_grad
+        ctx.x = x if need[1] else None   # save only what backward reads
+        ctx.y = y if need[0] else None
+        ctx.ndims = x.ndim, y.ndim
+        try:
+            return x @ y
+        except ValueError:
+            bx, by = x.shape[:-2], y.shape[:-2]
+            raise RuntimeError(f"matmul: batch dimensions {list(bx)} and {list(by)} do not broadcast (shapes "
+                               f"{list(x.shape)} and {list(y.shape)})") from None
 
     @staticmethod
     def backward(ctx, dout):
         g, x, y = dout.array, ctx.x, ctx.y
+        nx, ny = ctx.ndims
+        if nx == 1 and ny == 1:   # a dot product: the gradient is a scalar times the other vector
+            return (g * y if y is not None else None), (g * x if x is not None else None)
         # promote 1-D operands to matrices so one formula covers every case, then drop the added dims
-        x2 = x[None, :] if x.ndim == 1 else x
-        y2 = y[:, None] if y.ndim == 1 else y
         g2 = g
-        if x.ndim == 1:
+        if nx == 1:
             g2 = g2[..., None, :]
-        if y.ndim == 1:
+        if ny == 1:
             g2 = g2[..., None]
         dx = dy = None
-        if ctx.needs_input_grad[0]:
-            dx = g2 @ _swap(y2)
-            if x.ndim == 1:
+        if y is not None:
+            dx = g2 @ _swap(y[:, None] if ny == 1 else y)
+            if nx == 1:
                 dx = dx[..., 0, :]
-        if ctx.needs_input_grad[1]:
-            dy = _swap(x2) @ g2
-            if y.ndim == 1:
+        if x is not None and ny == 2 and nx > 2:
+            # batched input times one matrix: one GEMM over the flattened batch, not a batch of GEMMs summed
+            dy = x.reshape(-1, x.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+        elif x is not None:
+            dy = _swap(x[None, :] if nx == 1 else x) @ g2
+            if ny == 1:
                 dy = dy[..., 0]
         return dx, dy
 

@@ -2,8 +2,11 @@
 
 Gradients follow torch: max(dim) routes to the returned index; max() and amax/amin split evenly among ties.
 """
+import math
+
 import numpy as np
 
+from .._dtype import get_default_dtype
 from ..autograd.function import Function
 from ..tensor import Tensor
 from ._util import normalize_dim, normalize_dims, xp_of
@@ -50,22 +53,57 @@ class Mean(Function):
         return xp_of(g).broadcast_to(g, ctx.shape), None, None, None
 
 
+def _check_float(op, a):
+    if a.dtype.kind != "f":
+        raise RuntimeError(f"{op}: std and var only support floating point and complex dtypes (got {a.dtype})")
+
+
 class Var(Function):
     @staticmethod
     def forward(ctx, x, dim=None, correction=1, keepdim=False):
         a = x.array
+        _check_float("var", a)
         axes = normalize_dims("var", dim, a.ndim)
-        n = int(np.prod([a.shape[i] for i in axes])) if axes else 1
-        mean = a.mean(axis=axes, keepdims=True)
-        ctx.centered, ctx.axes, ctx.keepdim, ctx.denom = a - mean, axes, keepdim, max(n - correction, 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return (ctx.centered * ctx.centered).sum(axis=axes, keepdims=keepdim) / ctx.denom
+        out, ctx.centered, ctx.denom = _var(a, axes, correction, keepdim)
+        ctx.axes, ctx.keepdim = axes, keepdim
+        return out
 
     @staticmethod
     def backward(ctx, dout):
         g = _expand_back(dout.array, ctx.centered.shape, ctx.axes, ctx.keepdim)
+        scale = 2 / ctx.denom if ctx.denom else math.inf
+        return g * scale * ctx.centered, None, None, None
+
+
+def _var(a, axes, correction, keepdim):
+    n = int(np.prod([a.shape[i] for i in axes])) if axes else 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        centered = a - a.mean(axis=axes, keepdims=True)
+        denom = n - correction if n > correction else 0  # (the builtin max is shadowed here)
+        return (centered * centered).sum(axis=axes, keepdims=keepdim) / denom, centered, denom
+
+
+class Std(Function):
+    """sqrt(var) as one op: like torch, a zero std gives a zero gradient instead of inf * 0."""
+
+    @staticmethod
+    def forward(ctx, x, dim=None, correction=1, keepdim=False):
+        a = x.array
+        _check_float("std", a)
+        axes = normalize_dims("std", dim, a.ndim)
+        v, ctx.centered, ctx.denom = _var(a, axes, correction, keepdim)
+        ctx.out = xp_of(a).sqrt(v)
+        ctx.axes, ctx.keepdim = axes, keepdim
+        return ctx.out
+
+    @staticmethod
+    def backward(ctx, dout):
+        xp = xp_of(dout.array)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return g * (2 / ctx.denom) * ctx.centered, None, None, None
+            gv = xp.where(ctx.out == 0, 0, dout.array / (2 * ctx.out))
+        g = _expand_back(gv, ctx.centered.shape, ctx.axes, ctx.keepdim)
+        scale = 2 / ctx.denom if ctx.denom else math.inf
+        return g * scale * ctx.centered, None, None, None
 
 
 class MaxMin(Function):
@@ -103,40 +141,50 @@ class MaxMin(Function):
 
 
 def _arg(xp, a, d, is_max):
-    """argmax/argmin that, like torch, treats NaN as the extreme value."""
-    if a.dtype.kind == "f":
-        nan = xp.isnan(a)
-        if nan.any():
-            return xp.argmax(nan, axis=d)
+    """argmax/argmin; NumPy, like torch, returns the first NaN where there is one, else the first extreme."""
     return xp.argmax(a, axis=d) if is_max else xp.argmin(a, axis=d)
+
+
+def _check_nonempty(op, a, axes, dim):
+    if a.size == 0:
+        if dim is None:
+            raise RuntimeError(f"{op}(): Expected reduction dim to be specified for input.numel() == 0. Specify "
+                               "the reduction dim with the 'dim' argument.")
+        for d in axes:
+            if a.shape[d] == 0:
+                raise IndexError(f"{op}(): Expected reduction dim {d} to have non-zero size.")
 
 
 class AMaxMin(Function):
     """amax/amin (and max()/min() with no dim): the gradient is split evenly among tied extremes."""
 
     @staticmethod
-    def forward(ctx, x, dim, keepdim, is_max):
+    def forward(ctx, x, dim, keepdim, is_max, name=None):
         a = x.array
-        axes = normalize_dims("amax" if is_max else "amin", dim, a.ndim)
-        if a.size == 0:
-            raise RuntimeError(f"{'max' if is_max else 'min'}(): Expected reduction dim to be specified for "
-                               "input.numel() == 0. Specify the reduction dim with the 'dim' argument.")
+        op = name or ("amax" if is_max else "amin")
+        axes = normalize_dims(op, dim, a.ndim)
+        _check_nonempty(op, a, axes, dim)
         out = a.max(axis=axes, keepdims=True) if is_max else a.min(axis=axes, keepdims=True)
-        ctx.a, ctx.out, ctx.axes, ctx.keepdim = a, out, axes, keepdim
+        ctx.a, ctx.out, ctx.axes, ctx.keepdim, ctx.full = a, out, axes, keepdim, name is not None
         return out if keepdim else out.reshape([n for i, n in enumerate(a.shape) if i not in axes])
 
     @staticmethod
     def backward(ctx, dout):
         g = _expand_back(dout.array, ctx.a.shape, ctx.axes, ctx.keepdim)
-        mask = (ctx.a == ctx.out) | (xp_of(g).isnan(ctx.a) & xp_of(g).isnan(ctx.out))
+        xp = xp_of(g)
+        mask = ctx.a == ctx.out
+        if ctx.full:   # max()/min() count NaN inputs as matching a NaN result; amax/amin give NaN there (0 / 0)
+            mask |= xp.isnan(ctx.a) & xp.isnan(ctx.out)
         count = mask.sum(axis=ctx.axes, keepdims=True)
-        return g * mask / count, None, None, None
+        return g * mask / count, None, None, None, None
 
 
 class LogSumExp(Function):
     @staticmethod
     def forward(ctx, x, dim, keepdim=False):
         a = x.array
+        if a.dtype.kind != "f":
+            a = a.astype(get_default_dtype().np)  # torch returns the default float for integer input
         xp = xp_of(a)
         axes = normalize_dims("logsumexp", dim, a.ndim)
         m = a.max(axis=axes, keepdims=True) if a.size else xp.zeros([1] * a.ndim, a.dtype)
@@ -162,15 +210,22 @@ def mean(x, dim=None, keepdim=False, dtype=None):
     return Mean.apply(x, dim, keepdim, to_numpy_dtype(dtype))
 
 
-def var(x, dim=None, unbiased=None, keepdim=False, correction=None):
+def _correction(dim, unbiased, correction):
+    if isinstance(dim, bool):   # var(x, False): the old `unbiased` positional form
+        dim, unbiased = None, dim
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
+    return dim, correction
+
+
+def var(x, dim=None, unbiased=None, keepdim=False, correction=None):
+    dim, correction = _correction(dim, unbiased, correction)
     return Var.apply(x, dim, correction, keepdim)
 
 
 def std(x, dim=None, unbiased=None, keepdim=False, correction=None):
-    from .elementwise import sqrt
-    return sqrt(var(x, dim, unbiased, keepdim, correction))
+    dim, correction = _correction(dim, unbiased, correction)
+    return Std.apply(x, dim, correction, keepdim)
 
 
 def _max_or_min(x, dim, keepdim, is_max, other):
@@ -178,7 +233,7 @@ def _max_or_min(x, dim, keepdim, is_max, other):
         from .elementwise import maximum, minimum
         return maximum(x, other) if is_max else minimum(x, other)
     if dim is None:
-        return AMaxMin.apply(x, None, False, is_max)
+        return AMaxMin.apply(x, None, False, is_max, "max" if is_max else "min")
     from ..return_types import values_indices
     return values_indices(*MaxMin.apply(x, dim, keepdim, is_max))
 
@@ -211,10 +266,16 @@ def logsumexp(x, dim, keepdim=False):
 def _arg_reduce(x, dim, keepdim, is_max):
     a = x.array
     xp = xp_of(a)
+    op = "argmax" if is_max else "argmin"
     if dim is None:
+        if a.size == 0:
+            raise IndexError(f"{op}(): Expected reduction dim to be specified for input.numel() == 0.")
         r = _arg(xp, a.reshape(-1), 0, is_max)
         return Tensor._wrap(xp.asarray(r, dtype=np.int64).reshape([1] * a.ndim if keepdim else ()))
-    d = normalize_dim("argmax" if is_max else "argmin", dim, a.ndim)
+    d = normalize_dim(op, dim, a.ndim)
+    if a.ndim == 0:
+        return Tensor._wrap(xp.zeros((), np.int64))
+    _check_nonempty(op, a, (d,), dim)
     r = _arg(xp, a, d, is_max).astype(np.int64)
     return Tensor._wrap(xp.expand_dims(r, d) if keepdim else r)
 

@@ -1,6 +1,7 @@
 """Shape ops: reshape/view, permute/transpose, squeeze/unsqueeze, expand, repeat, cat/stack, split/chunk, flip."""
 import numpy as np
 
+from .._dtype import result_type
 from ..autograd.function import Function
 from ..tensor import Tensor
 from ._util import check_same_device, normalize_dim, xp_of
@@ -15,10 +16,20 @@ def _shape_arg(shape):
 def infer_shape(op, shape, numel, old_shape):
     """Resolve one -1 like torch; RuntimeError naming both shapes when the sizes disagree."""
     shape = list(shape)
-    if shape.count(-1) > 1:
+    known, infer = 1, 0
+    for s in shape:
+        if s == -1:
+            infer += 1
+        elif s < 0:
+            raise RuntimeError(f"{op}: invalid shape dimension {s} in {shape}")
+        else:
+            known *= s
+    if infer > 1:
         raise RuntimeError(f"{op}: only one dimension can be inferred")
-    known = int(np.prod([s for s in shape if s != -1])) if shape else 1
-    if -1 in shape:
+    if infer:
+        if known == 0 and numel == 0:
+            raise RuntimeError(f"{op}: cannot reshape tensor of 0 elements into shape {shape} because the "
+                               "unspecified dimension size -1 can be any value and is ambiguous")
         if known == 0 or numel % known:
             raise RuntimeError(f"{op}: shape '{shape}' is invalid for input of size {numel}")
         shape[shape.index(-1)] = numel // known
@@ -67,6 +78,10 @@ class Expand(Function):
             raise RuntimeError(f"expand: the number of sizes provided ({len(shape)}) must be greater or equal to "
                                f"the number of dimensions in the tensor ({a.ndim})")
         lead = len(shape) - a.ndim
+        for i in range(lead):
+            if shape[i] < 0:
+                raise RuntimeError(f"expand: The expanded size of the tensor ({shape[i]}) isn't allowed in a leading, "
+                                   f"non-existing dimension {i}")
         full = [a.shape[i - lead] if s == -1 and i >= lead else s for i, s in enumerate(shape)]
         for i in range(a.ndim):
             if a.shape[i] != 1 and a.shape[i] != full[i + lead]:
@@ -106,7 +121,8 @@ class Cat(Function):
     def forward(ctx, dim, *tensors):
         check_same_device("cat", *tensors)
         arrays = [t.array for t in tensors]
-        ref = next((a for a in arrays if a.ndim), arrays[0])
+        # torch still accepts legacy 1-D empty tensors next to tensors of any rank
+        ref = next((a for a in arrays if not (a.ndim == 1 and a.shape[0] == 0)), arrays[0])
         if ref.ndim == 0:
             raise RuntimeError("cat: zero-dimensional tensor cannot be concatenated")
         d = normalize_dim("cat", dim, ref.ndim)
@@ -118,6 +134,10 @@ class Cat(Function):
         ctx.d = d
         ctx.sizes = [t.array.shape[d] if t.array.ndim == ref.ndim else 0 for t in tensors]
         ctx.shapes = [t.array.shape for t in tensors]
+        dt = arrays[0].dtype
+        if any(a.dtype != dt for a in arrays):
+            dt = result_type(*tensors)   # torch promotes (int64 with float32 -> float32; NumPy says float64)
+            arrays = [a.astype(dt, copy=False) for a in arrays]
         return xp_of(ref).concatenate(arrays, axis=d)
 
     @staticmethod
@@ -212,7 +232,7 @@ def repeat(x, *repeats):
 def cat(tensors, dim=0):
     tensors = list(tensors)
     if not tensors:
-        raise RuntimeError("cat(): expected a non-empty list of Tensors")
+        raise ValueError("cat(): expected a non-empty list of Tensors")
     return Cat.apply(dim, *tensors)
 
 
@@ -268,12 +288,19 @@ def unbind(x, dim=0):
 
 
 def flip(x, dims):
-    from .index import getitem
     dims = dims if isinstance(dims, (tuple, list)) else (dims,)
-    key = [slice(None)] * x.array.ndim
-    for d in dims:
-        key[normalize_dim("flip", d, x.array.ndim)] = slice(None, None, -1)
-    return getitem(x, tuple(key))
+    return Flip.apply(x, tuple(sorted({normalize_dim("flip", d, x.array.ndim) for d in dims})))
+
+
+class Flip(Function):
+    @staticmethod
+    def forward(ctx, x, dims):
+        ctx.dims = dims
+        return xp_of(x.array).flip(x.array, dims) if dims else x.array
+
+    @staticmethod
+    def backward(ctx, dout):
+        return (xp_of(dout.array).flip(dout.array, ctx.dims) if ctx.dims else dout.array), None
 
 
 def contiguous(x):

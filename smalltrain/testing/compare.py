@@ -16,7 +16,7 @@ def max_error(ours, ref):
     """max|ours - ref| over finite entries and the scale max(1, max|ref|) that the tolerance multiplies."""
     a, b = _np(ours).astype(np.float64), _np(ref).astype(np.float64)
     finite = np.isfinite(b) & np.isfinite(a)
-    err = float(np.abs(a - b)[finite].max()) if finite.any() else 0.0
+    err = float(np.abs(a[finite] - b[finite]).max()) if finite.any() else 0.0
     scale = max(1.0, float(np.abs(b[np.isfinite(b)]).max())) if np.isfinite(b).any() else 1.0
     return err, scale
 
@@ -40,8 +40,9 @@ def assert_close(ours, ref, rtol=1e-5, name="value"):
         raise AssertionError(f"{name}: infinities differ")
     err, scale = max_error(a64, b64)
     if err > rtol * scale:
-        diff = np.where(np.isfinite(a64) & np.isfinite(b64), np.abs(a64 - b64), 0)
-        where = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else ()
+        with np.errstate(invalid="ignore"):
+            diff = np.where(np.isfinite(a64) & np.isfinite(b64), np.abs(a64 - b64), 0)
+        where = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape)) if diff.size else ()
         raise AssertionError(f"{name}: max|ours - expected| = {err:.3g} > {rtol:g} * {scale:.3g} at index "
-                             f"{list(where)} (ours {a64[where]!r}, expected {b64[where]!r})")
+                             f"{list(where)} (ours {float(a64[where])!r}, expected {float(b64[where])!r})")
     return err

@@ -35,6 +35,9 @@ def golden(ours, theirs, *inputs, rtol=1e-5, grad=True, device="cpu", seed=0, gr
         if str(a.dtype).split(".")[-1] != str(b.dtype).split(".")[-1]:
             raise AssertionError(f"golden: output {i} dtype {a.dtype}, torch gave {b.dtype}")
         errors[f"out{i}"] = assert_close(a, b, rtol, name=f"output {i}")
+        if grad and bool(a.requires_grad) != bool(b.requires_grad):
+            raise AssertionError(f"golden: output {i} requires_grad={a.requires_grad}, torch's "
+                                 f"{b.requires_grad}")
     if not grad:
         return errors
     seeds = [(a, b, rng.standard_normal(tuple(b.shape)).astype(b.detach().numpy().dtype))
@@ -55,6 +58,38 @@ def golden(ours, theirs, *inputs, rtol=1e-5, grad=True, device="cpu", seed=0, gr
                 raise AssertionError(f"golden: input {k} got no gradient, torch gave one")
             errors[f"grad{k}"] = assert_close(a.grad, b.grad, grad_rtol or rtol, name=f"gradient of input {k}")
     return errors
+
+
+def golden_error(ours, theirs, *inputs, match=None, device="cpu"):
+    """Assert that `theirs(*inputs)` (torch) raises, and `ours(*inputs)` raises the same exception type (or a
+    subclass) with a message matching the regex `match`. NumPy arrays become tensors; other values pass as-is.
+
+    Returns the exception type torch raised.
+    """
+    import re
+
+    import torch
+
+    import smalltrain
+
+    tt = [torch.tensor(x) if isinstance(x, np.ndarray) else x for x in inputs]
+    ts = [smalltrain.tensor(x, device=device) if isinstance(x, np.ndarray) else x for x in inputs]
+    try:
+        theirs(*tt)
+    except Exception as e:  # noqa: BLE001 - any exception type is what we compare against
+        expected = type(e)
+    else:
+        raise AssertionError("golden_error: torch raised nothing for this call")
+    try:
+        ours(*ts)
+    except expected as e:
+        if match is not None and not re.search(match, str(e)):
+            raise AssertionError(f"golden_error: message {str(e)!r} does not match {match!r}") from e
+        return expected
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"golden_error: torch raised {expected.__name__}, we raised "
+                             f"{type(e).__name__}: {e}") from e
+    raise AssertionError(f"golden_error: torch raised {expected.__name__}, we raised nothing")
 
 
 def _host(a):

@@ -1,0 +1,102 @@
+"""Array helpers for convolution and pooling on xp (numpy or cupy) arrays: im2col/col2im, padding, layouts.
+
+Convolution works on images stored batch-innermost, [C, H, W, N]: a window row then spans W*N contiguous
+elements, so the im2col copy and the col2im adds move long runs instead of one short image row at a time.
+"""
+import numpy as np
+
+
+def xp_of(a):
+    """numpy or cupy, from an array."""
+    if isinstance(a, np.ndarray):
+        return np
+    from . import cuda
+    return cuda.cupy()
+
+
+def as_strided(a, shape, strides):
+    """A view of `a`'s memory with the given shape and byte strides (no copy, no bounds check: callers size it)."""
+    return xp_of(a).lib.stride_tricks.as_strided(a, shape=shape, strides=strides)
+
+
+def layout_order(a):
+    """a's axes from outermost (largest stride) to innermost: the permutation that makes it C-contiguous."""
+    return tuple(sorted(range(a.ndim), key=lambda d: (-abs(a.strides[d]), d)))
+
+
+def empty_in_order(xp, order, shape, dtype, fill=None):
+    """An array of `shape` stored with its axes in memory order `order` (see layout_order), optionally filled."""
+    buf = xp.empty(tuple(shape[d] for d in order), dtype=dtype)
+    if fill is not None:
+        buf.fill(fill)
+    return buf.transpose(tuple(np.argsort(order)))
+
+
+def empty_like_layout(a, shape, dtype=None, fill=None):
+    """An array of `shape` whose memory order of axes follows `a`'s.
+
+    Keeping the producer's layout (e.g. the batch-innermost one conv2d returns) makes every later elementwise
+    pass over it contiguous, instead of transposing it back and forth.
+    """
+    return empty_in_order(xp_of(a), layout_order(a), shape, dtype or a.dtype, fill)
+
+
+def pad_batch_inner(x, pads, value=0):
+    """[N, C, H, W] (any layout) -> contiguous [C, H + top + bottom, W + left + right, N], padded with `value`.
+
+    No copy when `x` is already batch-inner and there is no padding.
+    """
+    xp = xp_of(x)
+    top, bottom, left, right = pads
+    xt = x.transpose(1, 2, 3, 0)
+    if not (top or bottom or left or right):
+        return xp.ascontiguousarray(xt)
+    c, h, w, n = xt.shape
+    buf = xp.empty((c, h + top + bottom, w + left + right, n), dtype=x.dtype)
+    buf[:, :top] = value
+    buf[:, top + h:] = value
+    buf[:, top:top + h, :left] = value
+    buf[:, top:top + h, left + w:] = value
+    buf[:, top:top + h, left:left + w] = xt
+    return buf
+
+
+def _window_view(xpad, kernel, stride, dilation, out_hw, groups):
+    """The strided view [G, kh, kw, C/G, OH, OW, N] of windows over a contiguous [C, Hp, Wp, N] array."""
+    c, _, _, n = xpad.shape
+    sc, sh, sw, sn = xpad.strides
+    (kh, kw), (st_h, st_w), (dh, dw), (oh, ow) = kernel, stride, dilation, out_hw
+    cg = c // groups
+    return as_strided(xpad, (groups, kh, kw, cg, oh, ow, n),
+                      (cg * sc, dh * sh, dw * sw, sc, st_h * sh, st_w * sw, sn))
+
+
+def im2col(xpad, kernel, stride, dilation, out_hw, groups=1):
+    """Contiguous [C, Hp, Wp, N] -> cols [G, kh*kw*C/G, OH*OW*N]: rows ordered (kh, kw, c), columns (oh, ow, n).
+
+    One copy of one strided view; with stride 1 along W each copied run is OW*N elements long.
+    """
+    xp = xp_of(xpad)
+    view = _window_view(xpad, kernel, stride, dilation, out_hw, groups)
+    g, kh, kw, cg, oh, ow, n = view.shape
+    return xp.ascontiguousarray(view).reshape(g, kh * kw * cg, oh * ow * n)
+
+
+def col2im(dcols, padded_shape, kernel, stride, dilation, out_hw, groups=1):
+    """The adjoint of im2col: cols [G, kh*kw*C/G, OH*OW*N] -> [C, Hp, Wp, N], summing overlapping windows.
+
+    One strided slice-add per kernel offset (kh*kw of them), each over every channel and image at once.
+    """
+    xp = xp_of(dcols)
+    c, hp, wp, n = padded_shape
+    (kh, kw), (st_h, st_w), (dh, dw), (oh, ow) = kernel, stride, dilation, out_hw
+    cg = c // groups
+    dx = xp.zeros(padded_shape, dtype=dcols.dtype)
+    dxg = dx.reshape(groups, cg, hp, wp, n)
+    d = dcols.reshape(groups, kh, kw, cg, oh, ow, n)
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i * dh, i * dh + st_h * (oh - 1) + 1, st_h)
+            cols = slice(j * dw, j * dw + st_w * (ow - 1) + 1, st_w)
+            dxg[:, :, rows, cols] += d[:, i, j]
+    return dx

@@ -1,0 +1,148 @@
+"""Checks and launch plumbing shared by the CUDA launchers: array type, dtype, device and contiguity validation
+before any kernel runs, kernel lookup by `<name>_<f32|f64>`, and exact-width scalar arguments.
+"""
+import operator
+
+import numpy as np
+
+from . import cupy
+from .loader import MAX_BLOCKS, kernel, launch_1d
+
+BLOCK = 256
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+NULL = np.uint64(0)  # a null pointer argument (kernel pointer parameters are 8 bytes)
+
+
+def suffix(op, dtype):
+    """'f32' or 'f64' for the kernels of a float dtype; TypeError for any other dtype."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        return "f32"
+    if dtype == np.float64:
+        return "f64"
+    raise TypeError(f"{op}: the CUDA kernel supports float32 and float64, got {dtype}")
+
+
+def check_array(op, name, a, ndim=None):
+    """`a` must be a cupy ndarray (TypeError) with one of the ndims in `ndim` (RuntimeError)."""
+    cp = cupy()
+    if not isinstance(a, cp.ndarray):
+        raise TypeError(f"{op}: expected {name} to be a cupy.ndarray on a CUDA device, got {type(a).__name__}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if a.ndim not in allowed:
+            want = " or ".join(f"{d}-D" for d in allowed)
+            raise RuntimeError(f"{op}: expected {name} to be {want}, got {name} of shape {list(a.shape)}")
+    return a
+
+
+def check_float(op, name, a):
+    """`a` must be float32 or float64 (TypeError otherwise, no kernel exists for it)."""
+    suffix(f"{op} ({name})", a.dtype)
+    return a
+
+
+def check_dtype(op, name, a, dtype):
+    """`a` must have exactly `dtype` (RuntimeError, as torch's 'expected scalar type' errors)."""
+    if a.dtype != dtype:
+        raise RuntimeError(f"{op}: expected {name} to have dtype {np.dtype(dtype)}, got {a.dtype}")
+    return a
+
+
+def check_shape(op, name, a, shape):
+    if tuple(a.shape) != tuple(shape):
+        raise RuntimeError(f"{op}: expected {name} of shape {list(shape)}, got {list(a.shape)}")
+    return a
+
+
+def same_device(op, *arrays):
+    """All non-None arrays on one GPU (RuntimeError like torch's); returns that cupy Device."""
+    first = None
+    for a in arrays:
+        if a is None:
+            continue
+        if first is None:
+            first = a.device
+        elif a.device.id != first.id:
+            raise RuntimeError(f"{op}: expected all tensors to be on the same device, but found at least two "
+                               f"devices, cuda:{first.id} and cuda:{a.device.id}")
+    return first
+
+
+def contiguous(a):
+    """A C-contiguous version of `a` (itself when it already is): kernels index flat memory."""
+    return a if a is None or a.flags.c_contiguous else cupy().ascontiguousarray(a)
+
+
+def require_contiguous(op, name, a):
+    """For arrays updated in place (optimizer state, running stats): a copy would lose the update."""
+    if not a.flags.c_contiguous:
+        raise RuntimeError(f"{op}: {name} is updated in place and must be C-contiguous, got strides "
+                           f"{list(a.strides)} for shape {list(a.shape)}")
+    return a
+
+
+def capturing():
+    """True while the current stream is being captured into a CUDA graph (host reads are not allowed then)."""
+    cp = cupy()
+    try:
+        return bool(cp.cuda.get_current_stream().is_capturing())
+    except cp.cuda.runtime.CUDARuntimeError:  # an illegal query happens only during a capture
+        return True
+
+
+def want_host_check(flag):
+    """A launcher's check_* argument: None means check unless a CUDA graph is being captured."""
+    return (not capturing()) if flag is None else bool(flag)
+
+
+def ptr(a):
+    """The device address of `a`, or a null pointer for None."""
+    return NULL if a is None else a
+
+
+def i64(v):
+    return np.int64(v)
+
+
+def i32(v):
+    return np.int32(v)
+
+
+def scalar(v, dtype):
+    """A kernel scalar of the array dtype (a `T` parameter)."""
+    return np.dtype(dtype).type(v)
+
+
+def get(family, name, dtype, op=None):
+    """The kernel `<name>_<f32|f64>` of kernels/<family>.cu for dtype, on the current device."""
+    return kernel(family, f"{name}_{suffix(op or name, dtype)}")
+
+
+def launch(family, name, dtype, n, args, block=BLOCK):
+    """Launch a grid-stride kernel over n items (n == 0 launches nothing)."""
+    launch_1d(get(family, name, dtype), int(n), args, block=block, max_blocks=MAX_BLOCKS)
+
+
+def launch_rows(family, name, dtype, rows, args, block=BLOCK):
+    """Launch a one-warp-per-row kernel over `rows` rows (the kernel loops rows grid-stride by warps)."""
+    rows = int(rows)
+    if rows <= 0:
+        return
+    warps = block // 32
+    grid = min((rows + warps - 1) // warps, MAX_BLOCKS)
+    get(family, name, dtype)((grid,), (block,), args)
+
+
+def pair(op, name, value):
+    """An int or a sequence of one or two ints -> (int, int); TypeError / RuntimeError like torch otherwise."""
+    vals = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    try:
+        vals = tuple(operator.index(v) for v in vals)
+    except TypeError:
+        raise TypeError(f"{op}: {name} must be an int or a tuple of ints, got {value!r}") from None
+    if len(vals) == 1:
+        vals = vals * 2
+    if len(vals) != 2:
+        raise RuntimeError(f"{op}: expected {name} to be a single int or a pair of ints, got {list(vals)}")
+    return vals

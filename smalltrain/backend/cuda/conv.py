@@ -1,0 +1,199 @@
+"""CUDA 2-D convolution: im2col / col2im kernels (kernels/conv.cu), cuBLAS GEMMs through cupy.matmul over the whole
+batch, and a fused epilogue (transpose to [N, O, OH, OW], bias, optional relu / gelu).
+"""
+import operator
+from dataclasses import dataclass
+
+from . import cupy
+from ._common import check_array, check_dtype, check_float, contiguous, i32, i64, launch, pair, ptr, same_device
+
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
+
+
+@dataclass
+class Conv2dSaved:
+    """What conv2d_backward needs. cols: the im2col matrix [C*KH*KW, N*OH*OW] (kept only for the weight gradient);
+    weight (a reference to the parameter, no copy); y: the GEMM result [O, N*OH*OW] before bias (kept only when an
+    activation was fused, to recompute its derivative); bias; the geometry; needs = (input, weight, bias) grads."""
+    x_shape: tuple
+    weight: object
+    bias: object
+    cols: object
+    y: object
+    stride: tuple
+    pads: tuple
+    dilation: tuple
+    groups: int
+    out_hw: tuple
+    activation: object
+    needs: tuple
+
+
+def _pads(padding, stride, dilation, kernel):
+    """(top, bottom, left, right) from an int, (ph, pw), (top, bottom, left, right), 'valid' or 'same'."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0, 0)
+        if padding != "same":
+            raise RuntimeError(f"conv2d: Invalid padding string: {padding!r} (expected 'same' or 'valid')")
+        if stride != (1, 1):
+            raise RuntimeError(f"conv2d: padding='same' is not supported for strided convolutions, got "
+                               f"stride={list(stride)}")
+        out = []
+        for d, k in zip(dilation, kernel):
+            total = d * (k - 1)
+            out += [total // 2, total - total // 2]
+        return tuple(out)
+    if isinstance(padding, (tuple, list)) and len(padding) == 4:
+        pads = tuple(operator.index(p) for p in padding)
+    else:
+        ph, pw = pair("conv2d", "padding", padding)
+        pads = (ph, ph, pw, pw)
+    if min(pads) < 0:
+        raise RuntimeError(f"conv2d: negative padding is not supported, got padding={list(pads)}")
+    return pads
+
+
+def _validate(x, w, b, stride, padding, dilation, groups, activation):
+    op = "conv2d"
+    check_array(op, "input", x, 4)
+    check_array(op, "weight", w, 4)
+    check_float(op, "input", x)
+    check_dtype(op, "weight", w, x.dtype)
+    if b is not None:
+        check_array(op, "bias", b)
+        check_dtype(op, "bias", b, x.dtype)
+    same_device(op, x, w, b)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    stride, dilation = pair(op, "stride", stride), pair(op, "dilation", dilation)
+    if min(stride) <= 0 or min(dilation) <= 0:
+        raise RuntimeError(f"{op}: stride and dilation must be positive, got stride={list(stride)}, "
+                           f"dilation={list(dilation)}")
+    groups = operator.index(groups)
+    o, cg, kh, kw = w.shape
+    if groups <= 0 or o % groups:
+        raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
+                           f"but got weight of size {list(w.shape)}")
+    if x.shape[1] != cg * groups:
+        raise RuntimeError(f"{op}: expected input with {cg * groups} channels (weight {list(w.shape)}, "
+                           f"groups={groups}), got input {list(x.shape)}")
+    if b is not None and tuple(b.shape) != (o,):
+        raise RuntimeError(f"{op}: expected bias to be 1-dimensional with {o} elements (weight {list(w.shape)}), "
+                           f"but got bias of size {list(b.shape)}")
+    pads = _pads(padding, stride, dilation, (kh, kw))
+    padded = (x.shape[2] + pads[0] + pads[1], x.shape[3] + pads[2] + pads[3])
+    extent = (dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1)
+    if padded[0] < extent[0] or padded[1] < extent[1]:
+        raise RuntimeError(f"{op}: Calculated padded input size per channel: ({padded[0]} x {padded[1]}). Kernel "
+                           f"size: ({extent[0]} x {extent[1]}). Kernel size can't be greater than actual input size")
+    out_hw = tuple((p - e) // s + 1 for p, e, s in zip(padded, extent, stride))
+    return stride, pads, dilation, groups, out_hw
+
+
+def _geometry_args(n, c, h, w, kh, kw, out_hw, stride, pads, dilation):
+    return (i64(n), i64(c), i64(h), i64(w), i64(kh), i64(kw), i64(out_hw[0]), i64(out_hw[1]), i64(stride[0]),
+            i64(stride[1]), i64(pads[0]), i64(pads[2]), i64(dilation[0]), i64(dilation[1]))
+
+
+def im2col(x, kernel_size, stride, pads, dilation, out_hw):
+    """x [N, C, H, W] -> cols [C*KH*KW, N*OH*OW] (row (c*KH + i)*KW + j, column (n*OH + oh)*OW + ow).
+
+    pads = (top, bottom, left, right); arguments already validated (conv2d_forward does that).
+    """
+    x = contiguous(x)
+    n, c, h, w = x.shape
+    kh, kw = kernel_size
+    cols = cupy().empty((c * kh * kw, n * out_hw[0] * out_hw[1]), dtype=x.dtype)
+    launch("conv", "im2col", x.dtype, cols.size,
+           (x, cols) + _geometry_args(n, c, h, w, kh, kw, out_hw, stride, pads, dilation))
+    return cols
+
+
+def col2im(cols, x_shape, kernel_size, stride, pads, dilation, out_hw):
+    """The adjoint of im2col: dcols [C*KH*KW, N*OH*OW] -> dx [N, C, H, W] (overlaps summed, deterministic)."""
+    cols = contiguous(cols)
+    n, c, h, w = x_shape
+    kh, kw = kernel_size
+    dx = cupy().empty(tuple(x_shape), dtype=cols.dtype)
+    launch("conv", "col2im", cols.dtype, dx.size,
+           (cols, dx) + _geometry_args(n, c, h, w, kh, kw, out_hw, stride, pads, dilation))
+    return dx
+
+
+def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None,
+                   needs_input_grad=(True, True, True)):
+    """out = act(conv2d(x, w, b)), torch's conv2d followed by the activation, in one im2col + GEMM + epilogue.
+
+    x [N, C, H, W], w [O, C/groups, KH, KW], b [O] or None: cupy float32/float64 arrays of one dtype on one device
+    (non-contiguous inputs are copied). padding: int, (ph, pw), (top, bottom, left, right), 'valid' or 'same'.
+    activation: None, 'relu', 'gelu' (erf) or 'gelu_tanh'. needs_input_grad (input, weight, bias) decides what is
+    saved. Returns (out [N, O, OH, OW], Conv2dSaved). float32 GEMMs are full float32 unless CUPY_TF32=1 is set.
+    """
+    stride, pads, dilation, groups, out_hw = _validate(x, w, b, stride, padding, dilation, groups, activation)
+    cp = cupy()
+    with x.device:
+        x, w, b = contiguous(x), contiguous(w), contiguous(b)
+        n = x.shape[0]
+        o, cg, kh, kw = w.shape
+        cols = im2col(x, (kh, kw), stride, pads, dilation, out_hw)
+        p = out_hw[0] * out_hw[1]
+        if groups == 1:
+            y = cp.matmul(w.reshape(o, cg * kh * kw), cols)
+        else:
+            y = cp.matmul(w.reshape(groups, o // groups, cg * kh * kw), cols.reshape(groups, cg * kh * kw, n * p))
+        y = contiguous(y.reshape(o, n * p))
+        out = cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
+        act = ACTIVATIONS[activation]
+        launch("conv", "bias_act_fwd", x.dtype, out.size, (y, ptr(b), out, i64(n), i64(o), i64(p), i32(act)))
+    needs = tuple(bool(v) for v in needs_input_grad) + (True,) * (3 - len(needs_input_grad))
+    saved = Conv2dSaved(tuple(x.shape), w, b, cols if needs[1] else None,
+                        y if act else None, stride, pads, dilation, groups, out_hw, activation, needs[:3])
+    return out, saved
+
+
+def conv2d_backward(dout, saved):
+    """Gradients of conv2d_forward's output: dout [N, O, OH, OW] -> (dx, dw, db).
+
+    Each is None where saved.needs says it is not needed (db also when there was no bias). The activation's
+    derivative is applied first (fused with the [N, O] -> [O, N] transpose), then db = sum over N, OH, OW,
+    dw = g @ cols^T and dx = col2im(w^T @ g), all GEMMs over the whole batch.
+    """
+    op = "conv2d_backward"
+    n, c, h, wd = saved.x_shape
+    w = saved.weight
+    o, cg, kh, kw = w.shape
+    k = cg * kh * kw
+    check_array(op, "grad_output", dout, 4)
+    expected = (n, o) + tuple(saved.out_hw)
+    if tuple(dout.shape) != expected:
+        raise RuntimeError(f"{op}: expected grad_output of shape {list(expected)}, got {list(dout.shape)}")
+    dtype = w.dtype
+    check_dtype(op, "grad_output", dout, dtype)
+    same_device(op, dout, w)
+    cp = cupy()
+    need_x, need_w, need_b = saved.needs
+    g_, p = saved.groups, saved.out_hw[0] * saved.out_hw[1]
+    with dout.device:
+        dout = contiguous(dout)
+        g = cp.empty((o, n * p), dtype=dtype)
+        launch("conv", "bias_act_bwd", dtype, g.size, (dout, ptr(saved.y), ptr(saved.bias), g, i64(n), i64(o),
+                                                       i64(p), i32(ACTIVATIONS[saved.activation])))
+        db = g.sum(axis=1) if need_b and saved.bias is not None else None
+        dw = dx = None
+        if need_w:
+            cols = saved.cols
+            if g_ == 1:
+                dw = cp.matmul(g, cols.T)
+            else:
+                dw = cp.matmul(g.reshape(g_, o // g_, n * p), cols.reshape(g_, k, n * p).transpose(0, 2, 1))
+            dw = dw.reshape(o, cg, kh, kw)
+        if need_x:
+            if g_ == 1:
+                dcols = cp.matmul(w.reshape(o, k).T, g)
+            else:
+                dcols = cp.matmul(w.reshape(g_, o // g_, k).transpose(0, 2, 1), g.reshape(g_, o // g_, n * p))
+            dx = col2im(dcols.reshape(c * kh * kw, n * p), (n, c, h, wd), (kh, kw), saved.stride, saved.pads,
+                        saved.dilation, saved.out_hw)
+    return dx, dw, db
+

@@ -1,0 +1,128 @@
+"""CUDA gather and scatter-add along one dim (kernels/index.cu), torch.gather / torch.scatter_add semantics; the
+index may be smaller than the input in the other dims (the kernels then work on a sliced contiguous copy)."""
+import operator
+
+import numpy as np
+
+from . import cupy
+from ._common import check_array, check_dtype, check_float, contiguous, i64, launch, same_device, want_host_check
+
+
+def _dim(op, dim, ndim):
+    n = max(ndim, 1)
+    dim = operator.index(dim)
+    if not -n <= dim < n:
+        raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def _check_index(op, x, dim, index, name="self"):
+    check_array(op, "index", index)
+    if index.dtype != np.int64:
+        raise RuntimeError(f"{op}: Expected dtype int64 for index, got {index.dtype}")
+    if index.ndim != x.ndim:
+        raise RuntimeError(f"{op}: Index tensor must have the same number of dimensions as {name} tensor "
+                           f"(index {list(index.shape)}, {name} {list(x.shape)})")
+    for d in range(x.ndim):
+        if d != dim and index.shape[d] > x.shape[d]:
+            raise RuntimeError(f"{op}: Size does not match at dimension {d} expected index {list(index.shape)} to be "
+                               f"no larger than {name} {list(x.shape)} apart from dimension {dim}")
+
+
+def _bounds(op, index, dim, size):
+    """Host-side check (one device-to-host read) that every index is in [0, size)."""
+    if index.size == 0:
+        return
+    bad = (index < 0) | (index >= size)
+    if bool(bad.any()):
+        raise RuntimeError(f"{op}: index {int(index[bad].ravel()[0])} is out of bounds for dimension {dim} with "
+                           f"size {size}")
+
+
+def _region(x_shape, index_shape, dim):
+    """Slices of x covering index's extent in every dim except dim (None if that is all of x)."""
+    if all(d == dim or a == b for d, (a, b) in enumerate(zip(x_shape, index_shape))):
+        return None
+    return tuple(slice(None) if d == dim else slice(0, n) for d, n in enumerate(index_shape))
+
+
+def _sizes(shape, dim, j):
+    return int(np.prod(shape[:dim])), shape[dim], j, int(np.prod(shape[dim + 1:]))
+
+
+def gather(x, dim, index, check_bounds=None):
+    """out[..., j, ...] = x[..., index[..., j, ...], ...] along dim; out has index's shape and x's dtype.
+
+    index int64 with x's ndim, no larger than x outside dim. check_bounds reads a flag back from the GPU
+    (RuntimeError as torch); None (the default) checks except during CUDA-graph capture. Unchecked, an
+    out-of-range index yields NaN instead of a read out of bounds.
+    """
+    op = "gather"
+    check_array(op, "input", x)
+    check_float(op, "input", x)
+    d = _dim(op, dim, x.ndim)
+    _check_index(op, x, d, index)
+    same_device(op, x, index)
+    if x.ndim == 0:
+        return gather(x.reshape(1), 0, index.reshape(1), check_bounds).reshape(())
+    with x.device:
+        region = _region(x.shape, index.shape, d)
+        x = contiguous(x if region is None else x[region])
+        index = contiguous(index)
+        if want_host_check(check_bounds):
+            _bounds(op, index, d, x.shape[d])
+        outer, size, j, inner = _sizes(x.shape, d, index.shape[d])
+        out = cupy().empty(index.shape, dtype=x.dtype)
+        launch("index", "gather", x.dtype, out.size, (x, index, out, i64(outer), i64(size), i64(j), i64(inner)))
+    return out
+
+
+def scatter_add(x, dim, index, src, check_bounds=None, inplace=False):
+    """torch.scatter_add: out = x (copied unless inplace); out[..., index[..., j, ...], ...] += src[..., j, ...].
+
+    index int64 with x's ndim, no larger than src anywhere and than x outside dim; src has x's dtype. Sums use
+    atomicAdd, so their order (the last bits) varies between runs. check_bounds as in gather (out-of-range
+    entries are skipped without it). Returns out.
+    """
+    op = "scatter_add"
+    for name, a in (("self", x), ("src", src)):
+        check_array(op, name, a)
+    check_float(op, "self", x)
+    check_dtype(op, "src", src, x.dtype)
+    d = _dim(op, dim, x.ndim)
+    _check_index(op, x, d, index)
+    if src.ndim != index.ndim or any(a > b for a, b in zip(index.shape, src.shape)):
+        raise RuntimeError(f"{op}: Expected index {list(index.shape)} to be no larger than src {list(src.shape)}")
+    same_device(op, x, index, src)
+    if x.ndim == 0:
+        out = scatter_add(x.reshape(1), 0, index.reshape(1), src.reshape(1), check_bounds, inplace)
+        return x if inplace else out.reshape(())
+    cp = cupy()
+    with x.device:
+        if want_host_check(check_bounds):
+            _bounds(op, index, d, x.shape[d])
+        region = tuple(slice(0, n) for n in index.shape)
+        src = contiguous(src if tuple(src.shape) == tuple(index.shape) else src[region])
+        index = contiguous(index)
+        out = x if inplace else x.copy()
+        target_region = _region(x.shape, index.shape, d)
+        direct = target_region is None and out.flags.c_contiguous
+        target = out if direct else cp.zeros(index.shape[:d] + (x.shape[d],) + index.shape[d + 1:], dtype=x.dtype)
+        outer, size, j, inner = _sizes(target.shape, d, index.shape[d])
+        launch("index", "scatter_add", x.dtype, index.size,
+               (target, index, src, i64(outer), i64(size), i64(j), i64(inner)))
+        if not direct:
+            if target_region is None:
+                out += target
+            else:
+                out[target_region] += target
+    return out
+
+
+def gather_backward(dout, dim, index, x_shape, check_bounds=False):
+    """The gradient of gather for an input of x_shape: zeros scattered-added with dout at index."""
+    check_array("gather_backward", "grad_output", dout)
+    with dout.device:
+        zeros = cupy().zeros(tuple(x_shape), dtype=dout.dtype)
+    return scatter_add(zeros, dim, index, dout, check_bounds=check_bounds, inplace=True)
+

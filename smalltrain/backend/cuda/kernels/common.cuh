@@ -1,0 +1,117 @@
+// common.cuh: helpers shared by smalltrain's kernels; loader.read_source inlines it into each .cu file.
+// Indices are 64-bit (i64) everywhere, so no tensor size can overflow them. Kernels that take an `n` loop
+// grid-stride, so any grid size covers any n. Reductions over warps assume blockDim.x is a multiple of 32.
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define GRID_STRIDE(i, n) \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
+
+// Overloads so that templates call the float or double libm function (expf vs exp) for their T.
+__device__ __forceinline__ float st_exp(float x) { return expf(x); }
+__device__ __forceinline__ double st_exp(double x) { return exp(x); }
+__device__ __forceinline__ float st_log(float x) { return logf(x); }
+__device__ __forceinline__ double st_log(double x) { return log(x); }
+__device__ __forceinline__ float st_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double st_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float st_erf(float x) { return erff(x); }
+__device__ __forceinline__ double st_erf(double x) { return erf(x); }
+__device__ __forceinline__ float st_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double st_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ bool st_isnan(float x) { return isnan(x); }
+__device__ __forceinline__ bool st_isnan(double x) { return isnan(x); }
+
+template <typename T> __device__ __forceinline__ T st_neg_inf();
+template <> __device__ __forceinline__ float st_neg_inf<float>() { return __int_as_float(0xff800000); }
+template <> __device__ __forceinline__ double st_neg_inf<double>() { return __longlong_as_double(0xfff0000000000000LL); }
+template <typename T> __device__ __forceinline__ T st_nan();
+template <> __device__ __forceinline__ float st_nan<float>() { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double st_nan<double>() { return __longlong_as_double(0x7ff8000000000000LL); }
+
+// max that propagates NaN, as torch's reductions do
+template <typename T> __device__ __forceinline__ T st_max_nan(T a, T b) {
+    return (a > b || st_isnan(a)) ? a : b;
+}
+
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+template <typename T> __device__ __forceinline__ T warp_max(T v) {
+    for (int off = 16; off > 0; off >>= 1) v = st_max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+// Sum over the whole block, returned to every thread. Every thread of the block must call it (it has
+// barriers); it ends with a barrier, so calls may follow one another.
+template <typename T> __device__ T block_sum(T v) {
+    __shared__ T partial[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < nwarps ? partial[lane] : T(0);
+        v = warp_sum(v);
+        if (lane == 0) partial[0] = v;
+    }
+    __syncthreads();
+    v = partial[0];
+    __syncthreads();
+    return v;
+}
+
+// Activations shared by activation.cu and the conv epilogue. Codes: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh).
+#define ST_ACT_NONE 0
+#define ST_ACT_RELU 1
+#define ST_ACT_GELU 2
+#define ST_ACT_GELU_TANH 3
+
+template <typename T> __device__ __forceinline__ T gelu_erf(T x) {
+    return T(0.5) * x * (T(1) + st_erf(x * T(0.70710678118654752440)));
+}
+
+template <typename T> __device__ __forceinline__ T gelu_erf_grad(T x) {
+    // d/dx x*Phi(x) = Phi(x) + x*phi(x), as torch's GeluBackward (none)
+    const T cdf = T(0.5) * (T(1) + st_erf(x * T(0.70710678118654752440)));
+    const T pdf = st_exp(T(-0.5) * x * x) * T(0.39894228040143267794);
+    return cdf + x * pdf;
+}
+
+template <typename T> __device__ __forceinline__ T gelu_tanh(T x) {
+    const T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
+    return T(0.5) * x * (T(1) + st_tanh(inner));
+}
+
+template <typename T> __device__ __forceinline__ T gelu_tanh_grad(T x) {
+    // the operation order of torch's GeluBackward (tanh)
+    const T x_sq = x * x;
+    const T inner = T(0.79788456080286535588) * (x + T(0.044715) * x_sq * x);
+    const T t = st_tanh(inner);
+    const T left = T(0.5) * x, right = T(1) + t;
+    const T left_derivative = T(0.5) * right;
+    const T right_derivative = left * (T(1) - t * t) * T(0.79788456080286535588) * (T(1) + T(3) * T(0.044715) * x_sq);
+    return left_derivative + right_derivative;
+}
+
+template <typename T> __device__ __forceinline__ T act_fwd(T v, int act) {
+    switch (act) {
+        case ST_ACT_RELU: return v <= T(0) ? T(0) : v;  // NaN stays NaN, as torch.relu
+        case ST_ACT_GELU: return gelu_erf(v);
+        case ST_ACT_GELU_TANH: return gelu_tanh(v);
+        default: return v;
+    }
+}
+
+// dout * act'(v), v the pre-activation. ReLU selects (torch's threshold_backward): dout where v > 0, else 0.
+template <typename T> __device__ __forceinline__ T act_bwd(T dout, T v, int act) {
+    switch (act) {
+        case ST_ACT_RELU: return v > T(0) ? dout : T(0);
+        case ST_ACT_GELU: return dout * gelu_erf_grad(v);
+        case ST_ACT_GELU_TANH: return dout * gelu_tanh_grad(v);
+        default: return dout;
+    }
+}

@@ -1,0 +1,96 @@
+// conv.cu: the pieces of a 2-D convolution around cuBLAS GEMMs (cupy.matmul), for float32 (_f32) and float64 (_f64).
+//   im2col:  x [N, C, H, W] (contiguous) -> cols [C*KH*KW, N*OH*OW]; row (c*KH + i)*KW + j, column (n*OH + oh)*OW + ow,
+//            value x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] or 0 in the padding. With groups, rows of group g
+//            are the contiguous block [g*Cg*KH*KW, (g+1)*Cg*KH*KW), so cols reshapes to [G, Cg*KH*KW, N*OH*OW].
+//   col2im:  the adjoint: dx[n, c, h, w] = sum of the dcols entries im2col copied x[n, c, h, w] into (a gather over the
+//            kernel offsets, one thread per input element: no atomics, deterministic).
+//   bias_act_fwd: the GEMM result y [O, N, P] (P = OH*OW) -> out [N, O, P] = act(y + b[o]) (transpose, bias and
+//            activation fused in one pass). bias_act_bwd: dout [N, O, P] -> g [O, N, P] = dout * act'(y + b[o]).
+//   ph, pw are the top and left padding; bottom/right padding only enters through OH, OW.
+#include "common.cuh"
+
+template <typename T>
+__device__ void im2col(const T* __restrict__ x, T* __restrict__ cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW,
+                       i64 OH, i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {
+    const i64 P = OH * OW, NP = N * P, total = C * KH * KW * NP;
+    GRID_STRIDE(t, total) {
+        const i64 q = t % NP, r = t / NP;
+        const i64 j = r % KW, i = (r / KW) % KH, c = r / (KH * KW);
+        const i64 n = q / P, p = q % P, oh = p / OW, ow = p % OW;
+        const i64 ih = oh * sh - ph + i * dh, iw = ow * sw - pw + j * dw;
+        T v = T(0);
+        if (ih >= 0 && ih < H && iw >= 0 && iw < W) v = x[((n * C + c) * H + ih) * W + iw];
+        cols[t] = v;
+    }
+}
+
+template <typename T>
+__device__ void col2im(const T* __restrict__ cols, T* __restrict__ dx, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW,
+                       i64 OH, i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {
+    const i64 P = OH * OW, NP = N * P, total = N * C * H * W;
+    GRID_STRIDE(t, total) {
+        const i64 iw = t % W, ih = (t / W) % H, c = (t / (H * W)) % C, n = t / (C * H * W);
+        T acc = T(0);
+        for (i64 i = 0; i < KH; ++i) {
+            const i64 hp = ih + ph - i * dh;
+            if (hp < 0 || hp % sh != 0) continue;
+            const i64 oh = hp / sh;
+            if (oh >= OH) continue;
+            for (i64 j = 0; j < KW; ++j) {
+                const i64 wp = iw + pw - j * dw;
+                if (wp < 0 || wp % sw != 0) continue;
+                const i64 ow = wp / sw;
+                if (ow >= OW) continue;
+                acc += cols[((c * KH + i) * KW + j) * NP + (n * OH + oh) * OW + ow];
+            }
+        }
+        dx[t] = acc;
+    }
+}
+
+template <typename T>
+__device__ void bias_act_fwd(const T* __restrict__ y, const T* __restrict__ b, T* __restrict__ out, i64 N, i64 O,
+                             i64 P, int act) {
+    GRID_STRIDE(t, N * O * P) {
+        const i64 p = t % P, o = (t / P) % O, n = t / (O * P);
+        T v = y[(o * N + n) * P + p];
+        if (b != nullptr) v += b[o];
+        out[t] = act_fwd(v, act);
+    }
+}
+
+template <typename T>
+__device__ void bias_act_bwd(const T* __restrict__ dout, const T* __restrict__ y, const T* __restrict__ b,
+                             T* __restrict__ g, i64 N, i64 O, i64 P, int act) {
+    GRID_STRIDE(t, N * O * P) {
+        const i64 p = t % P, n = (t / P) % N, o = t / (N * P);
+        const T d = dout[(n * O + o) * P + p];
+        if (act == ST_ACT_NONE) {
+            g[t] = d;
+        } else {
+            T v = y[t];
+            if (b != nullptr) v += b[o];
+            g[t] = act_bwd(d, v, act);
+        }
+    }
+}
+
+#define ST_CONV(T, S)                                                                                              \
+    extern "C" __global__ void im2col_##S(const T* x, T* cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH,  \
+                                          i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
+        im2col<T>(x, cols, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                                    \
+    }                                                                                                              \
+    extern "C" __global__ void col2im_##S(const T* cols, T* dx, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH, \
+                                          i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
+        col2im<T>(cols, dx, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                                   \
+    }                                                                                                              \
+    extern "C" __global__ void bias_act_fwd_##S(const T* y, const T* b, T* out, i64 N, i64 O, i64 P, int act) {     \
+        bias_act_fwd<T>(y, b, out, N, O, P, act);                                                                  \
+    }                                                                                                              \
+    extern "C" __global__ void bias_act_bwd_##S(const T* dout, const T* y, const T* b, T* g, i64 N, i64 O, i64 P,   \
+                                                int act) {                                                         \
+        bias_act_bwd<T>(dout, y, b, g, N, O, P, act);                                                              \
+    }
+ST_CONV(float, f32)
+ST_CONV(double, f64)
+#undef ST_CONV

@@ -1,0 +1,148 @@
+// loss.cu: softmax / log_softmax (forward, backward) and fused cross-entropy, float32 (_f32) and float64 (_f64).
+// Layout: the input is [outer, C, inner] contiguous and the reduction runs over C; a "row" r = o*inner + s is the C
+// values at o*C*inner + c*inner + s (inner == 1 for a last-dim softmax or [N, C] logits). One warp per row: the block
+// must be a multiple of 32 threads; rows loop grid-stride by warps.
+//   softmax_fwd:  y = exp(x - max) / sum exp(x - max); log: y = x - max - log(sum exp(x - max)). A NaN gives a NaN row.
+//   softmax_bwd:  dx = y * (dy - sum(dy * y)); log: dx = dy - exp(y) * sum(dy).
+//   cross_entropy_fwd: target [outer*inner] int64 class indices. Per row with t = target[r] != ignore_index:
+//       loss[r] = (1 - ls) * (-w[t] * logp[t]) + (ls / C) * (-sum_c w[c] * logp[c]),   wt[r] = w[t]
+//       grad[r, c] = (1 - ls) * w[t] * (p[c] - [c == t]) + (ls / C) * (p[c] * sum_k w[k] - w[c])   (if grad != null)
+//     (w == null means all weights 1; ls = label_smoothing). Ignored rows give loss 0, wt 0, grad 0. A target outside
+//     [0, C) that is not ignore_index is never read through: its loss, wt and grad are NaN (the launcher checks
+//     targets on the host first unless told not to).
+//   cross_entropy_bwd: dx = grad * scale[r * scale_stride] (scale_stride 0: one scalar, e.g. dout / sum(wt)).
+#include "common.cuh"
+
+template <typename T, bool LOG>
+__device__ void softmax_forward(const T* __restrict__ x, T* __restrict__ y, i64 rows, i64 C, i64 inner) {
+    const int lane = threadIdx.x & 31;
+    const i64 warps = blockDim.x >> 5;
+    for (i64 r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
+        const i64 base = (r / inner) * C * inner + r % inner;
+        T m = st_neg_inf<T>();
+        for (i64 c = lane; c < C; c += 32) m = st_max_nan(m, x[base + c * inner]);
+        m = warp_max(m);
+        T s = T(0);
+        for (i64 c = lane; c < C; c += 32) s += st_exp(x[base + c * inner] - m);
+        s = warp_sum(s);
+        if (LOG) {
+            const T log_s = st_log(s);  // (x - max) - log(s): no rounding of max + log(s) first
+            for (i64 c = lane; c < C; c += 32) y[base + c * inner] = (x[base + c * inner] - m) - log_s;
+        } else {
+            for (i64 c = lane; c < C; c += 32) y[base + c * inner] = st_exp(x[base + c * inner] - m) / s;
+        }
+    }
+}
+
+template <typename T, bool LOG>
+__device__ void softmax_backward(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx, i64 rows, i64 C,
+                                 i64 inner) {
+    const int lane = threadIdx.x & 31;
+    const i64 warps = blockDim.x >> 5;
+    for (i64 r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
+        const i64 base = (r / inner) * C * inner + r % inner;
+        T s = T(0);
+        for (i64 c = lane; c < C; c += 32) {
+            const i64 k = base + c * inner;
+            s += LOG ? dy[k] : dy[k] * y[k];
+        }
+        s = warp_sum(s);
+        for (i64 c = lane; c < C; c += 32) {
+            const i64 k = base + c * inner;
+            dx[k] = LOG ? dy[k] - st_exp(y[k]) * s : y[k] * (dy[k] - s);
+        }
+    }
+}
+
+template <typename T>
+__device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
+                           T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C, i64 inner,
+                           i64 ignore_index, T ls) {
+    const int lane = threadIdx.x & 31;
+    const i64 warps = blockDim.x >> 5;
+    for (i64 r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
+        const i64 base = (r / inner) * C * inner + r % inner;
+        const i64 t = target[r];
+        const bool ignored = t == ignore_index, valid = !ignored && t >= 0 && t < C;
+        if (!valid) {  // warp-uniform branch: t is the same for every lane
+            const T fill = ignored ? T(0) : st_nan<T>();
+            if (lane == 0) {
+                loss[r] = fill;
+                wt[r] = fill;
+            }
+            if (grad != nullptr)
+                for (i64 c = lane; c < C; c += 32) grad[base + c * inner] = fill;
+            continue;
+        }
+        T m = st_neg_inf<T>();
+        for (i64 c = lane; c < C; c += 32) m = st_max_nan(m, x[base + c * inner]);
+        m = warp_max(m);
+        T s = T(0), wsum = T(0);
+        for (i64 c = lane; c < C; c += 32) {
+            s += st_exp(x[base + c * inner] - m);
+            wsum += w != nullptr ? w[c] : T(1);
+        }
+        s = warp_sum(s);
+        wsum = warp_sum(wsum);
+        const T log_s = st_log(s);
+        const T w_t = w != nullptr ? w[t] : T(1);
+        // third pass: the smoothing term sum_c w[c] * logp[c] (summed once log-sum-exp is known) and the gradient
+        T smooth = T(0);
+        if (ls != T(0) || grad != nullptr) {
+            for (i64 c = lane; c < C; c += 32) {
+                const i64 k = base + c * inner;
+                const T wc = w != nullptr ? w[c] : T(1);
+                const T logp = (x[k] - m) - log_s;
+                smooth += wc * logp;
+                if (grad != nullptr) {
+                    const T p = st_exp(logp);
+                    T g = (T(1) - ls) * w_t * (p - (c == t ? T(1) : T(0)));
+                    if (ls != T(0)) g += (ls / T(C)) * (p * wsum - wc);
+                    grad[k] = g;
+                }
+            }
+            smooth = warp_sum(smooth);
+        }
+        if (lane == 0) {
+            const T nll = -w_t * ((x[base + t * inner] - m) - log_s);
+            T val = (T(1) - ls) * nll;
+            if (ls != T(0)) val += (ls / T(C)) * (-smooth);  // guarded: 0 * -inf would be NaN
+            loss[r] = val;
+            wt[r] = w_t;
+        }
+    }
+}
+
+template <typename T>
+__device__ void ce_backward(const T* __restrict__ grad, const T* __restrict__ scale, i64 scale_stride,
+                            T* __restrict__ dx, i64 outer, i64 C, i64 inner) {
+    GRID_STRIDE(k, outer * C * inner) {
+        const i64 r = (k / (C * inner)) * inner + k % inner;
+        dx[k] = grad[k] * scale[r * scale_stride];
+    }
+}
+
+#define ST_LOSS(T, S)                                                                                               \
+    extern "C" __global__ void softmax_fwd_##S(const T* x, T* y, i64 rows, i64 C, i64 inner) {                      \
+        softmax_forward<T, false>(x, y, rows, C, inner);                                                            \
+    }                                                                                                               \
+    extern "C" __global__ void log_softmax_fwd_##S(const T* x, T* y, i64 rows, i64 C, i64 inner) {                  \
+        softmax_forward<T, true>(x, y, rows, C, inner);                                                             \
+    }                                                                                                               \
+    extern "C" __global__ void softmax_bwd_##S(const T* dy, const T* y, T* dx, i64 rows, i64 C, i64 inner) {        \
+        softmax_backward<T, false>(dy, y, dx, rows, C, inner);                                                      \
+    }                                                                                                               \
+    extern "C" __global__ void log_softmax_bwd_##S(const T* dy, const T* y, T* dx, i64 rows, i64 C, i64 inner) {    \
+        softmax_backward<T, true>(dy, y, dx, rows, C, inner);                                                       \
+    }                                                                                                               \
+    extern "C" __global__ void cross_entropy_fwd_##S(const T* x, const i64* target, const T* w, T* loss, T* wt,     \
+                                                     T* grad, i64 rows, i64 C, i64 inner, i64 ignore_index, T ls) { \
+        ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls);                              \
+    }                                                                                                               \
+    extern "C" __global__ void cross_entropy_bwd_##S(const T* grad, const T* scale, i64 scale_stride, T* dx,        \
+                                                     i64 outer, i64 C, i64 inner) {                                 \
+        ce_backward<T>(grad, scale, scale_stride, dx, outer, C, inner);                                             \
+    }
+ST_LOSS(float, f32)
+ST_LOSS(double, f64)
+#undef ST_LOSS

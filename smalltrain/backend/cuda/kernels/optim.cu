@@ -1,0 +1,96 @@
+// optim.cu: fused multi-tensor optimizer steps (SGD, Adam/AdamW), float32 (_f32) and float64 (_f64): one launch
+// updates every parameter of a list in place, in the operation order of torch's single-tensor implementations.
+// Layout: `ptrs` is a device uint64 array [K, n_tensors] of buffer addresses (K buffers per parameter, below);
+// `sizes` [n_tensors] their element counts; `chunks` [n_chunks, 2] = (tensor, first element) pairs, one block per
+// chunk of `chunk` elements (grid = n_chunks). Buffers are contiguous and all of one dtype.
+//   sgd_step:  buffers (param, grad[, momentum_buffer]). g = grad (negated if maximize) + wd * param;
+//              with momentum: buf = first ? g : momentum * buf + (1 - dampening) * g; g = nesterov ? g + momentum *
+//              buf : buf; param -= lr * g.
+//   adam_step: buffers (param, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq]). With t = *step (a device scalar, float32
+//              or float64, already incremented by the launcher, so a captured CUDA graph replays correct steps):
+//              decoupled wd: param *= 1 - lr * wd, else g += wd * param; m += (1 - beta1) * (g - m);
+//              v = v * beta2 + (1 - beta2) * g * g; vmax = max(vmax, v) if amsgrad;
+//              param -= lr / (1 - beta1^t) * m / (sqrt(amsgrad ? vmax : v) / sqrt(1 - beta2^t) + eps).
+// lr_ptr (device float64 scalar) overrides lr when not null, for learning rates changed inside a captured graph.
+#include "common.cuh"
+
+template <typename T>
+__device__ void sgd_step(const i64* __restrict__ chunks, const u64* __restrict__ ptrs, const i64* __restrict__ sizes,
+                         i64 ntensors, i64 chunk, double lr, const double* __restrict__ lr_ptr, double momentum,
+                         double dampening, double wd, int nesterov, int maximize, int first) {
+    const i64 tensor = chunks[2 * blockIdx.x], start = chunks[2 * blockIdx.x + 1];
+    const i64 end = min(start + chunk, sizes[tensor]);
+    T* p = (T*)ptrs[tensor];
+    const T* g = (const T*)ptrs[ntensors + tensor];
+    T* buf = momentum != 0.0 ? (T*)ptrs[2 * ntensors + tensor] : nullptr;
+    const T lr_t = (T)(lr_ptr != nullptr ? *lr_ptr : lr), mom = (T)momentum, damp = (T)(1.0 - dampening);
+    const T wd_t = (T)wd;
+    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        T gi = maximize ? -g[i] : g[i];
+        const T pi = p[i];
+        if (wd != 0.0) gi = gi + wd_t * pi;
+        if (buf != nullptr) {
+            const T b = first ? gi : mom * buf[i] + damp * gi;
+            buf[i] = b;
+            gi = nesterov ? gi + mom * b : b;
+        }
+        p[i] = pi - lr_t * gi;
+    }
+}
+
+template <typename T>
+__device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict__ ptrs, const i64* __restrict__ sizes,
+                          i64 ntensors, i64 chunk, double lr, const double* __restrict__ lr_ptr, double beta1,
+                          double beta2, double eps, double wd, const void* __restrict__ step, int step_f64,
+                          int amsgrad, int maximize, int decoupled) {
+    const i64 tensor = chunks[2 * blockIdx.x], start = chunks[2 * blockIdx.x + 1];
+    const i64 end = min(start + chunk, sizes[tensor]);
+    T* p = (T*)ptrs[tensor];
+    const T* g = (const T*)ptrs[ntensors + tensor];
+    T* m = (T*)ptrs[2 * ntensors + tensor];
+    T* v = (T*)ptrs[3 * ntensors + tensor];
+    T* vmax = amsgrad ? (T*)ptrs[4 * ntensors + tensor] : nullptr;
+    const double t = step_f64 ? *(const double*)step : (double)*(const float*)step;
+    const double lr_d = lr_ptr != nullptr ? *lr_ptr : lr;
+    const T step_size = (T)(lr_d / (1.0 - pow(beta1, t)));
+    const T bc2_sqrt = (T)sqrt(1.0 - pow(beta2, t));
+    const T decay = (T)(1.0 - lr_d * wd), wd_t = (T)wd, w1 = (T)(1.0 - beta1), b2 = (T)beta2, w2 = (T)(1.0 - beta2);
+    const T eps_t = (T)eps;
+    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        T gi = maximize ? -g[i] : g[i];
+        T pi = p[i];
+        if (wd != 0.0) {
+            if (decoupled) pi = pi * decay;
+            else gi = gi + wd_t * pi;
+        }
+        const T mi = m[i] + w1 * (gi - m[i]);
+        const T vi = v[i] * b2 + w2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        T second = vi;
+        if (vmax != nullptr) {
+            second = st_max_nan(vmax[i], vi);  // NaN propagates, as torch.maximum
+            vmax[i] = second;
+        }
+        const T denom = st_sqrt(second) / bc2_sqrt + eps_t;
+        p[i] = pi - step_size * mi / denom;
+    }
+}
+
+#define ST_OPTIM(T, S)                                                                                             \
+    extern "C" __global__ void sgd_step_##S(const i64* chunks, const u64* ptrs, const i64* sizes, i64 ntensors,   \
+                                            i64 chunk, double lr, const double* lr_ptr, double momentum,           \
+                                            double dampening, double wd, int nesterov, int maximize, int first) {  \
+        sgd_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, lr_ptr, momentum, dampening, wd, nesterov, maximize, \
+                    first);                                                                                        \
+    }                                                                                                              \
+    extern "C" __global__ void adam_step_##S(const i64* chunks, const u64* ptrs, const i64* sizes, i64 ntensors,  \
+                                             i64 chunk, double lr, const double* lr_ptr, double beta1,             \
+                                             double beta2, double eps, double wd, const void* step, int step_f64,  \
+                                             int amsgrad, int maximize, int decoupled) {                           \
+        adam_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, lr_ptr, beta1, beta2, eps, wd, step, step_f64,      \
+                     amsgrad, maximize, decoupled);                                                                \
+    }
+ST_OPTIM(float, f32)
+ST_OPTIM(double, f64)
+#undef ST_OPTIM

@@ -1,0 +1,138 @@
+// pool.cu: 2-D max and average pooling, float32 (_f32) and float64 (_f64), torch's semantics and index arithmetic.
+// Layout: x [B, H, W] contiguous (B = N*C planes), out/indices [B, OH, OW] contiguous. OH, OW come from the launcher
+// (torch's pooling_output_shape, ceil_mode included); ph, pw are the symmetric paddings.
+//   max_pool2d_fwd: out = max over the dilated window (padding is -inf), NaN wins; indices = ih*W + iw of the first
+//                   maximum in row-major window order (the last NaN), int64 as torch returns them.
+//   max_pool2d_bwd: dx[b, ih, iw] = sum of dout over the outputs whose index is ih*W + iw. One thread per input
+//                   element gathers from the outputs whose window can hold it: deterministic, no atomics.
+//   avg_pool2d_fwd: sum over the window clipped to the input, divided by divisor_override if > 0, else by the
+//                   window size clipped to the padded input (count_include_pad) or to the input.
+//   avg_pool2d_bwd: the same divisors, gathered per input element.
+#include "common.cuh"
+
+template <typename T>
+__device__ void max_pool_fwd(const T* __restrict__ x, T* __restrict__ out, i64* __restrict__ idx, i64 B, i64 H, i64 W,
+                             i64 OH, i64 OW, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {
+    GRID_STRIDE(t, B * OH * OW) {
+        const i64 ow = t % OW, oh = (t / OW) % OH, b = t / (OH * OW);
+        i64 hstart = oh * sh - ph, wstart = ow * sw - pw;
+        const i64 hend = min(hstart + (kh - 1) * dh + 1, H), wend = min(wstart + (kw - 1) * dw + 1, W);
+        while (hstart < 0) hstart += dh;
+        while (wstart < 0) wstart += dw;
+        const T* plane = x + b * H * W;
+        i64 best = hstart * W + wstart;
+        T val = st_neg_inf<T>();
+        for (i64 ih = hstart; ih < hend; ih += dh) {
+            for (i64 iw = wstart; iw < wend; iw += dw) {
+                const T v = plane[ih * W + iw];
+                if (v > val || st_isnan(v)) {
+                    best = ih * W + iw;
+                    val = v;
+                }
+            }
+        }
+        out[t] = val;
+        idx[t] = best;
+    }
+}
+
+template <typename T>
+__device__ void max_pool_bwd(const T* __restrict__ dout, const i64* __restrict__ idx, T* __restrict__ dx, i64 B, i64 H,
+                             i64 W, i64 OH, i64 OW, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {
+    const i64 ext_h = (kh - 1) * dh + 1, ext_w = (kw - 1) * dw + 1;
+    GRID_STRIDE(t, B * H * W) {
+        const i64 iw = t % W, ih = (t / W) % H, b = t / (H * W);
+        const i64 hp = ih + ph, wp = iw + pw;
+        const i64 oh0 = hp < ext_h ? 0 : (hp - ext_h) / sh + 1, oh1 = min(hp / sh + 1, OH);
+        const i64 ow0 = wp < ext_w ? 0 : (wp - ext_w) / sw + 1, ow1 = min(wp / sw + 1, OW);
+        const i64 target = ih * W + iw, base = b * OH * OW;
+        T acc = T(0);
+        for (i64 oh = oh0; oh < oh1; ++oh)
+            for (i64 ow = ow0; ow < ow1; ++ow)
+                if (idx[base + oh * OW + ow] == target) acc += dout[base + oh * OW + ow];
+        dx[t] = acc;
+    }
+}
+
+// The window of output (oh, ow) clipped to the input, and its divisor; false if the clipped window is empty.
+__device__ __forceinline__ bool avg_window(i64 oh, i64 ow, i64 H, i64 W, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph,
+                                           i64 pw, int count_include_pad, i64 divisor_override, i64* h0, i64* h1,
+                                           i64* w0, i64* w1, i64* divisor) {
+    i64 hstart = oh * sh - ph, wstart = ow * sw - pw;
+    i64 hend = min(hstart + kh, H + ph), wend = min(wstart + kw, W + pw);
+    const i64 pool_size = (hend - hstart) * (wend - wstart);
+    hstart = max(hstart, (i64)0);
+    wstart = max(wstart, (i64)0);
+    hend = min(hend, H);
+    wend = min(wend, W);
+    *h0 = hstart; *h1 = hend; *w0 = wstart; *w1 = wend;
+    if (hstart >= hend || wstart >= wend) return false;
+    *divisor = divisor_override > 0 ? divisor_override
+                                    : (count_include_pad ? pool_size : (hend - hstart) * (wend - wstart));
+    return true;
+}
+
+template <typename T>
+__device__ void avg_pool_fwd(const T* __restrict__ x, T* __restrict__ out, i64 B, i64 H, i64 W, i64 OH, i64 OW,
+                             i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int count_include_pad,
+                             i64 divisor_override) {
+    GRID_STRIDE(t, B * OH * OW) {
+        const i64 ow = t % OW, oh = (t / OW) % OH, b = t / (OH * OW);
+        i64 h0, h1, w0, w1, divisor;
+        if (!avg_window(oh, ow, H, W, kh, kw, sh, sw, ph, pw, count_include_pad, divisor_override, &h0, &h1, &w0,
+                        &w1, &divisor)) {
+            out[t] = T(0);
+            continue;
+        }
+        const T* plane = x + b * H * W;
+        T acc = T(0);
+        for (i64 ih = h0; ih < h1; ++ih)
+            for (i64 iw = w0; iw < w1; ++iw) acc += plane[ih * W + iw];
+        out[t] = acc / T(divisor);
+    }
+}
+
+template <typename T>
+__device__ void avg_pool_bwd(const T* __restrict__ dout, T* __restrict__ dx, i64 B, i64 H, i64 W, i64 OH, i64 OW,
+                             i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int count_include_pad,
+                             i64 divisor_override) {
+    GRID_STRIDE(t, B * H * W) {
+        const i64 iw = t % W, ih = (t / W) % H, b = t / (H * W);
+        const i64 hp = ih + ph, wp = iw + pw;
+        const i64 oh0 = hp < kh ? 0 : (hp - kh) / sh + 1, oh1 = min(hp / sh + 1, OH);
+        const i64 ow0 = wp < kw ? 0 : (wp - kw) / sw + 1, ow1 = min(wp / sw + 1, OW);
+        const T* g = dout + b * OH * OW;
+        T acc = T(0);
+        for (i64 oh = oh0; oh < oh1; ++oh) {
+            for (i64 ow = ow0; ow < ow1; ++ow) {
+                i64 h0, h1, w0, w1, divisor;
+                if (avg_window(oh, ow, H, W, kh, kw, sh, sw, ph, pw, count_include_pad, divisor_override, &h0, &h1,
+                               &w0, &w1, &divisor))
+                    acc += g[oh * OW + ow] / T(divisor);
+            }
+        }
+        dx[t] = acc;
+    }
+}
+
+#define ST_POOL(T, S)                                                                                                \
+    extern "C" __global__ void max_pool2d_fwd_##S(const T* x, T* out, i64* idx, i64 B, i64 H, i64 W, i64 OH, i64 OW, \
+                                                  i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {  \
+        max_pool_fwd<T>(x, out, idx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                               \
+    }                                                                                                                \
+    extern "C" __global__ void max_pool2d_bwd_##S(const T* dout, const i64* idx, T* dx, i64 B, i64 H, i64 W, i64 OH, \
+                                                  i64 OW, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh,    \
+                                                  i64 dw) {                                                          \
+        max_pool_bwd<T>(dout, idx, dx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                             \
+    }                                                                                                                \
+    extern "C" __global__ void avg_pool2d_fwd_##S(const T* x, T* out, i64 B, i64 H, i64 W, i64 OH, i64 OW, i64 kh,   \
+                                                  i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int cip, i64 divisor) {    \
+        avg_pool_fwd<T>(x, out, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, cip, divisor);                              \
+    }                                                                                                                \
+    extern "C" __global__ void avg_pool2d_bwd_##S(const T* dout, T* dx, i64 B, i64 H, i64 W, i64 OH, i64 OW, i64 kh, \
+                                                  i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int cip, i64 divisor) {    \
+        avg_pool_bwd<T>(dout, dx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, cip, divisor);                            \
+    }
+ST_POOL(float, f32)
+ST_POOL(double, f64)
+#undef ST_POOL

@@ -1,0 +1,88 @@
+"""Loading our CUDA C: .cu files (or source strings) compiled once per device with NVRTC and cached.
+
+The same API serves smalltrain's own kernels (smalltrain/backend/cuda/kernels/*.cu) and users' custom ops.
+"""
+import functools
+import hashlib
+import os
+import re
+
+from . import cupy
+
+KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
+_OPTIONS = ("-std=c++17",)
+_INCLUDE = re.compile(r'^[ \t]*#include "([^"]+)"[ \t]*$', re.MULTILINE)
+# grid-stride kernels cover any n with at most this many blocks (a few waves on any current GPU)
+MAX_BLOCKS = 65536
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(source, options, device_id):
+    cp = cupy()
+    with cp.cuda.Device(device_id):
+        module = cp.RawModule(code=source, options=options)
+        module.compile()
+    return module
+
+
+def compile_module(source_or_path, options=()):
+    """A cupy.RawModule for CUDA C source text or a .cu path, compiled once per (source, options, device)."""
+    looks_like_path = "\n" not in source_or_path and source_or_path.endswith(".cu")
+    if looks_like_path:
+        if not os.path.exists(source_or_path):
+            raise FileNotFoundError(f"compile_module: no CUDA source file {source_or_path}")
+        with open(source_or_path) as f:
+            source = f.read()
+    else:
+        source = source_or_path
+    return _compiled(source, tuple(_OPTIONS) + tuple(options), cupy().cuda.Device().id)
+
+
+def kernel(family, name):
+    """The kernel `name` from smalltrain/backend/cuda/kernels/<family>.cu on the current device."""
+    return _kernel(family, name, cupy().cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(family, name, device_id):
+    return compile_module(read_source(os.path.join(KERNEL_DIR, family + ".cu"))).get_function(name)
+
+
+def read_source(path, _depth=0):
+    """The text of a .cu file with its `#include "local.cuh"` lines replaced by those files' text.
+
+    Inlining here (rather than passing -I to NVRTC) makes the source text, and so CuPy's on-disk cache key,
+    change whenever a shared header changes.
+    """
+    if _depth > 8:
+        raise RuntimeError(f"read_source: includes nested too deeply at {path}")
+    with open(path) as f:
+        text = f.read()
+    base = os.path.dirname(path)
+
+    def inline(match):
+        return read_source(os.path.join(base, match.group(1)), _depth + 1)
+    return _INCLUDE.sub(inline, text)
+
+
+@functools.lru_cache(maxsize=None)
+def elementwise_kernel(in_params, out_params, operation, name, preamble=""):
+    """A cached cupy.ElementwiseKernel: the quick way to write a custom pointwise forward or backward."""
+    return cupy().ElementwiseKernel(in_params, out_params, operation, name, preamble=preamble)
+
+
+def launch_1d(kern, n, args, block=256, shared_mem=0, max_blocks=None):
+    """Launch `kern` over n threads in 1-D blocks (n == 0 launches nothing).
+
+    With `max_blocks`, the grid is capped: the kernel must then loop grid-stride over its n items.
+    """
+    if n <= 0:
+        return
+    grid = (n + block - 1) // block
+    if max_blocks is not None:
+        grid = min(grid, max_blocks)
+    kern((grid,), (block,), args, shared_mem=shared_mem)
+
+
+def source_digest(source):
+    return hashlib.sha1(source.encode()).hexdigest()[:12]

@@ -1,0 +1,189 @@
+"""CUDA softmax / log_softmax over one dim and fused cross-entropy (kernels/loss.cu): one warp per row; cross-entropy
+computes the loss and the gradient of the unreduced loss in one pass, so its backward is one scaling kernel."""
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import cupy
+from ._common import (check_array, check_dtype, check_float, contiguous, i64, launch, launch_rows, ptr, same_device,
+                      scalar, want_host_check)
+
+
+def _dim(op, dim, ndim):
+    n = max(ndim, 1)
+    dim = operator.index(dim)
+    if not -n <= dim < n:
+        raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def _softmax_forward(op, x, dim, log):
+    check_array(op, "input", x)
+    check_float(op, "input", x)
+    d = _dim(op, dim, x.ndim)
+    shape = x.shape if x.ndim else (1,)
+    outer, c, inner = int(np.prod(shape[:d])), shape[d], int(np.prod(shape[d + 1:]))
+    with x.device:
+        x = contiguous(x)
+        out = cupy().empty_like(x)
+        args = (x, out, i64(outer * inner), i64(c), i64(inner))
+        if log:
+            launch_rows("loss", "log_softmax_fwd", x.dtype, outer * inner, args)
+        else:
+            launch_rows("loss", "softmax_fwd", x.dtype, outer * inner, args)
+    return out, (out, d)
+
+
+def _softmax_backward(op, dout, saved, log):
+    out, d = saved
+    check_array(op, "grad_output", dout)
+    check_dtype(op, "grad_output", dout, out.dtype)
+    if dout.shape != out.shape:
+        raise RuntimeError(f"{op}: expected grad_output of shape {list(out.shape)}, got {list(dout.shape)}")
+    same_device(op, dout, out)
+    shape = out.shape if out.ndim else (1,)
+    outer, c, inner = int(np.prod(shape[:d])), shape[d], int(np.prod(shape[d + 1:]))
+    with out.device:
+        dout = contiguous(dout)
+        dx = cupy().empty_like(out)
+        args = (dout, out, dx, i64(outer * inner), i64(c), i64(inner))
+        if log:
+            launch_rows("loss", "log_softmax_bwd", out.dtype, outer * inner, args)
+        else:
+            launch_rows("loss", "softmax_bwd", out.dtype, outer * inner, args)
+    return dx
+
+
+def softmax_forward(x, dim):
+    """exp(x - max) / sum(exp(x - max)) along dim. Returns (out, saved = (out, dim)) for softmax_backward."""
+    return _softmax_forward("softmax", x, dim, log=False)
+
+
+def softmax_backward(dout, saved):
+    """dx = out * (dout - sum(dout * out, dim))."""
+    return _softmax_backward("softmax_backward", dout, saved, log=False)
+
+
+def log_softmax_forward(x, dim):
+    """x - max - log(sum(exp(x - max))) along dim. Returns (out, saved = (out, dim)) for log_softmax_backward."""
+    return _softmax_forward("log_softmax", x, dim, log=True)
+
+
+def log_softmax_backward(dout, saved):
+    """dx = dout - exp(out) * sum(dout, dim)."""
+    return _softmax_backward("log_softmax_backward", dout, saved, log=True)
+
+
+@dataclass
+class CrossEntropySaved:
+    """grad: d(unreduced loss)/d(input), input-shaped; wsum: the 0-d sum of target weights (the 'mean' divisor);
+    reduction; target_shape (the 'none' loss shape)."""
+    grad: object
+    wsum: object
+    reduction: str
+    target_shape: tuple
+
+
+def _ce_validate(x, target, weight, reduction, label_smoothing):
+    op = "cross_entropy"
+    check_array(op, "input", x, None)
+    check_array(op, "target", target)
+    check_float(op, "input", x)
+    if x.ndim == 0:
+        raise RuntimeError(f"{op}: input must have at least 1 dimension (classes), got a 0-dim input")
+    if target.dtype.kind == "f":
+        raise NotImplementedError(f"{op}: the CUDA kernel takes class-index targets; probability targets (float "
+                                  f"target of shape {list(target.shape)}) need the array-code path")
+    check_dtype(op, "target", target, np.int64)
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise RuntimeError(f"{op}: label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    c = x.shape[0] if x.ndim == 1 else x.shape[1]
+    if x.ndim == 1:
+        if target.ndim != 0:
+            raise RuntimeError(f"{op}: for an unbatched input [C], expected a 0-dim target, got {list(target.shape)}")
+    elif x.ndim == 2 and (target.ndim != 1 or target.shape[0] != x.shape[0]):
+        if target.ndim == 1:
+            raise ValueError(f"Expected input batch_size ({x.shape[0]}) to match target batch_size "
+                             f"({target.shape[0]}).")
+        raise RuntimeError(f"{op}: expected target of shape [{x.shape[0]}], got {list(target.shape)}")
+    elif x.ndim > 2 and tuple(target.shape) != (x.shape[0],) + tuple(x.shape[2:]):
+        raise RuntimeError(f"{op}: Expected target size {[x.shape[0]] + list(x.shape[2:])}, got "
+                           f"{list(target.shape)}")
+    if weight is not None:
+        check_array(op, "weight", weight)
+        check_dtype(op, "weight", weight, x.dtype)
+        if tuple(weight.shape) != (c,):
+            raise RuntimeError(f"{op}: weight tensor should be defined either for all {c} classes or no classes but "
+                               f"got weight tensor of shape: {list(weight.shape)}")
+    same_device(op, x, target, weight)
+    return c
+
+
+def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                          check_target=None, compute_grad=True):
+    """torch's cross_entropy with class-index targets: logits x [N, C], [N, C, d1, ...] or [C]; target int64
+    [N], [N, d1, ...] or []; weight [C] or None; label smoothing as torch (the smoothing term is weighted too and
+    'mean' divides both terms by the sum of the targets' weights; all targets ignored gives NaN).
+
+    check_target: look for targets outside [0, C) that are not ignore_index first (IndexError, as torch on CPU).
+    That reads a flag back from the GPU; None (the default) checks except while a CUDA graph is being captured.
+    Unchecked, such rows give NaN (never an out-of-bounds read).
+    compute_grad: also write the gradient (what backward scales). Returns (loss, CrossEntropySaved).
+    """
+    c = _ce_validate(x, target, weight, reduction, float(label_smoothing))
+    cp = cupy()
+    shape = x.shape if x.ndim > 1 else (1,) + x.shape
+    outer, inner = shape[0], int(np.prod(shape[2:]))
+    with x.device:
+        x, target, weight = contiguous(x), contiguous(target), contiguous(weight)
+        if target.size and want_host_check(check_target):
+            bad = (target != ignore_index) & ((target < 0) | (target >= c))
+            if bool(bad.any()):
+                first = int(target[bad].ravel()[0])
+                raise IndexError(f"Target {first} is out of bounds.")
+        rows = outer * inner
+        loss_rows = cp.empty(rows, dtype=x.dtype)
+        wt_rows = cp.empty(rows, dtype=x.dtype)
+        grad = cp.empty(x.shape, dtype=x.dtype) if compute_grad else None
+        launch_rows("loss", "cross_entropy_fwd", x.dtype, rows,
+                    (x, target, ptr(weight), loss_rows, wt_rows, ptr(grad), i64(rows), i64(c), i64(inner),
+                     i64(ignore_index), scalar(label_smoothing, x.dtype)))
+        wsum = None
+        if reduction == "none":
+            loss = loss_rows.reshape(target.shape)
+        elif reduction == "sum":
+            loss = loss_rows.sum()
+        else:
+            wsum = wt_rows.sum()
+            loss = loss_rows.sum() / wsum
+    return loss, CrossEntropySaved(grad, wsum, reduction, tuple(target.shape))
+
+
+def cross_entropy_backward(dout, saved):
+    """dx = grad * (dout / wsum ('mean'), dout ('sum'), or dout per target element ('none')); no host sync."""
+    op = "cross_entropy_backward"
+    grad = saved.grad
+    if grad is None:
+        raise RuntimeError(f"{op}: the forward ran with compute_grad=False")
+    check_array(op, "grad_output", dout)
+    check_dtype(op, "grad_output", dout, grad.dtype)
+    same_device(op, dout, grad)
+    want = saved.target_shape if saved.reduction == "none" else ()
+    if tuple(dout.shape) != tuple(want):
+        raise RuntimeError(f"{op}: expected grad_output of shape {list(want)}, got {list(dout.shape)}")
+    shape = grad.shape if grad.ndim > 1 else (1,) + grad.shape
+    outer, c, inner = shape[0], shape[1], int(np.prod(shape[2:]))
+    with grad.device:
+        if saved.reduction == "none":
+            scale, stride = contiguous(dout).reshape(-1), 1
+        else:
+            scale = dout / saved.wsum if saved.reduction == "mean" else dout
+            scale, stride = contiguous(scale.reshape(1)), 0
+        dx = cupy().empty_like(grad)
+        launch("loss", "cross_entropy_bwd", grad.dtype, dx.size,
+               (grad, scale, i64(stride), dx, i64(outer), i64(c), i64(inner)))
+    return dx
+

@@ -1,0 +1,148 @@
+"""Fused multi-tensor optimizer launchers (kernels/optim.cu): one launch updates a whole parameter list in place
+(per dtype), in torch's single-tensor operation order. The device tables of buffer addresses are cached, so a step
+after the first copies nothing to the GPU and, with Adam's device-side step count, can be captured in a CUDA graph.
+"""
+from collections import OrderedDict
+
+import numpy as np
+
+from . import cupy
+from ._common import NULL, check_array, check_dtype, check_float, check_shape, get, i32, i64, require_contiguous
+
+CHUNK = 4096   # elements per block
+_BLOCK = 256
+_TABLES = OrderedDict()
+_MAX_TABLES = 64
+
+
+def _check_lists(op, named):
+    """named: [(name, list)], the first the params. Same lengths; each entry a contiguous cupy float array with
+    its param's shape and dtype, on the params' device. Returns the device id."""
+    params = named[0][1]
+    device = None
+    for name, lst in named:
+        if len(lst) != len(params):
+            raise RuntimeError(f"{op}: expected {len(params)} {name} (one per parameter), got {len(lst)}")
+        for i, (p, a) in enumerate(zip(params, lst)):
+            label = f"{name}[{i}]"
+            check_array(op, label, a)
+            check_float(op, label, a)
+            require_contiguous(op, label, a)
+            check_dtype(op, label, a, p.dtype)
+            check_shape(op, label, a, p.shape)
+            if device is None:
+                device = a.device.id
+            elif a.device.id != device:
+                raise RuntimeError(f"{op}: expected all tensors to be on the same device, but found at least two "
+                                   f"devices, cuda:{device} and cuda:{a.device.id} ({label})")
+    return device
+
+
+def _tables(buffers):
+    """(ptrs [K*T], sizes [T], chunks [n, 2], n) on the device for buffers [K][T], cached by address and size."""
+    ptrs = np.array([[a.data.ptr for a in lst] for lst in buffers], dtype=np.uint64)
+    sizes = np.array([a.size for a in buffers[0]], dtype=np.int64)
+    key = (cupy().cuda.Device().id, ptrs.tobytes(), sizes.tobytes())
+    hit = _TABLES.get(key)
+    if hit is not None:
+        _TABLES.move_to_end(key)
+        return hit
+    counts = (sizes + CHUNK - 1) // CHUNK
+    n = int(counts.sum())
+    tensor = np.repeat(np.arange(len(sizes), dtype=np.int64), counts)
+    first_chunk = np.repeat(np.cumsum(counts) - counts, counts)
+    start = (np.arange(n, dtype=np.int64) - first_chunk) * CHUNK
+    chunks = np.stack([tensor, start], axis=1).reshape(-1)
+    cp = cupy()
+    hit = (cp.asarray(ptrs.reshape(-1)), cp.asarray(sizes), cp.asarray(chunks), n)
+    _TABLES[key] = hit
+    if len(_TABLES) > _MAX_TABLES:
+        _TABLES.popitem(last=False)
+    return hit
+
+
+def _by_dtype(params):
+    groups = {}
+    for i, p in enumerate(params):
+        groups.setdefault(p.dtype, []).append(i)
+    return groups.items()
+
+
+def _lr(op, lr, device):
+    """(value, pointer): a float, or a device float64 scalar read by the kernel (a graph can change it)."""
+    if isinstance(lr, (int, float)):
+        return float(lr), NULL
+    check_array(op, "lr", lr)
+    check_dtype(op, "lr", lr, np.float64)
+    if lr.size != 1 or lr.device.id != device:
+        raise RuntimeError(f"{op}: expected lr as a float or a 1-element float64 array on cuda:{device}")
+    return 0.0, lr
+
+
+def sgd_step(params, grads, momentum_buffers=None, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
+             nesterov=False, maximize=False, first_step=False):
+    """torch.optim.SGD's update of every param in place, one launch per dtype.
+
+    params, grads (and momentum_buffers when momentum != 0): lists of contiguous cupy arrays, pairwise of one
+    shape and dtype. first_step: the buffers are (re)initialized to the gradient, as torch does when a parameter
+    has no momentum buffer yet (their content is ignored). lr: a float or a device float64 scalar.
+    """
+    op = "sgd_step"
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+    named = [("params", params), ("grads", grads)]
+    if momentum != 0:
+        if momentum_buffers is None:
+            raise RuntimeError(f"{op}: momentum={momentum} needs momentum_buffers")
+        named.append(("momentum_buffers", momentum_buffers))
+    if not params:
+        return
+    device = _check_lists(op, named)
+    lr_val, lr_ptr = _lr(op, lr, device)
+    with cupy().cuda.Device(device):
+        for dtype, idx in _by_dtype(params):
+            ptrs, sizes, chunks, n = _tables([[lst[i] for i in idx] for _, lst in named])
+            if n:
+                get("optim", "sgd_step", dtype)((n,), (_BLOCK,), (
+                    chunks, ptrs, sizes, i64(len(idx)), i64(CHUNK), np.float64(lr_val), lr_ptr,
+                    np.float64(momentum), np.float64(dampening), np.float64(weight_decay), i32(nesterov),
+                    i32(maximize), i32(first_step)))
+
+
+def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, step, lr, beta1=0.9, beta2=0.999,
+              eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False, decoupled_weight_decay=False,
+              increment_step=True):
+    """torch.optim.Adam / AdamW (decoupled_weight_decay=True) update of every param in place, one launch per dtype.
+
+    step: a 1-element float32 or float64 cupy array shared by the list, incremented on the device first (unless
+    increment_step=False); the kernel computes the bias corrections from it, so no host value changes between
+    steps and the step can be replayed as a CUDA graph. max_exp_avg_sqs is needed with amsgrad. lr: a float or a
+    device float64 scalar. All lists as in sgd_step.
+    """
+    op = "adam_step"
+    named = [("params", params), ("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs)]
+    if amsgrad:
+        if max_exp_avg_sqs is None:
+            raise RuntimeError(f"{op}: amsgrad=True needs max_exp_avg_sqs")
+        named.append(("max_exp_avg_sqs", max_exp_avg_sqs))
+    check_array(op, "step", step)
+    if step.dtype not in (np.float32, np.float64) or step.size != 1:
+        raise RuntimeError(f"{op}: expected step as a 1-element float32 or float64 array, got {step.dtype} of shape "
+                           f"{list(step.shape)}")
+    if not params:
+        return
+    device = _check_lists(op, named)
+    if step.device.id != device:
+        raise RuntimeError(f"{op}: expected step on cuda:{device}, got cuda:{step.device.id}")
+    lr_val, lr_ptr = _lr(op, lr, device)
+    with cupy().cuda.Device(device):
+        if increment_step:
+            step += 1
+        for dtype, idx in _by_dtype(params):
+            ptrs, sizes, chunks, n = _tables([[lst[i] for i in idx] for _, lst in named])
+            if n:
+                get("optim", "adam_step", dtype)((n,), (_BLOCK,), (
+                    chunks, ptrs, sizes, i64(len(idx)), i64(CHUNK), np.float64(lr_val), lr_ptr, np.float64(beta1),
+                    np.float64(beta2), np.float64(eps), np.float64(weight_decay), step, i32(step.dtype == np.float64),
+                    i32(amsgrad), i32(maximize), i32(decoupled_weight_decay)))
+

@@ -1,0 +1,612 @@
+"""`Module`: the base class of every layer and model, with torch.nn.Module's contract: registration through
+attribute assignment, parameter/buffer/module iteration, train/eval, device and dtype conversion in place,
+state_dict / load_state_dict with torch's keys and error messages, forward hooks and torch's repr."""
+import copy
+import itertools
+import warnings
+from collections import OrderedDict, namedtuple
+from collections.abc import Mapping
+
+import numpy as np
+
+from .. import _dtype
+from ..backend import Device, as_device, to_device
+from ..tensor import Size, Tensor
+from .parameter import Buffer, Parameter
+
+
+def typename(obj):
+    """torch.typename: a Tensor's type string, or an object's qualified name (builtins unqualified)."""
+    if isinstance(obj, Tensor):
+        return obj.type()
+    module = getattr(obj, "__module__", "") or ""
+    if hasattr(obj, "__qualname__"):
+        qualname = obj.__qualname__
+    elif hasattr(obj, "__name__"):
+        qualname = obj.__name__
+    else:
+        module, qualname = obj.__class__.__module__ or "", obj.__class__.__qualname__
+    return qualname if module in ("", "builtins") else f"{module}.{qualname}"
+
+
+def _addindent(s_, num_spaces):
+    lines = s_.split("\n")
+    if len(lines) == 1:
+        return s_
+    first = lines.pop(0)
+    return first + "\n" + "\n".join(num_spaces * " " + line for line in lines)
+
+
+class RemovableHandle:
+    """Returned by register_*_hook: `handle.remove()` (or leaving a `with handle:` block) unregisters the hook."""
+
+    _next_id = 0
+
+    def __init__(self, hooks_dict, extra_dicts=()):
+        self.hooks_dict = hooks_dict
+        self.extra_dicts = extra_dicts
+        self.id = RemovableHandle._next_id
+        RemovableHandle._next_id += 1
+
+    def remove(self):
+        for d in (self.hooks_dict, *self.extra_dicts):
+            d.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
+    def __repr__(self):
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"
+        return super().__repr__()
+
+    __str__ = __repr__
+
+
+def _is_array_like(v):
+    return isinstance(v, (Tensor, np.ndarray)) or hasattr(v, "__cuda_array_interface__")
+
+
+def _copy_into(dst, src):
+    """Copy a Tensor's or array's values into `dst`'s array in place (casting dtype, moving across devices)."""
+    s = src.array if isinstance(src, Tensor) else src
+    if type(s) is not type(dst.array):
+        s = to_device(s, dst.device)
+    dst.array[...] = s
+
+
+class Module:
+    """Base class for all neural network modules; subclasses assign Parameters, buffers and Modules as
+    attributes in __init__ (after calling super().__init__()) and define forward()."""
+
+    _version = 1
+    training: bool
+    call_super_init = False
+
+    def __init__(self, *args, **kwargs):
+        if kwargs:
+            raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument "
+                            f"'{next(iter(kwargs))}'")
+        if args:
+            raise TypeError(f"{type(self).__name__}.__init__() takes 1 positional argument but {len(args) + 1} "
+                            "were given")
+        d = self.__dict__  # plain dict writes: __setattr__'s registration logic is not needed here
+        d["training"] = True
+        d["_parameters"] = {}
+        d["_buffers"] = {}
+        d["_non_persistent_buffers_set"] = set()
+        d["_modules"] = {}
+        d["_forward_pre_hooks"] = OrderedDict()
+        d["_forward_pre_hooks_with_kwargs"] = {}
+        d["_forward_hooks"] = OrderedDict()
+        d["_forward_hooks_with_kwargs"] = {}
+        d["_forward_hooks_always_called"] = {}
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
+
+    # ---- calling, hooks --------------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if self._forward_pre_hooks or self._forward_hooks:
+            return self._call_with_hooks(args, kwargs)
+        return self.forward(*args, **kwargs)
+
+    def _call_with_hooks(self, args, kwargs):
+        for hook_id, hook in list(self._forward_pre_hooks.items()):
+            if hook_id in self._forward_pre_hooks_with_kwargs:
+                r = hook(self, args, kwargs)
+                if r is not None:
+                    if not (isinstance(r, tuple) and len(r) == 2):
+                        raise RuntimeError("forward pre-hook must return None or a tuple of (new_args, new_kwargs),"
+                                           f" but got {r}.")
+                    args, kwargs = r
+            else:
+                r = hook(self, args)
+                if r is not None:
+                    args = r if isinstance(r, tuple) else (r,)
+        called, result = set(), None
+        try:
+            result = self.forward(*args, **kwargs)
+            for hook_id, hook in list(self._forward_hooks.items()):
+                called.add(hook_id)
+                result = self._run_forward_hook(hook_id, hook, args, kwargs, result)
+        except Exception:
+            for hook_id, hook in list(self._forward_hooks.items()):
+                if hook_id in self._forward_hooks_always_called and hook_id not in called:
+                    try:
+                        self._run_forward_hook(hook_id, hook, args, kwargs, result)
+                    except Exception as e:  # noqa: BLE001 - the forward's own error is the one to report
+                        warnings.warn("module forward hook with ``always_call=True`` raised an exception that was "
+                                      f"silenced as another error was raised in forward: {e}", stacklevel=2)
+            raise
+        return result
+
+    def _run_forward_hook(self, hook_id, hook, args, kwargs, result):
+        if hook_id in self._forward_hooks_with_kwargs:
+            r = hook(self, args, kwargs, result)
+        else:
+            r = hook(self, args, result)
+        return result if r is None else r
+
+    def register_forward_pre_hook(self, hook, *, prepend=False, with_kwargs=False):
+        """hook(module, args) -> None or new args (with_kwargs: hook(module, args, kwargs) -> None or (args,
+        kwargs)), called before forward."""
+        handle = RemovableHandle(self._forward_pre_hooks, (self._forward_pre_hooks_with_kwargs,))
+        self._forward_pre_hooks[handle.id] = hook
+        if with_kwargs:
+            self._forward_pre_hooks_with_kwargs[handle.id] = True
+        if prepend:
+            self._forward_pre_hooks.move_to_end(handle.id, last=False)
+        return handle
+
+    def register_forward_hook(self, hook, *, prepend=False, with_kwargs=False, always_call=False):
+        """hook(module, args, output) -> None or a new output, called after forward (always_call: also when
+        forward raised)."""
+        handle = RemovableHandle(self._forward_hooks, (self._forward_hooks_with_kwargs,
+                                                       self._forward_hooks_always_called))
+        self._forward_hooks[handle.id] = hook
+        if with_kwargs:
+            self._forward_hooks_with_kwargs[handle.id] = True
+        if always_call:
+            self._forward_hooks_always_called[handle.id] = True
+        if prepend:
+            self._forward_hooks.move_to_end(handle.id, last=False)
+        return handle
+
+    # ---- registration ----------------------------------------------------------------------------------------
+    def _check_name(self, kind, name, own):
+        if not isinstance(name, str):
+            raise TypeError(f"{kind} name should be a string. Got {typename(name)}")
+        if "." in name:
+            raise KeyError(f"{kind} name can't contain \".\"" + (f", got: {name}" if kind == "module" else ""))
+        if name == "":
+            raise KeyError(f"{kind} name can't be empty string \"\"")
+        if hasattr(self, name) and name not in own:
+            raise KeyError(f"attribute '{name}' already exists")
+
+    def register_parameter(self, name, param):
+        if "_parameters" not in self.__dict__:
+            raise AttributeError("cannot assign parameter before Module.__init__() call")
+        self._check_name("parameter", name, self._parameters)
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"cannot assign '{typename(param)}' object to parameter '{name}' (smalltrain.nn."
+                            "Parameter or None required)")
+        if param is not None and param.grad_fn is not None:
+            raise ValueError(f"Cannot assign non-leaf Tensor to parameter '{name}'. Model parameters must be "
+                             f"created explicitly. To express '{name}' as a function of another Tensor, compute "
+                             "the value in the forward() method.")
+        self._parameters[name] = param
+
+    def register_buffer(self, name, tensor, persistent=True):
+        if "_buffers" not in self.__dict__:
+            raise AttributeError("cannot assign buffer before Module.__init__() call")
+        self._check_name("buffer", name, self._buffers)
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"cannot assign '{typename(tensor)}' object to buffer '{name}' (smalltrain Tensor or "
+                            "None required)")
+        self._buffers[name] = tensor
+        if persistent:
+            self._non_persistent_buffers_set.discard(name)
+        else:
+            self._non_persistent_buffers_set.add(name)
+
+    def add_module(self, name, module):
+        if not isinstance(module, Module) and module is not None:
+            raise TypeError(f"{typename(module)} is not a Module subclass")
+        if not isinstance(name, str):
+            raise TypeError(f"module name should be a string. Got {typename(name)}")
+        if hasattr(self, name) and name not in self._modules:
+            raise KeyError(f"attribute '{name}' already exists")
+        self._check_name("module", name, self._modules)
+        self._modules[name] = module
+
+    register_module = add_module
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        for key in ("_parameters", "_buffers", "_modules"):
+            own = d.get(key)
+            if own is not None and name in own:
+                return own[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __setattr__(self, name, value):
+        d = self.__dict__
+        params = d.get("_parameters")
+        if isinstance(value, Parameter):
+            if params is None:
+                raise AttributeError("cannot assign parameters before Module.__init__() call")
+            self._remove_from(name, d, self._buffers, self._modules)
+            self.register_parameter(name, value)
+        elif params is not None and name in params:
+            if value is not None:
+                raise TypeError(f"cannot assign '{typename(value)}' as parameter '{name}' (smalltrain.nn.Parameter "
+                                "or None expected)")
+            self.register_parameter(name, value)
+        elif isinstance(value, Module):
+            if d.get("_modules") is None:
+                raise AttributeError("cannot assign module before Module.__init__() call")
+            self._remove_from(name, d, self._parameters, self._buffers)
+            self._modules[name] = value
+        elif name in d.get("_modules", ()):
+            if value is not None:
+                raise TypeError(f"cannot assign '{typename(value)}' as child module '{name}' (smalltrain.nn.Module "
+                                "or None expected)")
+            self._modules[name] = value
+        elif isinstance(value, Buffer) or name in d.get("_buffers", ()):
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"cannot assign '{typename(value)}' as buffer '{name}' (smalltrain.nn.Buffer, "
+                                "smalltrain.Tensor or None expected)")
+            if d.get("_buffers") is None:
+                raise AttributeError("cannot assign buffer before Module.__init__() call")
+            persistent = value.persistent if isinstance(value, Buffer) else \
+                name not in self._non_persistent_buffers_set
+            self._remove_from(name, d, self._parameters, self._modules)
+            self.register_buffer(name, value, persistent)
+        else:
+            object.__setattr__(self, name, value)
+
+    def _remove_from(self, name, *dicts):
+        for dd in dicts:
+            dd.pop(name, None)
+        self._non_persistent_buffers_set.discard(name)
+
+    def __delattr__(self, name):
+        if name in self._parameters:
+            del self._parameters[name]
+        elif name in self._buffers:
+            del self._buffers[name]
+            self._non_persistent_buffers_set.discard(name)
+        elif name in self._modules:
+            del self._modules[name]
+        else:
+            object.__delattr__(self, name)
+
+    def __dir__(self):
+        keys = dir(self.__class__) + list(self.__dict__) + list(self._parameters) + list(self._modules) + \
+            list(self._buffers)
+        return sorted(k for k in keys if not k[0].isdigit())
+
+    def __deepcopy__(self, memo):
+        # Tensors refuse pickling, which deepcopy falls back to; copy registered ones here first
+        for t in itertools.chain(self.parameters(), self.buffers()):
+            if id(t) not in memo:
+                memo[id(t)] = copy.deepcopy(t, memo) if isinstance(t, (Parameter, Buffer)) else \
+                    Tensor._wrap(t.array.copy())
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
+    # ---- iteration -------------------------------------------------------------------------------------------
+    def _named_members(self, get_members, prefix="", recurse=True, remove_duplicate=True):
+        seen = set()
+        modules = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse else \
+            [(prefix, self)]
+        for module_prefix, module in modules:
+            for k, v in get_members(module):
+                if v is None or id(v) in seen:
+                    continue
+                if remove_duplicate:
+                    seen.add(id(v))
+                yield module_prefix + ("." if module_prefix else "") + k, v
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        return self._named_members(lambda m: m._parameters.items(), prefix, recurse, remove_duplicate)
+
+    def parameters(self, recurse=True):
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+        return self._named_members(lambda m: m._buffers.items(), prefix, recurse, remove_duplicate)
+
+    def buffers(self, recurse=True):
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    def named_children(self):
+        seen = set()
+        for name, module in self._modules.items():
+            if module is not None and id(module) not in seen:
+                seen.add(id(module))
+                yield name, module
+
+    def children(self):
+        for _, m in self.named_children():
+            yield m
+
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        if memo is None:
+            memo = set()
+        if self in memo:
+            return
+        if remove_duplicate:
+            memo.add(self)
+        yield prefix, self
+        for name, module in self._modules.items():
+            if module is not None:
+                yield from module.named_modules(memo, prefix + ("." if prefix else "") + name, remove_duplicate)
+
+    def modules(self):
+        for _, m in self.named_modules():
+            yield m
+
+    def get_submodule(self, target):
+        """The submodule at dotted path `target` ("" is self); AttributeError naming the missing part."""
+        mod = self
+        for item in target.split(".") if target else ():
+            if not hasattr(mod, item):
+                raise AttributeError(mod._get_name() + " has no attribute `" + item + "`")
+            mod = getattr(mod, item)
+            if not isinstance(mod, Module):
+                raise AttributeError("`" + item + "` is not an nn.Module")  # noqa: TRY004 - torch's type
+        return mod
+
+    def get_parameter(self, target):
+        module_path, _, name = target.rpartition(".")
+        mod = self.get_submodule(module_path)
+        if not hasattr(mod, name):
+            raise AttributeError(mod._get_name() + " has no attribute `" + name + "`")
+        p = getattr(mod, name)
+        if not isinstance(p, Parameter):
+            raise AttributeError("`" + name + "` is not an nn.Parameter")  # noqa: TRY004 - torch's type
+        return p
+
+    # ---- modes and gradients ---------------------------------------------------------------------------------
+    def train(self, mode=True):
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")  # noqa: TRY004 - torch's type
+        self.training = mode
+        for m in self.children():
+            m.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad=True):
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def zero_grad(self, set_to_none=True):
+        """Drop every parameter's .grad (set_to_none=False: zero it in place, keeping the array)."""
+        for p in self.parameters():
+            if p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad._ctx = None
+                    p.grad.requires_grad = False
+                    p.grad.array.fill(0)
+
+    def apply(self, fn):
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
+    # ---- conversion (in place: whoever holds a Parameter, e.g. an optimizer, keeps seeing the new array) ----
+    def _apply(self, fn):
+        """Replace the array of every parameter, gradient and buffer `a` by fn(a), keeping the Tensor objects."""
+        done = set()
+        for m in self.modules():
+            for t in itertools.chain(m._parameters.values(), m._buffers.values()):
+                if t is None or id(t) in done:
+                    continue
+                done.add(id(t))
+                t.array = fn(t.array)
+                if t.grad is not None:
+                    t.grad.array = fn(t.grad.array)
+        return self
+
+    def to(self, *args, **kwargs):
+        """to(device), to(dtype), to(device, dtype), to(tensor): only floating point tensors change dtype."""
+        device, dtype = _parse_to(args, kwargs)
+        np_dtype = None if dtype is None else _dtype.to_numpy_dtype(dtype)
+        if np_dtype is not None and np_dtype.kind not in "fc":
+            raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, but got desired "
+                            f"dtype={_dtype.from_numpy_dtype(np_dtype)}")
+
+        def convert(a):
+            if device is not None:
+                a = to_device(a, device)
+            if np_dtype is not None and a.dtype.kind in "fc" and a.dtype != np_dtype:
+                a = a.astype(np_dtype)
+            return a
+        return self._apply(convert)
+
+    def cuda(self, device=None):
+        return self.to(Device("cuda") if device is None else as_device(device))
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def _cast_floats(self, np_dtype):
+        return self._apply(lambda a: a.astype(np_dtype) if a.dtype.kind == "f" and a.dtype != np_dtype else a)
+
+    def float(self):
+        return self._cast_floats(np.dtype(np.float32))
+
+    def double(self):
+        return self._cast_floats(np.dtype(np.float64))
+
+    def half(self):
+        return self._cast_floats(np.dtype(np.float16))
+
+    def type(self, dst_type):
+        """Cast every parameter and buffer (integer ones too) to dst_type."""
+        np_dtype = _dtype.to_numpy_dtype(dst_type)
+        return self._apply(lambda a: a if a.dtype == np_dtype else a.astype(np_dtype))
+
+    # ---- state_dict ------------------------------------------------------------------------------------------
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        for name, p in self._parameters.items():
+            if p is not None:
+                destination[prefix + name] = p if keep_vars else p.detach()
+        for name, b in self._buffers.items():
+            if b is not None and name not in self._non_persistent_buffers_set:
+                destination[prefix + name] = b if keep_vars else b.detach()
+
+    def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
+        """An OrderedDict name -> Tensor (detached, sharing memory) of parameters and persistent buffers, keys
+        like `features.0.weight` in registration order, as torch's."""
+        if args:  # torch's deprecated positional form: (destination, prefix, keep_vars)
+            destination = args[0] if destination is None else destination
+            prefix = args[1] if len(args) > 1 and prefix == "" else prefix
+            keep_vars = args[2] if len(args) > 2 and keep_vars is False else keep_vars
+        if destination is None:
+            destination = OrderedDict()
+            destination._metadata = OrderedDict()
+        if hasattr(destination, "_metadata"):
+            destination._metadata[prefix[:-1]] = {"version": self._version}
+        self._save_to_state_dict(destination, prefix, keep_vars)
+        for name, m in self._modules.items():
+            if m is not None:
+                m.state_dict(destination=destination, prefix=prefix + name + ".", keep_vars=keep_vars)
+        return destination
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Copy this module's own entries of `state_dict` (keys starting with `prefix`) into its tensors."""
+        persistent = {k: v for k, v in self._buffers.items() if k not in self._non_persistent_buffers_set}
+        local_state = {k: v for k, v in itertools.chain(self._parameters.items(), persistent.items())
+                       if v is not None}
+        assign = local_metadata.get("assign_to_params_buffers", False)
+        for name, param in local_state.items():
+            key = prefix + name
+            if key not in state_dict:
+                if strict:
+                    missing_keys.append(key)
+                continue
+            value = state_dict[key]
+            if not _is_array_like(value):
+                error_msgs.append(f'While copying the parameter named "{key}", expected smalltrain.Tensor or an '
+                                  f"array from checkpoint but received {type(value)}")
+                continue
+            if param.ndim == 0 and len(value.shape) == 1 and value.shape[0] == 1:
+                value = value[0]  # torch's compatibility with 1-element checkpoints of scalars
+            if tuple(value.shape) != tuple(param.shape):
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape {Size(value.shape)} from "
+                                  f"checkpoint, the shape in current model is {param.shape}.")
+                continue
+            try:
+                if assign:
+                    self._assign(name, param, value)
+                else:
+                    _copy_into(param, value)
+            except Exception as ex:  # noqa: BLE001 - reported with the other problems, as torch does
+                error_msgs.append(f'While copying the parameter named "{key}", whose dimensions in the model are '
+                                  f"{param.shape} and whose dimensions in the checkpoint are {Size(value.shape)}, "
+                                  f"an exception occurred : {ex.args}.")
+        if strict:
+            for key in state_dict:
+                if key.startswith(prefix):
+                    parts = key[len(prefix):].split(".", 1)
+                    if (parts[0] not in self._modules) if len(parts) > 1 else (parts[0] not in local_state):
+                        unexpected_keys.append(key)
+
+    def _assign(self, name, param, value):
+        t = value if isinstance(value, Tensor) else Tensor._wrap(value)
+        if isinstance(param, Parameter):
+            t = t if isinstance(t, Parameter) else Parameter(t, requires_grad=param.requires_grad)
+            t.requires_grad = param.requires_grad
+        setattr(self, name, t)
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """Copy `state_dict`'s values (Tensors or arrays) into this module's parameters and buffers in place.
+        Returns (missing_keys, unexpected_keys); one RuntimeError lists every problem (strict: also every missing
+        and unexpected key), in torch's format."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
+        missing, unexpected, errors = [], [], []
+        metadata = getattr(state_dict, "_metadata", None)
+        state_dict = OrderedDict(state_dict)  # a copy: _load_from_state_dict may add entries
+
+        def load(module, local, prefix=""):
+            meta = {} if metadata is None else dict(metadata.get(prefix[:-1], {}))
+            if assign:
+                meta["assign_to_params_buffers"] = True
+            module._load_from_state_dict(local, prefix, meta, True, missing, unexpected, errors)
+            for name, child in module._modules.items():
+                if child is not None:
+                    child_prefix = prefix + name + "."
+                    load(child, {k: v for k, v in local.items() if k.startswith(child_prefix)}, child_prefix)
+        load(self, state_dict)
+        if strict:
+            if unexpected:
+                errors.insert(0, "Unexpected key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in
+                                                                                       unexpected)))
+            if missing:
+                errors.insert(0, "Missing key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in missing)))
+        if errors:
+            raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(type(self).__name__,
+                                                                                     "\n\t".join(errors)))
+        return _IncompatibleKeys(missing, unexpected)
+
+    # ---- repr ------------------------------------------------------------------------------------------------
+    def _get_name(self):
+        return type(self).__name__
+
+    def extra_repr(self):
+        return ""
+
+    def __repr__(self):
+        extra = self.extra_repr()
+        extra_lines = extra.split("\n") if extra else []
+        child_lines = ["(" + key + "): " + _addindent(repr(m), 2) for key, m in self._modules.items()]
+        lines = extra_lines + child_lines
+        s = self._get_name() + "("
+        if lines:
+            if len(extra_lines) == 1 and not child_lines:
+                s += extra_lines[0]
+            else:
+                s += "\n  " + "\n  ".join(lines) + "\n"
+        return s + ")"
+
+
+def _parse_to(args, kwargs):
+    """(device, dtype) from Module.to's forms; non_blocking and memory_format are accepted and ignored."""
+    device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    kwargs.pop("non_blocking", None)
+    kwargs.pop("memory_format", None)
+    if kwargs:
+        raise TypeError(f"to() got an unexpected keyword argument '{next(iter(kwargs))}'")
+    for a in args:
+        if isinstance(a, Tensor):
+            device, dtype = a.device, a.dtype
+        elif isinstance(a, (_dtype.dtype, np.dtype)) or (isinstance(a, type) and issubclass(a, np.generic)):
+            dtype = a
+        elif isinstance(a, bool):
+            continue  # non_blocking
+        elif isinstance(a, (str, int, Device)):
+            device = a
+        else:
+            raise TypeError(f"to() received an invalid combination of arguments: {typename(a)}")
+    return (None if device is None else as_device(device)), dtype

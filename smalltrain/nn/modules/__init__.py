@@ -1,0 +1,39 @@
+"""The layers of smalltrain.nn, one family per file as in torch.nn.modules."""
+from .activation import GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Tanh
+from .batchnorm import BatchNorm1d, BatchNorm2d
+from .container import ModuleDict, ModuleList, Sequential
+from .conv import Conv2d
+from .dropout import Dropout
+from .flatten import Flatten, Unflatten
+from .linear import Identity, Linear
+from .loss import CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
+from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+
+__all__ = [
+           "GELU",
+           "AdaptiveAvgPool2d",
+           "AvgPool2d",
+           "BatchNorm1d",
+           "BatchNorm2d",
+           "Conv2d",
+           "CrossEntropyLoss",
+           "Dropout",
+           "Flatten",
+           "Identity",
+           "L1Loss",
+           "LeakyReLU",
+           "Linear",
+           "LogSoftmax",
+           "MSELoss",
+           "MaxPool2d",
+           "ModuleDict",
+           "ModuleList",
+           "NLLLoss",
+           "ReLU",
+           "Sequential",
+           "SiLU",
+           "Sigmoid",
+           "Softmax",
+           "Tanh",
+           "Unflatten",
+]

@@ -1,0 +1,153 @@
+"""2-D convolution with torch.nn.functional.conv2d's signature: im2col + one GEMM forward; GEMMs + col2im back.
+
+Images go through the GEMMs batch-innermost ([C, H, W, N], see backend/cpu.py); the output is handed back as an
+[N, C, H, W]-shaped view of that memory, so a following conv or pool reads it without a transpose copy.
+"""
+import operator
+
+from ..autograd.function import Function
+from ..backend import cpu
+from ._util import check_same_device, xp_of
+
+
+def _shape(a):
+    return list(a.shape)
+
+
+def _ints(name, value, n=2):
+    """An int or a sequence of n ints -> tuple of n ints; TypeError / RuntimeError like torch otherwise."""
+    vals = value if isinstance(value, (tuple, list)) else (value,)
+    try:
+        vals = tuple(operator.index(v) for v in vals)
+    except TypeError:
+        raise TypeError(f"conv2d: {name} must be an int or a tuple of {n} ints, got {value!r}") from None
+    if len(vals) == 1:
+        return vals * n
+    if len(vals) != n:
+        raise RuntimeError(f"conv2d: expected {name} to be a single integer value or a list of {n} values to match "
+                           f"the convolution dimensions, but got {name}={list(vals)}")
+    return vals
+
+
+def _padding(padding, stride, dilation, kernel):
+    """(top, bottom, left, right); 'same' pads like torch: total d*(k-1), the odd extra row/column at the end."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0, 0)
+        if padding != "same":
+            raise RuntimeError(f"conv2d: Invalid padding string: {padding!r} (expected 'same' or 'valid')")
+        if stride != (1, 1):
+            raise RuntimeError(f"conv2d: padding='same' is not supported for strided convolutions, got "
+                               f"stride={list(stride)}")
+        out = []
+        for d, k in zip(dilation, kernel):
+            total = d * (k - 1)
+            out += [total // 2, total - total // 2]
+        return tuple(out)
+    ph, pw = _ints("padding", padding)
+    if ph < 0 or pw < 0:
+        raise RuntimeError(f"conv2d: negative padding is not supported, got padding={[ph, pw]}")
+    return (ph, ph, pw, pw)
+
+
+def _check(x, w, b, stride, padding, dilation, groups):
+    """Validate everything before any work; returns (stride, pads, dilation, groups) normalized."""
+    if x.ndim not in (3, 4):
+        raise RuntimeError(f"conv2d: expected 3D (unbatched) or 4D (batched) input, but got input of size: "
+                           f"{_shape(x)}")
+    if w.ndim != 4:
+        raise RuntimeError(f"conv2d: expected a 4D weight [out_channels, in_channels/groups, kH, kW], got weight "
+                           f"{_shape(w)}")
+    stride, dilation = _ints("stride", stride), _ints("dilation", dilation)
+    if min(stride) <= 0:
+        raise RuntimeError(f"conv2d: non-positive stride is not supported, got stride={list(stride)}")
+    if min(dilation) <= 0:
+        raise RuntimeError(f"conv2d: non-positive dilation is not supported, got dilation={list(dilation)}")
+    pads = _padding(padding, stride, dilation, w.shape[2:])
+    groups = operator.index(groups)
+    if groups <= 0:
+        raise RuntimeError(f"conv2d: non-positive groups is not supported, got groups={groups}")
+    o, cg = w.shape[:2]
+    if o < groups or o % groups:
+        raise RuntimeError(f"conv2d: Given groups={groups}, expected weight to be divisible by {groups} at "
+                           f"dimension 0, but got weight of size {_shape(w)}")
+    xs = x.shape if x.ndim == 4 else (1,) + x.shape
+    if xs[1] != cg * groups:
+        raise RuntimeError(f"conv2d: expected input with {cg * groups} channels (weight {_shape(w)}, groups={groups})"
+                           f", got input {list(xs)}")
+    if b is not None and (b.ndim != 1 or b.shape[0] != o):
+        raise RuntimeError(f"conv2d: expected bias to be 1-dimensional with {o} elements (weight {_shape(w)}), "
+                           f"but got bias of size {_shape(b)}")
+    for name, a in (("weight", w), ("bias", b)):
+        if a is not None and a.dtype != x.dtype:
+            raise RuntimeError(f"conv2d: expected {name} to have the input's dtype {x.dtype}, got {a.dtype}")
+    padded = (xs[2] + pads[0] + pads[1], xs[3] + pads[2] + pads[3])
+    extent = tuple(d * (k - 1) + 1 for d, k in zip(dilation, w.shape[2:]))
+    if padded[0] < extent[0] or padded[1] < extent[1]:
+        raise RuntimeError(f"conv2d: Calculated padded input size per channel: ({padded[0]} x {padded[1]}). "
+                           f"Kernel size: ({extent[0]} x {extent[1]}). Kernel size can't be greater than actual "
+                           f"input size")
+    return stride, pads, dilation, groups
+
+
+class Conv2d(Function):
+    """out[n, o] = sum over c in o's group, i, j of w[o, c, i, j] * xpad[n, c, oh*s + i*d, ow*s + j*d] + b[o]."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, stride, pads, dilation, groups):
+        x, w = input.array, weight.array
+        unbatched = x.ndim == 3
+        if unbatched:
+            x = x[None]
+        n, _, h, wd = x.shape
+        o, cg, kh, kw = w.shape
+        padded = (h + pads[0] + pads[1], wd + pads[2] + pads[3])
+        out_hw = tuple((p - d * (k - 1) - 1) // s + 1 for p, d, k, s in zip(padded, dilation, (kh, kw), stride))
+        xpad = cpu.pad_batch_inner(x, pads)
+        cols = cpu.im2col(xpad, (kh, kw), stride, dilation, out_hw, groups)
+        # weight rows in the (kh, kw, c) order of the cols rows
+        og = o // groups
+        w2 = w.reshape(groups, og, cg, kh, kw).transpose(0, 1, 3, 4, 2).reshape(groups, og, kh * kw * cg)
+        out = w2[0] @ cols[0] if groups == 1 else w2 @ cols
+        out = out.reshape(o, out_hw[0], out_hw[1], n)
+        if bias is not None:
+            out += bias.array[:, None, None, None]
+        need = ctx.needs_input_grad
+        ctx.geom = (xpad.shape, (kh, kw), stride, dilation, out_hw, groups, pads, (h, wd), unbatched)
+        ctx.cols = cols if need[1] else None
+        ctx.w2 = w2 if need[0] else None
+        out = out.transpose(3, 0, 1, 2)
+        return out[0] if unbatched else out
+
+    @staticmethod
+    def backward(ctx, dout):
+        padded_shape, kernel, stride, dilation, out_hw, groups, pads, (h, wd), unbatched = ctx.geom
+        g = dout.array[None] if unbatched else dout.array
+        xp = xp_of(g)
+        o, cols_n = g.shape[1], g.shape[0] * out_hw[0] * out_hw[1]
+        gt = xp.ascontiguousarray(g.transpose(1, 2, 3, 0)).reshape(groups, o // groups, cols_n)
+        need = ctx.needs_input_grad
+        dx = dw = db = None
+        if need[2]:
+            db = gt.reshape(o, cols_n).sum(axis=1)
+        if need[1]:
+            cols = ctx.cols
+            dw2 = gt[0] @ cols[0].T if groups == 1 else gt @ cols.transpose(0, 2, 1)
+            cg = padded_shape[0] // groups
+            dw = dw2.reshape(o, kernel[0], kernel[1], cg).transpose(0, 3, 1, 2)
+        if need[0]:
+            w2 = ctx.w2
+            dcols = w2[0].T @ gt[0] if groups == 1 else w2.transpose(0, 2, 1) @ gt
+            dxpad = cpu.col2im(dcols, padded_shape, kernel, stride, dilation, out_hw, groups)
+            dx = dxpad[:, pads[0]:pads[0] + h, pads[2]:pads[2] + wd].transpose(3, 0, 1, 2)
+            if unbatched:
+                dx = dx[0]
+        return dx, dw, db
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv2d: input [N, C, H, W] or [C, H, W], weight [O, C/groups, kH, kW], bias [O]."""
+    check_same_device("conv2d", input, weight, bias)
+    stride, pads, dilation, groups = _check(input.array, weight.array, None if bias is None else bias.array,
+                                            stride, padding, dilation, groups)
+    return Conv2d.apply(input, weight, bias, stride, pads, dilation, groups)

@@ -1,0 +1,441 @@
+"""Losses, each one fused Function: cross_entropy (log_softmax + NLL in one pass, for class indices or class
+probabilities, with weights, ignore_index and label smoothing as torch), nll_loss, mse_loss, l1_loss,
+binary_cross_entropy and binary_cross_entropy_with_logits. Inputs are viewed as [N, C, M] (M = spatial size).
+"""
+import math
+import warnings
+
+import numpy as np
+
+from ..autograd.function import Function
+from ._util import check_same_device, xp_of
+from .activation import _stable_sigmoid, expect_tensor
+
+_EPS12 = float(np.float32(1e-12))   # torch's EPSILON in binary_cross_entropy_backward, a float constant
+
+
+def _quiet():
+    # 0/0 for an empty batch or all-ignored targets is NaN in torch too; NumPy would also warn about it
+    return np.errstate(divide="ignore", invalid="ignore", over="ignore")
+
+
+def _reduction(op, input, target, reduction, size_average=None, reduce=None):
+    """The reduction string (the legacy size_average/reduce flags map onto it as in torch), after type checks."""
+    expect_tensor(op, input)
+    expect_tensor(op, target, "target", 2)
+    if size_average is not None or reduce is not None:
+        warnings.warn("size_average and reduce args will be deprecated, please use reduction= instead.",
+                      UserWarning, stacklevel=3)
+        sa = True if size_average is None else size_average
+        reduction = "none" if reduce is False else ("mean" if sa else "sum")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{reduction} is not a valid value for reduction (expected 'none', 'mean' or 'sum')")
+    return reduction
+
+
+def _reduce(loss, reduction, denom=None):
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    if reduction == "sum":
+        return total
+    with _quiet():
+        return total / (loss.size if denom is None else denom)
+
+
+def _scale(g, reduction, denom, shape):
+    """The upstream gradient as a per-element factor: g itself, a scalar, or g / denom."""
+    if reduction == "none":
+        return g.reshape(shape)
+    with _quiet():
+        return g if reduction == "sum" else g / denom
+
+
+# ---- class-index targets: shared layout and checks -----------------------------------------------------------
+
+def _class_layout(op, a, t, weight):
+    """Input as [N, C, M], target as [N, M] int64 and the 'none' output shape, after torch's checks."""
+    if t.dtype != np.int64 and t.dtype != np.uint8:
+        raise RuntimeError(f"{op}: expected target dtype to be Long or Byte, but got {t.dtype} "
+                           f"(target shape {list(t.shape)})")
+    if a.ndim == 1:
+        if t.ndim > 1:
+            raise RuntimeError(f"{op}: 0D or 1D target tensor expected, multi-target not supported (input "
+                               f"{list(a.shape)}, target {list(t.shape)})")
+        if t.ndim == 1 and t.shape[0] != 1:
+            raise ValueError(f"{op}: For 1D input, 1D target must have size 1, but got target size: {t.shape[0]}")
+        n, c, m, out_shape = 1, a.shape[0], 1, ()
+    else:
+        if t.ndim == 0 or a.shape[0] != t.shape[0]:
+            raise ValueError(f"{op}: Expected input batch_size ({a.shape[0]}) to match target batch_size "
+                             f"({t.shape[0] if t.ndim else 0}).")
+        if a.ndim == 2 and t.ndim != 1:
+            raise RuntimeError(f"{op}: 0D or 1D target tensor expected, multi-target not supported (input "
+                               f"{list(a.shape)}, target {list(t.shape)})")
+        if a.ndim > 2 and t.shape[1:] != a.shape[2:]:
+            raise RuntimeError(f"{op}: size mismatch (got input: {list(a.shape)}, target: {list(t.shape)}); "
+                               f"expected target [{a.shape[0]}, {', '.join(map(str, a.shape[2:]))}]")
+        n, c, m, out_shape = a.shape[0], a.shape[1], math.prod(a.shape[2:]), t.shape
+    _check_weight(op, weight, c)
+    return a.reshape(n, c, m), t.reshape(n, m).astype(np.int64, copy=False), out_shape
+
+
+def _check_weight(op, weight, c):
+    if weight is not None and (weight.array.ndim != 1 or weight.array.shape[0] != c):
+        raise RuntimeError(f"{op}: weight tensor should be defined either for all {c} classes or no classes but "
+                           f"got weight tensor of shape: {list(weight.array.shape)}")
+
+
+def _targets(op, t2, c, weight, ignore_index, dtype):
+    """Per (n, m): whether counted, a safe class index, the class weight (0 where ignored), the index arrays."""
+    xp = xp_of(t2)
+    valid = t2 != ignore_index
+    bad = valid & ((t2 < 0) | (t2 >= c))
+    if bad.any():
+        raise IndexError(f"{op}: Target {int(t2[bad][0])} is out of bounds (classes 0..{c - 1}, "
+                         f"ignore_index={ignore_index}).")
+    ts = xp.where(valid, t2, 0)
+    w_t = valid.astype(dtype) if weight is None or c == 0 else xp.where(valid, weight[ts], 0).astype(dtype, copy=False)
+    idx = (xp.arange(t2.shape[0])[:, None], ts, xp.arange(t2.shape[1])[None, :])
+    return valid, w_t, idx
+
+
+class CrossEntropy(Function):
+    """Class-index targets. Forward: one shifted copy of the input, exponentiated in place after the target and
+    smoothing terms are read from it. Backward: softmax * A - B (B at the targets and, with smoothing, w / C)."""
+
+    @staticmethod
+    def forward(ctx, x, target, weight, ignore_index, reduction, eps):
+        a3, t2, out_shape = _class_layout("cross_entropy", x.array, target.array, weight)
+        xp, c = xp_of(a3), a3.shape[1]
+        w = None if weight is None else weight.array.astype(a3.dtype, copy=False)
+        valid, w_t, idx = _targets("cross_entropy", t2, c, w, ignore_index, a3.dtype)
+        ctx.in_shape, ctx.reduction, ctx.denom = x.array.shape, reduction, w_t.sum()
+        if c == 0:   # the bounds check passed, so every target is ignored: the loss is 0 (or 0/0 for 'mean')
+            return _reduce(xp.zeros(out_shape, a3.dtype), reduction, ctx.denom)
+        e = a3 - a3.max(axis=1, keepdims=True)
+        s_t = e[idx]
+        ws = (e if w is None else e * w[:, None]).sum(axis=1) if eps else None
+        xp.exp(e, out=e)
+        se = e.sum(axis=1)
+        with _quiet():
+            lse = xp.log(se)
+            loss = xp.where(valid, w_t * (lse - s_t), 0)
+            if eps:   # torch: (1 - eps) * nll + eps / C * smooth, smooth = -sum_c w_c log p_c (0 where ignored)
+                big_w = c if w is None else w.sum()
+                loss = (1 - eps) * loss + (eps / c) * xp.where(valid, big_w * lse - ws, 0)
+        ctx.e, ctx.se, ctx.w, ctx.valid, ctx.w_t, ctx.idx, ctx.eps = e, se, w, valid, w_t, idx, eps
+        return _reduce(loss.reshape(out_shape), reduction, ctx.denom)
+
+    @staticmethod
+    def backward(ctx, dout):
+        if not hasattr(ctx, "e"):
+            return xp_of(dout.array).zeros(ctx.in_shape, dout.array.dtype), None
+        e, w, eps = ctx.e, ctx.w, ctx.eps
+        n, c, m = e.shape
+        xp = xp_of(e)
+        with _quiet():
+            scale = _scale(dout.array, ctx.reduction, ctx.denom, (n, m))
+            # ignored targets get exactly 0, even when 'mean' divides by a zero total weight (as in torch)
+            vs = xp.where(ctx.valid, scale, 0)
+            nll = xp.where(ctx.valid, scale * ((1 - eps) * ctx.w_t), 0)
+            big_w = c if w is None else w.sum()
+            dx = e * ((nll + vs * (eps * big_w / c)) / ctx.se)[:, None, :]
+            if eps:
+                dx -= (vs * (eps / c))[:, None, :] * (1 if w is None else w[:, None])
+            dx[ctx.idx] -= nll
+        return dx.reshape(ctx.in_shape), None
+
+
+class CrossEntropyProb(Function):
+    """Class-probability targets (same shape as the input): loss = -sum_c w_c t_c log p_c, mean over samples."""
+
+    @staticmethod
+    def forward(ctx, x, target, weight, reduction, eps):
+        a, t = x.array, target.array
+        dt = np.result_type(a.dtype, t.dtype)
+        shape = a.shape
+        n, c = (1, shape[0]) if a.ndim == 1 else shape[:2]
+        m = math.prod(shape[2:])
+        a3, t3 = a.reshape(n, c, m).astype(dt, copy=False), t.reshape(n, c, m).astype(dt, copy=False)
+        xp = xp_of(a3)
+        if eps:
+            t3 = t3 * (1 - eps) + eps / c
+        w = None if weight is None else weight.array.astype(dt, copy=False)[:, None]
+        wt = t3 if w is None else t3 * w
+        s = a3 - a3.max(axis=1, keepdims=True) if a3.size else a3.copy()
+        e = xp.exp(s)
+        with _quiet():
+            se = e.sum(axis=1)
+            lse = xp.log(se)
+            swt = wt.sum(axis=1)
+            loss = swt * lse - (wt * s).sum(axis=1)
+        if ctx.needs_input_grad[1]:
+            ctx.logp = s - lse[:, None, :]
+        ctx.e, ctx.se, ctx.wt, ctx.swt, ctx.w = e, se, wt, swt, w
+        ctx.eps, ctx.reduction, ctx.nm, ctx.shape = eps, reduction, (n, m), shape
+        return _reduce(loss.reshape(shape[:1] + shape[2:] if a.ndim > 1 else ()), reduction, n * m)
+
+    @staticmethod
+    def backward(ctx, dout):
+        n, m = ctx.nm
+        scale = _scale(dout.array, ctx.reduction, n * m, (n, m))
+        s3 = scale[:, None, :] if ctx.reduction == "none" else scale
+        dx = dt = None
+        with _quiet():
+            if ctx.needs_input_grad[0]:
+                dx = (ctx.e * (scale * ctx.swt / ctx.se)[:, None, :] - ctx.wt * s3).reshape(ctx.shape)
+            if ctx.needs_input_grad[1]:
+                lw = ctx.logp if ctx.w is None else ctx.logp * ctx.w
+                dt = (lw * (-(1 - ctx.eps) * s3)).reshape(ctx.shape)
+        return dx, dt
+
+
+class NLLLoss(Function):
+    @staticmethod
+    def forward(ctx, x, target, weight, ignore_index, reduction):
+        a3, t2, out_shape = _class_layout("nll_loss", x.array, target.array, weight)
+        w = None if weight is None else weight.array.astype(a3.dtype, copy=False)
+        valid, w_t, idx = _targets("nll_loss", t2, a3.shape[1], w, ignore_index, a3.dtype)
+        xp = xp_of(a3)
+        with _quiet():
+            loss = xp.where(valid, -w_t * a3[idx], 0) if a3.shape[1] else xp.zeros(w_t.shape, a3.dtype)
+        denom = w_t.sum()
+        ctx.shape, ctx.w_t, ctx.valid, ctx.idx = a3.shape, w_t, valid, idx
+        ctx.reduction, ctx.denom = reduction, denom
+        ctx.in_shape = x.array.shape
+        return _reduce(loss.reshape(out_shape), reduction, denom)
+
+    @staticmethod
+    def backward(ctx, dout):
+        g = dout.array
+        xp = xp_of(g)
+        dx = xp.zeros(ctx.shape, g.dtype)
+        if ctx.shape[1] == 0:
+            return dx.reshape(ctx.in_shape), None
+        with _quiet():
+            dx[ctx.idx] = xp.where(ctx.valid, -ctx.w_t * _scale(g, ctx.reduction, ctx.denom, ctx.w_t.shape), 0)
+        return dx.reshape(ctx.in_shape), None
+
+
+# ---- elementwise losses ---------------------------------------------------------------------------------------
+
+def _pair(op, x, y, same_dtype=False):
+    """Raw input and target in one float dtype; torch's errors for integer pairs and shapes that do not broadcast."""
+    a, b = x.array, y.array
+    if a.dtype.kind != "f" and b.dtype.kind != "f":
+        raise NotImplementedError(f"{op}: not implemented for {x.dtype} input and {y.dtype} target; expected "
+                                  "floating point tensors")
+    if same_dtype and a.dtype != b.dtype:
+        raise RuntimeError(f"{op}: Found dtype {b.dtype} but expected {a.dtype} (target must have the input's "
+                           "dtype)")
+    dt = a.dtype if b.dtype.kind != "f" else b.dtype if a.dtype.kind != "f" else np.result_type(a.dtype, b.dtype)
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise RuntimeError(f"{op}: The size of tensor a ({list(a.shape)}) must match the size of tensor b "
+                           f"({list(b.shape)}): the shapes do not broadcast") from None
+    return a.astype(dt, copy=False), b.astype(dt, copy=False)
+
+
+class _Elementwise(Function):
+    """loss = reduce(weight * f(input, target)); a subclass gives `fwd(xp, a, b) -> (loss, saved)` and
+    `bwd(xp, s, saved) -> d input` (the target gets its negative), s being the upstream gradient already scaled.
+    With a weight, 'mean' divides by sum(weight) as torch does."""
+
+    @staticmethod
+    def forward(ctx, x, y, weight, reduction):
+        cls = ctx.fn
+        a, b = _pair(cls.name, x, y)
+        w = None if weight is None else weight.array.astype(a.dtype, copy=False)
+        with _quiet():
+            loss, ctx.saved = cls.fwd(xp_of(a), a, b)
+            if w is not None:
+                loss = loss * w
+        ctx.reduction, ctx.w, ctx.n = reduction, w, loss.size if w is None else w.sum()
+        return _reduce(loss, reduction, ctx.n)
+
+    @staticmethod
+    def backward(ctx, dout):
+        s = _scale(dout.array, ctx.reduction, ctx.n, dout.array.shape)
+        if ctx.w is not None:
+            s = s * ctx.w
+        dx = ctx.fn.bwd(xp_of(dout.array), s, ctx.saved)
+        return dx, (-dx if ctx.needs_input_grad[1] else None), None, None
+
+
+class MSELoss(_Elementwise):
+    name = "mse_loss"
+
+    @staticmethod
+    def fwd(xp, a, b):
+        d = a - b
+        return d * d, d
+
+    bwd = staticmethod(lambda xp, s, d: 2 * d * s)
+
+
+class L1Loss(_Elementwise):
+    name = "l1_loss"
+
+    @staticmethod
+    def fwd(xp, a, b):
+        d = a - b
+        return xp.abs(d), d
+
+    bwd = staticmethod(lambda xp, s, d: xp.sign(d) * s)
+
+
+def _pointwise_loss(fn, input, target, size_average, reduce, reduction, weight):
+    op = fn.name
+    reduction = _reduction(op, input, target, reduction, size_average, reduce)
+    check_same_device(op, input, target, weight)
+    if input.array.shape != target.array.shape:
+        warnings.warn(f"Using a target size ({list(target.array.shape)}) that is different to the input size "
+                      f"({list(input.array.shape)}). This will likely lead to incorrect results due to "
+                      "broadcasting. Please ensure they have the same size.", UserWarning, stacklevel=3)
+    if weight is not None and weight.array.shape != input.array.shape:
+        raise ValueError(f"{op}: Weights and input must have the same size (weight {list(weight.array.shape)}, "
+                         f"input {list(input.array.shape)})")
+    return fn.apply(input, target, weight, reduction)
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    return _pointwise_loss(MSELoss, input, target, size_average, reduce, reduction, weight)
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    return _pointwise_loss(L1Loss, input, target, size_average, reduce, reduction, weight)
+
+
+# ---- binary cross-entropy -------------------------------------------------------------------------------------
+
+def _weights(op, shape, xp, dtype, *weights):
+    out = []
+    for w in weights:
+        if w is None:
+            out.append(None)
+            continue
+        try:
+            np.broadcast_shapes(w.array.shape, shape)
+        except ValueError:
+            raise RuntimeError(f"{op}: weight of shape {list(w.array.shape)} does not broadcast to the input's "
+                               f"shape {list(shape)}") from None
+        out.append(w.array.astype(dtype, copy=False))
+    return out
+
+
+class BinaryCrossEntropy(Function):
+    @staticmethod
+    def forward(ctx, x, y, weight, reduction):
+        a, b = _pair("binary_cross_entropy", x, y, same_dtype=True)
+        xp = xp_of(a)
+        if not bool(((a >= 0) & (a <= 1)).all()):
+            raise RuntimeError("binary_cross_entropy: all elements of input should be between 0 and 1")
+        (w,) = _weights("binary_cross_entropy", a.shape, xp, a.dtype, weight)
+        with _quiet():
+            log_x, log_1mx = xp.log(a), xp.log1p(-a)
+            loss = (b - 1) * xp.maximum(log_1mx, -100) - b * xp.maximum(log_x, -100)   # torch's clamp at -100
+        if w is not None:
+            loss = loss * w
+        ctx.a, ctx.b, ctx.w, ctx.logit, ctx.reduction, ctx.n = a, b, w, log_1mx - log_x, reduction, loss.size
+        return _reduce(loss, reduction)
+
+    @staticmethod
+    def backward(ctx, dout):
+        s = _scale(dout.array, ctx.reduction, ctx.n, dout.array.shape)
+        if ctx.w is not None:
+            s = s * ctx.w
+        a = ctx.a
+        with _quiet():
+            dx = s * (a - ctx.b) / xp_of(a).maximum((1 - a) * a, _EPS12)
+        return dx, s * ctx.logit, None, None
+
+
+class BinaryCrossEntropyWithLogits(Function):
+    @staticmethod
+    def forward(ctx, x, y, weight, pos_weight, reduction):
+        a, b = _pair("binary_cross_entropy_with_logits", x, y)
+        xp = xp_of(a)
+        w, pw = _weights("binary_cross_entropy_with_logits", a.shape, xp, a.dtype, weight, pos_weight)
+        log_sig = xp.minimum(a, 0) - xp.log1p(xp.exp(-xp.abs(a)))
+        lw = 1 if pw is None else (pw - 1) * b + 1
+        loss = (1 - b) * a - lw * log_sig
+        if w is not None:
+            loss = loss * w
+        ctx.a, ctx.b, ctx.w, ctx.pw, ctx.lw, ctx.log_sig = a, b, w, pw, lw, log_sig
+        ctx.reduction, ctx.n = reduction, loss.size
+        return _reduce(loss, reduction)
+
+    @staticmethod
+    def backward(ctx, dout):
+        s = _scale(dout.array, ctx.reduction, ctx.n, dout.array.shape)
+        if ctx.w is not None:
+            s = s * ctx.w
+        a, b, pw = ctx.a, ctx.b, ctx.pw
+        sig = _stable_sigmoid(xp_of(a), a)
+        dx = s * (sig - b if pw is None else ctx.lw * sig - pw * b)
+        dy = s * (-a if pw is None else -a - (pw - 1) * ctx.log_sig)
+        return dx, dy, None, None, None
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
+                         reduction="mean"):
+    reduction = _reduction("binary_cross_entropy", input, target, reduction, size_average, reduce)
+    check_same_device("binary_cross_entropy", input, target, weight)
+    if input.array.shape != target.array.shape:
+        raise ValueError(f"binary_cross_entropy: Using a target size ({list(target.array.shape)}) that is different "
+                         f"to the input size ({list(input.array.shape)}) is deprecated. Please ensure they have the "
+                         "same size.")
+    return BinaryCrossEntropy.apply(input, target, weight, reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
+                                     reduction="mean", pos_weight=None):
+    reduction = _reduction("binary_cross_entropy_with_logits", input, target, reduction, size_average, reduce)
+    check_same_device("binary_cross_entropy_with_logits", input, target, weight, pos_weight)
+    if input.array.shape != target.array.shape:
+        raise ValueError(f"binary_cross_entropy_with_logits: Target size ({list(target.array.shape)}) must be the "
+                         f"same as input size ({list(input.array.shape)})")
+    return BinaryCrossEntropyWithLogits.apply(input, target, weight, pos_weight, reduction)
+
+
+def _float_check(op, x, what="input"):
+    if x.array.dtype.kind != "f":
+        raise NotImplementedError(f"{op}: not implemented for {x.dtype} {what} of shape {list(x.array.shape)}; "
+                                  "expected a floating point tensor")
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                  reduction="mean", label_smoothing=0.0):
+    reduction = _reduction("cross_entropy", input, target, reduction, size_average, reduce)
+    check_same_device("cross_entropy", input, target, weight)
+    a, t = input.array, target.array
+    if a.ndim == 0:
+        raise IndexError("cross_entropy: Dimension out of range (expected to be in range of [-1, 0], but got 1): "
+                         "expected input [C] or [N, C, ...], got a 0-d tensor")
+    _float_check("cross_entropy", input)
+    eps = float(label_smoothing)
+    if a.shape == t.shape:   # torch reads a target of the input's shape as class probabilities
+        if t.dtype.kind != "f":
+            raise RuntimeError(f"cross_entropy: Expected floating point type for target with class probabilities, "
+                               f"got {target.dtype}")
+        if ignore_index >= 0:
+            raise RuntimeError("cross_entropy: ignore_index is not supported for floating point target")
+    if eps > 1.0:
+        raise RuntimeError(f"cross_entropy: label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    eps = max(eps, 0.0)   # torch ignores a negative label_smoothing
+    if a.shape == t.shape:
+        _check_weight("cross_entropy", weight, a.shape[0] if a.ndim == 1 else a.shape[1])
+        return CrossEntropyProb.apply(input, target, weight, reduction, eps)
+    return CrossEntropy.apply(input, target, weight, ignore_index, reduction, eps)
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+             reduction="mean"):
+    reduction = _reduction("nll_loss", input, target, reduction, size_average, reduce)
+    check_same_device("nll_loss", input, target, weight)
+    if input.array.ndim == 0:
+        raise ValueError("nll_loss: Expected 1 or more dimensions (got 0)")
+    _float_check("nll_loss", input)
+    return NLLLoss.apply(input, target, weight, ignore_index, reduction)

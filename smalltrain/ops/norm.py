@@ -1,0 +1,164 @@
+"""Normalization as fused Functions: batch_norm (batch statistics and in-place running-stat updates in training,
+running statistics in eval) and layer_norm. Each backward is one closed-form pass, never a chain of ops.
+"""
+import numpy as np
+
+from ..autograd.function import Function
+from ._util import check_same_device, xp_of
+from .activation import expect_tensor
+
+
+def _quiet():
+    # the statistics of an empty batch are NaN (as in torch); NumPy would also warn
+    return np.errstate(divide="ignore", invalid="ignore")
+
+
+def _standardize(xp, a, axes, eps):
+    """(x - mean) / sqrt(var + eps) over `axes` with the biased variance, two-pass; also mean, var, 1/std."""
+    if a.size == 0:   # NaN statistics, as torch's, without NumPy's "mean of empty slice" warning
+        stat = xp.full([1 if i in axes else n for i, n in enumerate(a.shape)], np.nan, a.dtype)
+        return a.copy(), stat, stat, stat
+    mean = a.mean(axis=axes, keepdims=True)
+    xhat = a - mean
+    var = (xhat * xhat).mean(axis=axes, keepdims=True)
+    invstd = 1 / xp.sqrt(var + eps)
+    xhat *= invstd
+    return xhat, mean, var, invstd
+
+
+def _affine(xhat, w, b):
+    y = xhat if w is None else xhat * w
+    return y if b is None else y + b
+
+
+class BatchNorm(Function):
+    @staticmethod
+    def forward(ctx, x, running_mean, running_var, weight, bias, training, momentum, eps):
+        a = x.array
+        xp, c = xp_of(a), a.shape[1]
+        axes = (0,) + tuple(range(2, a.ndim))
+        bshape = (1, c) + (1,) * (a.ndim - 2)
+        w = None if weight is None else weight.array.reshape(bshape)
+        b = None if bias is None else bias.array.reshape(bshape)
+        with _quiet():
+            if training:
+                xhat, mean, var, invstd = _standardize(xp, a, axes, eps)
+                if running_mean is not None and a.size:
+                    _update(running_mean.array, mean.reshape(c), momentum)
+                    n = a.size // c   # running_var tracks the unbiased variance, normalization uses the biased one
+                    _update(running_var.array, var.reshape(c) * (n / (n - 1)), momentum)
+            else:
+                invstd = 1 / xp.sqrt(running_var.array.reshape(bshape) + eps)
+                xhat = (a - running_mean.array.reshape(bshape)) * invstd
+        xhat = xhat.astype(a.dtype, copy=False)
+        ctx.xhat, ctx.invstd = xhat, invstd.astype(a.dtype, copy=False)
+        ctx.w, ctx.axes, ctx.training = w, axes, training
+        return _affine(xhat, w, b)
+
+    @staticmethod
+    def backward(ctx, dout):
+        g, xhat, invstd, w, axes = dout.array, ctx.xhat, ctx.invstd, ctx.w, ctx.axes
+        need = ctx.needs_input_grad
+        shape = invstd.shape
+        sum_g = g.sum(axis=axes, keepdims=True)
+        sum_gx = (g * xhat).sum(axis=axes, keepdims=True)
+        dx = None
+        if need[0]:
+            k = invstd if w is None else invstd * w
+            if ctx.training:
+                count = max(g.size // shape[1], 1)
+                dx = k * (g - sum_g / count - xhat * (sum_gx / count))
+            else:
+                dx = g * k
+        dw = sum_gx.reshape(shape[1]) if len(need) > 3 and need[3] else None
+        db = sum_g.reshape(shape[1]) if len(need) > 4 and need[4] else None
+        return dx, None, None, dw, db
+
+
+def _update(stat, value, momentum):
+    """stat <- (1 - momentum) * stat + momentum * value, in place (buffers keep their identity)."""
+    stat *= 1 - momentum
+    stat += (momentum * value).astype(stat.dtype, copy=False)
+
+
+def _check_size(op, what, t, c):
+    if t is not None and t.array.size != c:
+        raise RuntimeError(f"{op}: {what} should contain {c} elements not {t.array.size} (shape "
+                           f"{list(t.array.shape)})")
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    expect_tensor("batch_norm", input)
+    a = input.array
+    check_same_device("batch_norm", input, running_mean, running_var, weight, bias)
+    if not isinstance(momentum, (int, float)) or isinstance(momentum, bool):
+        raise TypeError(f"batch_norm(): argument 'momentum' must be float, not {type(momentum).__name__}")
+    if a.ndim < 2:
+        raise RuntimeError(f"batch_norm: expected input [N, C, ...] with at least 2 dims, got {list(a.shape)}")
+    if a.dtype.kind != "f":
+        raise NotImplementedError(f"batch_norm: not implemented for {input.dtype} input; expected a floating "
+                                  "point tensor")
+    c = a.shape[1]
+    if training and a.size // max(c, 1) == 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(a.shape)}")
+    if not training and (running_mean is None or running_var is None):
+        raise RuntimeError("batch_norm: running_mean and running_var must be defined in evaluation mode")
+    if (running_mean is None) != (running_var is None):
+        raise RuntimeError("batch_norm: running_mean and running_var must both be given or both be None")
+    for what, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        _check_size("batch_norm", what, t, c)
+    return BatchNorm.apply(input, running_mean, running_var, weight, bias, bool(training), float(momentum),
+                           float(eps))
+
+
+class LayerNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, k, eps):
+        a = x.array
+        axes = tuple(range(a.ndim - k, a.ndim))
+        with _quiet():
+            xhat, _, _, invstd = _standardize(xp_of(a), a, axes, eps)
+        w = None if weight is None else weight.array
+        ctx.xhat, ctx.invstd, ctx.w, ctx.axes = xhat, invstd, w, axes
+        return _affine(xhat, w, None if bias is None else bias.array)
+
+    @staticmethod
+    def backward(ctx, dout):
+        g, xhat, invstd, w, axes = dout.array, ctx.xhat, ctx.invstd, ctx.w, ctx.axes
+        need = ctx.needs_input_grad
+        lead = tuple(range(g.ndim - len(axes)))
+        dx = dw = db = None
+        if need[0]:
+            gw = g if w is None else g * w
+            dx = invstd * (gw - gw.mean(axis=axes, keepdims=True) - xhat * (gw * xhat).mean(axis=axes,
+                                                                                           keepdims=True))
+        if need[1]:
+            dw = (g * xhat).sum(axis=lead)
+        if len(need) > 2 and need[2]:
+            db = g.sum(axis=lead)
+        return dx, dw, db
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if not isinstance(normalized_shape, (tuple, list)) or \
+            not all(isinstance(n, int) and not isinstance(n, bool) for n in normalized_shape):
+        raise TypeError(f"layer_norm(): argument 'normalized_shape' must be tuple of ints, not "
+                        f"{type(normalized_shape).__name__}")
+    expect_tensor("layer_norm", input)
+    shape, a = tuple(normalized_shape), input.array
+    check_same_device("layer_norm", input, weight, bias)
+    k = len(shape)
+    if k == 0 or a.ndim < k or a.shape[a.ndim - k:] != shape:
+        raise RuntimeError(f"layer_norm: Given normalized_shape={list(shape)}, expected input with shape "
+                           f"[*, {', '.join(map(str, shape))}], but got input of size{list(a.shape)}")
+    for what, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.array.shape != shape:
+            raise RuntimeError(f"layer_norm: Expected {what} to be of same shape as normalized_shape, but got "
+                               f"{what} of shape {list(t.array.shape)} and normalized_shape = {list(shape)}")
+    if a.dtype.kind != "f":
+        raise NotImplementedError(f"layer_norm: not implemented for {input.dtype} input; expected a floating "
+                                  "point tensor")
+    return LayerNorm.apply(input, weight, bias, k, float(eps))
+

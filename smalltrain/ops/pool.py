@@ -1,0 +1,320 @@
+"""2-D pooling with torch.nn.functional's signatures: max_pool2d, avg_pool2d, adaptive_avg_pool2d.
+
+Max and average pooling scan the kernel offsets (one strided slice of the input per offset, all windows at
+once), so they keep the input's memory layout; adaptive average pooling is two small GEMMs with pooling matrices.
+"""
+import operator
+
+import numpy as np
+
+from ..autograd.function import Function
+from ..backend import cpu
+from ..tensor import Tensor
+from ._util import xp_of
+
+
+def _pair(op, name, value, allow_empty=False):
+    """torch's int-or-pair arguments: one int, or a sequence of one or two ints; () means "use the default"."""
+    vals = value if isinstance(value, (tuple, list)) else (value,)
+    try:
+        vals = tuple(operator.index(v) for v in vals)
+    except TypeError:
+        raise TypeError(f"{op}(): argument '{name}' must be an int or a tuple of ints, not {value!r}") from None
+    if allow_empty and not vals:
+        return None
+    if len(vals) not in (1, 2):
+        what = {"kernel_size": "must either be a single int, or a tuple of two ints",
+                "stride": "must either be omitted, a single int, or a tuple of two ints",
+                "padding": "must either be a single int, or a tuple of two ints",
+                "dilation": "must be either a single int, or a tuple of two ints"}[name]
+        raise RuntimeError(f"{op}: {name} {what}, got {name}={list(vals)}")
+    return vals * 2 if len(vals) == 1 else vals
+
+
+def _trunc_half(v):
+    return int(v / 2)  # C++ integer division (toward zero), which torch's check uses
+
+
+def _out_size(op, size, k, p, s, d, ceil_mode):
+    """torch's pooling_output_shape: floor or ceil, and in ceil mode the last window must start in the input."""
+    if s == 0:
+        raise RuntimeError(f"{op}: stride should not be zero")
+    if p < 0:
+        raise RuntimeError(f"{op}: pad must be non-negative, but got pad: {p}")
+    if p > _trunc_half((k - 1) * d + 1):
+        raise RuntimeError(f"{op}: pad should be at most half of effective kernel size, but got pad={p}, "
+                           f"kernel_size={k} and dilation={d}")
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _geometry(op, x, kernel, stride, padding, dilation, ceil_mode, divisor_override=None):
+    """Validate like torch (same checks, same order); returns the pairs k, s, p, d and (OH, OW)."""
+    k = _pair(op, "kernel_size", kernel)
+    s = _pair(op, "stride", stride if stride is not None else (), allow_empty=True) or k
+    p = _pair(op, "padding", padding)
+    d = _pair(op, "dilation", dilation)
+    if divisor_override is not None and divisor_override == 0:
+        raise RuntimeError(f"{op}: divisor must be not zero")
+    if op == "max_pool2d" and x.ndim not in (3, 4):
+        raise RuntimeError(f"{op}: non-empty 3D or 4D (batch mode) tensor expected for input, got input of size "
+                           f"{list(x.shape)}")
+    if x.ndim < 3:
+        raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{-max(x.ndim, 1)}, "
+                         f"{max(x.ndim, 1) - 1}], but got -3): input of size {list(x.shape)}")
+    oh = _out_size(op, x.shape[-2], k[0], p[0], s[0], d[0], ceil_mode)
+    ow = _out_size(op, x.shape[-1], k[1], p[1], s[1], d[1], ceil_mode)
+    if min(k) <= 0:
+        raise RuntimeError(f"{op}: kernel size should be greater than zero, but got kH: {k[0]} kW: {k[1]}")
+    if min(s) <= 0:
+        raise RuntimeError(f"{op}: stride should be greater than zero, but got dH: {s[0]} dW: {s[1]}")
+    if min(d) <= 0:
+        raise RuntimeError(f"{op}: dilation should be greater than zero, but got dilationH: {d[0]} dilationW: {d[1]}")
+    if x.ndim not in (3, 4) or 0 in x.shape[-3:] or (x.ndim == 3 and x.shape[0] == 0):
+        raise RuntimeError(f"{op}: Expected 3D or 4D (batch mode) tensor with optional 0 dim batch size for input, "
+                           f"but got: {list(x.shape)}")
+    if k[1] // 2 < p[1] or k[0] // 2 < p[0]:
+        raise RuntimeError(f"{op}: pad should be smaller than or equal to half of kernel size, but got "
+                           f"padW = {p[1]}, padH = {p[0]}, kW = {k[1]}, kH = {k[0]}")
+    c, h, w = x.shape[-3:]
+    if oh < 1 or ow < 1:
+        raise RuntimeError(f"{op}: Given input size: ({c}x{h}x{w}). Calculated output size: ({c}x{oh}x{ow}). "
+                           f"Output size is too small")
+    return k, s, p, d, (oh, ow)
+
+
+def _padded(x, k, s, p, d, out_hw, fill):
+    """x padded by p on the top/left and by whatever the last (ceil mode) window needs on the bottom/right."""
+    n, c, h, w = x.shape
+    hp = max(h + 2 * p[0], (out_hw[0] - 1) * s[0] + (k[0] - 1) * d[0] + 1)
+    wp = max(w + 2 * p[1], (out_hw[1] - 1) * s[1] + (k[1] - 1) * d[1] + 1)
+    if (hp, wp) == (h, w):
+        return x
+    buf = cpu.empty_like_layout(x, (n, c, hp, wp), fill=fill)
+    buf[:, :, p[0]:p[0] + h, p[1]:p[1] + w] = x
+    return buf
+
+
+def _offsets(a, k, s, d, out_hw):
+    """(offset index, strided view [N, C, OH, OW] of the window elements at that offset), in window scan order."""
+    for i in range(k[0]):
+        for j in range(k[1]):
+            yield i * k[1] + j, a[:, :, i * d[0]:i * d[0] + s[0] * (out_hw[0] - 1) + 1:s[0],
+                                  j * d[1]:j * d[1] + s[1] * (out_hw[1] - 1) + 1:s[1]]
+
+
+def _first_valid(xp, k, s, p, d, out_hw):
+    """Per window, the scan-order offset of its first element inside the input (torch's initial argmax)."""
+    def axis(n, st, pad, dil):
+        start = np.arange(n) * st - pad
+        return np.where(start < 0, -(start // dil), 0)  # ceil(-start / dil) rows of padding are skipped
+    k0 = axis(out_hw[0], s[0], p[0], d[0])[:, None] * k[1] + axis(out_hw[1], s[1], p[1], d[1])[None, :]
+    return xp.asarray(k0)
+
+
+def _masked_add(xp, dst, src, mask):
+    if xp is np:
+        np.add(dst, src, out=dst, where=mask)
+    else:
+        dst += xp.where(mask, src, 0)
+
+
+class MaxPool2d(Function):
+    """out = max over the window (NaN wins); argmax = first max in scan order (the last NaN), as torch's kernel."""
+
+    @staticmethod
+    def forward(ctx, input, k, s, p, d, out_hw, return_indices):
+        x = input.array
+        xp = xp_of(x)
+        x4 = x[None] if x.ndim == 3 else x
+        floating = x.dtype.kind == "f"
+        fill = -np.inf if floating else np.iinfo(x.dtype).min
+        xpad = _padded(x4, k, s, p, d, out_hw, fill)
+        views = list(_offsets(xpad, k, s, d, out_hw))
+        out = views[0][1].copy(order="K")
+        idx = cpu.empty_like_layout(out, out.shape, dtype=np.int8 if k[0] * k[1] < 128 else np.int32)
+        idx[...] = _first_valid(xp, k, s, p, d, out_hw) if p[0] or p[1] else 0
+        for off, v in views[1:]:
+            upd = v > out
+            xp.maximum(out, v, out=out)
+            xp.copyto(idx, off, where=upd)
+        if floating and (xp is not np or xp.isnan(out).any()):
+            for off, v in views:
+                xp.copyto(idx, off, where=xp.isnan(v))  # later NaNs overwrite: torch keeps the last one
+        ctx.geom = (x4.shape, xpad.shape, k, s, p, d, out_hw, x.ndim == 3, cpu.layout_order(x4))
+        ctx.idx = idx
+        if x.ndim == 3:
+            out, idx = out[0], idx[0]
+        if not return_indices:
+            return out
+        flat = Tensor._wrap(_flat_indices(xp, idx, x4.shape[3], k, s, p, d, out_hw))
+        ctx.mark_non_differentiable(flat)
+        return out, flat
+
+    @staticmethod
+    def backward(ctx, dout, dindices=None):
+        x_shape, pad_shape, k, s, p, d, out_hw, unbatched, order = ctx.geom
+        g = dout.array[None] if unbatched else dout.array
+        xp = xp_of(g)
+        idx = ctx.idx
+        dx = cpu.empty_in_order(xp, order, pad_shape, g.dtype, fill=0)  # the input's layout, for the next backward
+        for off, view in _offsets(dx, k, s, d, out_hw):
+            _masked_add(xp, view, g, idx == off)
+        dx = dx[:, :, p[0]:p[0] + x_shape[2], p[1]:p[1] + x_shape[3]]
+        return dx[0] if unbatched else dx
+
+
+def _flat_indices(xp, idx, width, k, s, p, d, out_hw):
+    """Window offsets -> torch's returned indices: h * W + w into each input plane (int64)."""
+    oh = np.arange(out_hw[0]) * s[0] - p[0]
+    ow = np.arange(out_hw[1]) * s[1] - p[1]
+    base = xp.asarray(oh[:, None] * width + ow[None, :])
+    table = xp.asarray([i * d[0] * width + j * d[1] for i in range(k[0]) for j in range(k[1])], dtype=np.int64)
+    return xp.take(table, idx.astype(np.int64)) + base
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """torch.nn.functional.max_pool2d on [N, C, H, W] or [C, H, W]; -inf padding; optionally the argmax indices."""
+    x = input.array
+    k, s, p, d, out_hw = _geometry("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
+    if x.dtype.kind not in "fiu":
+        raise NotImplementedError(f"max_pool2d: not implemented for dtype {x.dtype}")
+    return MaxPool2d.apply(input, k, s, p, d, out_hw, bool(return_indices))
+
+
+def _divisor(xp, hw, k, s, p, out_hw, count_include_pad, divisor_override, dtype):
+    """torch's avg_pool2d divisor per window: the window clipped to the padded input, or only its real part."""
+    if divisor_override is not None:
+        return divisor_override
+
+    def axis(n, size, k, s, p):
+        start = np.arange(n) * s - p
+        end = np.minimum(start + k, size + p)
+        if count_include_pad:
+            return end - start
+        return np.minimum(end, size) - np.maximum(start, 0)
+    div = axis(out_hw[0], hw[0], k[0], s[0], p[0])[:, None] * axis(out_hw[1], hw[1], k[1], s[1], p[1])[None, :]
+    return xp.asarray(div, dtype=dtype if np.dtype(dtype).kind == "f" else np.int64)
+
+
+class AvgPool2d(Function):
+    """out = sum over the window (zero padding) / divisor; the gradient spreads dout / divisor over the window."""
+
+    @staticmethod
+    def forward(ctx, input, k, s, p, out_hw, count_include_pad, divisor_override):
+        x = input.array
+        xp = xp_of(x)
+        x4 = x[None] if x.ndim == 3 else x
+        xpad = _padded(x4, k, s, p, (1, 1), out_hw, 0)
+        views = [v for _, v in _offsets(xpad, k, s, (1, 1), out_hw)]
+        floating = x.dtype.kind == "f"
+        acc = views[0].copy(order="K") if floating else views[0].astype(np.int64, order="K")
+        with np.errstate(invalid="ignore"):  # inf + -inf is NaN, silently, as in torch
+            for v in views[1:]:
+                acc += v
+        div = _divisor(xp, x4.shape[2:], k, s, p, out_hw, count_include_pad, divisor_override, x.dtype)
+        if floating:
+            acc /= div
+            out = acc
+        else:  # integer average: C++ division, truncating toward zero
+            q = xp.abs(acc) // xp.abs(div)
+            out = xp.where((acc < 0) != (xp.asarray(div) < 0), -q, q).astype(x.dtype)
+        ctx.geom = (x4.shape, xpad.shape, k, s, p, out_hw, x.ndim == 3, cpu.layout_order(x4))
+        ctx.div = div
+        return out[0] if x.ndim == 3 else out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x_shape, pad_shape, k, s, p, out_hw, unbatched, order = ctx.geom
+        g = dout.array[None] if unbatched else dout.array
+        xp = xp_of(g)
+        gd = g / ctx.div
+        dx = cpu.empty_in_order(xp, order, pad_shape, g.dtype, fill=0)
+        for _, view in _offsets(dx, k, s, (1, 1), out_hw):
+            view += gd
+        dx = dx[:, :, p[0]:p[0] + x_shape[2], p[1]:p[1] + x_shape[3]]
+        return dx[0] if unbatched else dx
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """torch.nn.functional.avg_pool2d on [N, C, H, W] or [C, H, W] (zero padding, torch's divisor rules)."""
+    x = input.array
+    k, s, p, _, out_hw = _geometry("avg_pool2d", x, kernel_size, stride, padding, 1, ceil_mode, divisor_override)
+    if x.dtype.kind not in "fiu":
+        raise NotImplementedError(f"avg_pool2d: not implemented for dtype {x.dtype}")
+    return AvgPool2d.apply(input, k, s, p, out_hw, bool(count_include_pad), divisor_override)
+
+
+def _adaptive_matrix(xp, n_in, n_out, dtype):
+    """[n_out, n_in]: row i averages input [floor(i*n_in/n_out), ceil((i+1)*n_in/n_out)), as torch's windows."""
+    i = np.arange(n_out)
+    start = (i * n_in) // n_out
+    end = -((-(i + 1) * n_in) // n_out)
+    cols = np.arange(n_in)
+    inside = (cols[None, :] >= start[:, None]) & (cols[None, :] < end[:, None])
+    return xp.asarray(inside / (end - start)[:, None], dtype=dtype)
+
+
+class AdaptiveAvgPool2d(Function):
+    """out = A @ x @ B^T over the last two axes, A and B the row and column averaging matrices."""
+
+    @staticmethod
+    def forward(ctx, input, out_hw):
+        x = input.array
+        xp = xp_of(x)
+        x4 = x[None] if x.ndim == 3 else x
+        a = _adaptive_matrix(xp, x4.shape[2], out_hw[0], x.dtype)
+        b = _adaptive_matrix(xp, x4.shape[3], out_hw[1], x.dtype)
+        y = xp.tensordot(x4, b, axes=([3], [1]))                    # [N, C, H, OW]
+        out = xp.tensordot(a, y, axes=([1], [2])).transpose(1, 2, 0, 3)
+        ctx.a, ctx.b, ctx.unbatched = a, b, x.ndim == 3
+        return out[0] if ctx.unbatched else out
+
+    @staticmethod
+    def backward(ctx, dout):
+        g = dout.array[None] if ctx.unbatched else dout.array
+        xp = xp_of(g)
+        t = xp.tensordot(g, ctx.b, axes=([3], [0]))                 # [N, C, OH, W]
+        dx = xp.tensordot(ctx.a, t, axes=([0], [2])).transpose(1, 2, 0, 3)
+        return dx[0] if ctx.unbatched else dx
+
+
+def _adaptive_size(x, output_size):
+    """torch's output_size: an int, or a pair whose None entries keep the input's size."""
+    if isinstance(output_size, (tuple, list)):
+        if x.ndim <= len(output_size):
+            raise ValueError(f"adaptive_avg_pool2d: Input dimension should be at least {len(output_size) + 1}, "
+                             f"got input of size {list(x.shape)}")
+        output_size = [x.shape[x.ndim - len(output_size) + i] if v is None else v for i, v in enumerate(output_size)]
+    else:
+        output_size = [output_size] * 2
+    try:
+        size = [operator.index(v) for v in output_size]
+    except TypeError:
+        raise TypeError(f"adaptive_avg_pool2d: output_size must be an int or a tuple of ints (or None), "
+                        f"got {output_size!r}") from None
+    if len(size) != 2:
+        raise RuntimeError(f"adaptive_avg_pool2d: output_size must be 2, got {size}")
+    if size[0] < 0 or size[1] < 0:
+        raise RuntimeError(f"adaptive_avg_pool2d: elements of output_size must be greater than or equal to 0 but "
+                           f"received {{{size[0]}, {size[1]}}}")
+    return tuple(size)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    """torch.nn.functional.adaptive_avg_pool2d on [N, C, H, W] or [C, H, W]."""
+    x = input.array
+    out_hw = _adaptive_size(x, output_size)
+    if x.ndim not in (3, 4):
+        raise RuntimeError(f"adaptive_avg_pool2d(): Expected 3D or 4D tensor, but got {list(x.shape)}")
+    for dim in (x.ndim - 2, x.ndim - 1):
+        if x.shape[dim] == 0:
+            raise RuntimeError(f"adaptive_avg_pool2d(): Expected input to have non-zero size for non-batch "
+                               f"dimensions, but input has sizes {list(x.shape)} with dimension {dim} being empty")
+    if x.dtype.kind != "f":
+        raise NotImplementedError(f"adaptive_avg_pool2d: not implemented for dtype {x.dtype}")
+    return AdaptiveAvgPool2d.apply(input, out_hw)

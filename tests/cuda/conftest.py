@@ -1,0 +1,18 @@
+"""Fixtures for the CUDA kernel tests: CuPy's free memory is poisoned before each test."""
+import pytest
+
+import smalltrain
+
+
+@pytest.fixture(autouse=True)
+def _poison_pool():
+    """Fill CuPy's pooled free memory with 0xFF bytes (NaN as a float, -1 as an int): an output element that a
+    kernel forgets to write then shows up as NaN instead of a plausible stale value."""
+    if smalltrain.cuda.is_available():
+        from smalltrain.backend.cuda import cupy
+        cp = cupy()
+        cp.get_default_memory_pool().free_all_blocks()
+        junk = cp.full(1 << 26, 255, dtype=cp.uint8)  # 64 MiB, split by the pool for the test's allocations
+        del junk
+    yield
+

@@ -1,0 +1,396 @@
+"""CUDA launchers for conv, pooling, activations, softmax / cross-entropy and batch norm against NumPy float64
+references (tests/cuda/cuda_reference.py); torch float64 on the CPU is the oracle for pooling and for the
+gradients of cross-entropy and batch norm. Skips without CuPy or a GPU.
+
+float32 tolerance: max|err| <= 1e-5 * max(1, max|ref|). The convolution GEMMs must run in full float32:
+CuPy uses TF32 only when CUPY_TF32=1, and test_tf32_is_off fails if it is set.
+"""
+import os
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+import smalltrain  # noqa: E402
+
+if not smalltrain.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import cuda_reference as ref  # noqa: E402
+
+from smalltrain.backend.cuda import ops  # noqa: E402
+from smalltrain.testing import assert_close  # noqa: E402
+
+DTYPES = [np.float32, np.float64]
+
+
+def g(a):
+    return cp.asarray(a)
+
+
+def test_tf32_is_off():
+    assert os.environ.get("CUPY_TF32", "0") == "0", "CUPY_TF32=1 makes cupy.matmul round float32 inputs to TF32 " \
+        "(~1e-3 relative error); unset it for these 1e-5 checks"
+
+
+# --- convolution ------------------------------------------------------------------------------------------------
+
+CONV_CASES = [  # x shape, out channels, kernel, stride, padding, dilation, groups, activation, bias
+    ((3, 4, 11, 9), 5, (3, 3), 1, 1, 1, 1, None, True),
+    ((2, 6, 10, 13), 4, (3, 2), (2, 1), (1, 0), (1, 2), 2, "relu", True),
+    ((2, 3, 9, 9), 6, (5, 5), 2, 2, 1, 3, "gelu", True),
+    ((1, 2, 7, 8), 3, (3, 3), 1, "same", 2, 1, "gelu_tanh", False),
+    ((3, 1, 28, 28), 6, (5, 5), 1, 0, 1, 1, "relu", True),
+    ((2, 3, 8, 7), 5, (2, 3), (3, 2), (1, 0, 2, 1), 1, 1, None, True),
+]
+
+
+def _pads(padding, kernel, dilation):
+    if padding == "same":
+        out = []
+        for k, d in zip(kernel, dilation):
+            total = d * (k - 1)
+            out += [total // 2, total - total // 2]
+        return tuple(out)
+    if isinstance(padding, int):
+        return (padding,) * 4
+    if len(padding) == 2:
+        return (padding[0], padding[0], padding[1], padding[1])
+    return tuple(padding)
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv2d(case, dtype, rng):
+    shape, o, kernel, stride, padding, dilation, groups, activation, bias = case
+    x = rng.standard_normal(shape).astype(dtype)
+    w = (rng.standard_normal((o, shape[1] // groups) + kernel) * 0.5).astype(dtype)
+    b = rng.standard_normal(o).astype(dtype) if bias else None
+    out, saved = ops.conv2d_forward(g(x), g(w), None if b is None else g(b), stride, padding, dilation, groups,
+                                    activation)
+    geom = (_pair(stride), _pads(padding, kernel, _pair(dilation)), _pair(dilation), groups)
+    pre, _ = ref.conv2d(x, w, b, *geom)
+    tol = ref.tol(dtype)
+    assert out.dtype == dtype
+    assert_close(out, ref.act(pre, activation), tol, name="conv2d forward")
+    dout = rng.standard_normal(pre.shape).astype(dtype)
+    dx, dw, db = ops.conv2d_backward(g(dout), saved)
+    rdx, rdw, rdb = ref.conv2d_grads(x, w, ref.act_grad(dout, pre, activation), *geom)
+    assert_close(dx, rdx, tol, name="dx")
+    assert_close(dw, rdw, tol, name="dw")
+    if bias:
+        assert_close(db, rdb, tol, name="db")
+    else:
+        assert db is None
+
+
+def test_conv2d_saves_only_what_backward_needs(rng):
+    x, w = g(rng.standard_normal((2, 3, 6, 6))), g(rng.standard_normal((4, 3, 3, 3)))
+    _, saved = ops.conv2d_forward(x, w, None, needs_input_grad=(True, False, False))
+    assert saved.cols is None and saved.y is None
+    dx, dw, db = ops.conv2d_backward(g(rng.standard_normal((2, 4, 4, 4))), saved)
+    assert dx is not None and dw is None and db is None
+
+
+CONV_ERRORS = [  # x shape, x dtype, w shape, w dtype, kwargs, exception, message
+    ((2, 3, 8, 8), "f4", (4, 2, 3, 3), "f4", {}, RuntimeError, "expected input with 2 channels"),
+    ((3, 8, 8), "f4", (4, 3, 3, 3), "f4", {}, RuntimeError, "4-D"),
+    ((2, 3, 8, 8), "f4", (4, 3, 3, 3), "f8", {}, RuntimeError, "dtype"),
+    ((2, 3, 8, 8), "i4", (4, 3, 3, 3), "i4", {}, TypeError, "float32 and float64"),
+    ((2, 3, 4, 4), "f4", (4, 3, 5, 5), "f4", {}, RuntimeError, "Kernel size can't be greater"),
+    ((2, 3, 8, 8), "f4", (4, 3, 3, 3), "f4", {"stride": 0}, RuntimeError, "stride"),
+    ((2, 3, 8, 8), "f4", (4, 3, 3, 3), "f4", {"padding": "same", "stride": 2}, RuntimeError, "strided"),
+    ((2, 3, 8, 8), "f4", (4, 3, 3, 3), "f4", {"activation": "tanh"}, ValueError, "activation"),
+    ((2, 4, 8, 8), "f4", (4, 2, 3, 3), "f4", {"groups": 3}, RuntimeError, "groups"),
+]
+
+
+@pytest.mark.parametrize("xs, xd, ws, wd, kwargs, exc, msg", CONV_ERRORS)
+def test_conv2d_errors(xs, xd, ws, wd, kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        ops.conv2d_forward(cp.ones(xs, dtype=xd), cp.ones(ws, dtype=wd), None, **kwargs)
+
+
+def test_conv2d_rejects_host_arrays_and_bad_bias():
+    with pytest.raises(TypeError, match="cupy.ndarray"):
+        ops.conv2d_forward(np.ones((1, 1, 4, 4), "f4"), cp.ones((1, 1, 3, 3), "f4"))
+    with pytest.raises(RuntimeError, match="bias"):
+        ops.conv2d_forward(cp.ones((1, 1, 4, 4), "f4"), cp.ones((2, 1, 3, 3), "f4"), cp.ones(3, "f4"))
+
+
+# --- pooling (torch float64 on the CPU as the oracle) ---------------------------------------------------------
+
+MAX_POOL_CASES = [  # x shape, kernel, stride, padding, dilation, ceil_mode, with a NaN
+    ((2, 3, 11, 9), 2, None, 0, 1, False, False),
+    ((2, 3, 11, 9), 3, 2, 1, 1, True, False),
+    ((2, 2, 13, 10), 3, (2, 1), (1, 0), (2, 1), False, False),
+    ((1, 4, 9, 9), 2, 2, 0, 1, True, False),
+    ((3, 7, 8), (3, 2), (2, 2), (1, 1), 1, False, True),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", MAX_POOL_CASES)
+def test_max_pool2d(case, dtype, rng):
+    torch = pytest.importorskip("torch")
+    shape, kernel, stride, padding, dilation, ceil_mode, nan = case
+    x = rng.standard_normal(shape).astype(dtype)
+    if nan:
+        x.reshape(-1)[[5, 17, 18]] = np.nan
+    out, idx, saved = ops.max_pool2d_forward(g(x), kernel, stride, padding, dilation, ceil_mode)
+    tx = torch.tensor(x.astype(np.float64), requires_grad=True)
+    tout, tidx = torch.nn.functional.max_pool2d(tx, kernel, stride, padding, dilation, ceil_mode, return_indices=True)
+    assert_close(out, tout.detach(), ref.tol(dtype), name="max_pool2d forward")
+    np.testing.assert_array_equal(idx.get(), tidx.numpy())
+    dout = rng.standard_normal(tuple(tout.shape)).astype(dtype)
+    tout.backward(torch.tensor(dout.astype(np.float64)))
+    assert_close(ops.max_pool2d_backward(g(dout), saved), tx.grad, ref.tol(dtype), name="max_pool2d dx")
+
+
+AVG_POOL_CASES = [  # x shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+    ((2, 3, 11, 9), 3, 2, 1, True, True, None),
+    ((2, 3, 11, 9), 3, 2, 1, True, False, None),
+    ((2, 3, 10, 7), 2, None, 0, False, True, None),
+    ((1, 2, 9, 12), (3, 2), (2, 1), (1, 1), False, False, None),
+    ((4, 7, 7), 3, 1, 1, False, True, 5),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", AVG_POOL_CASES)
+def test_avg_pool2d(case, dtype, rng):
+    torch = pytest.importorskip("torch")
+    shape, kernel, stride, padding, ceil_mode, cip, divisor = case
+    x = rng.standard_normal(shape).astype(dtype)
+    out, saved = ops.avg_pool2d_forward(g(x), kernel, stride, padding, ceil_mode, cip, divisor)
+    tx = torch.tensor(x.astype(np.float64), requires_grad=True)
+    tout = torch.nn.functional.avg_pool2d(tx, kernel, stride, padding, ceil_mode, cip, divisor)
+    assert_close(out, tout.detach(), ref.tol(dtype), name="avg_pool2d forward")
+    dout = rng.standard_normal(tuple(tout.shape)).astype(dtype)
+    tout.backward(torch.tensor(dout.astype(np.float64)))
+    assert_close(ops.avg_pool2d_backward(g(dout), saved), tx.grad, ref.tol(dtype), name="avg_pool2d dx")
+
+
+@pytest.mark.parametrize("kwargs, exc, msg", [
+    ({"kernel_size": 3, "padding": 2}, RuntimeError, "half of effective kernel size"),
+    ({"kernel_size": 0}, RuntimeError, "kernel_size"),
+    ({"kernel_size": 2, "stride": 0}, RuntimeError, "stride"),
+    ({"kernel_size": 9}, RuntimeError, "Output size is too small"),
+])
+def test_pool_errors(kwargs, exc, msg):
+    x = cp.ones((1, 2, 5, 5), dtype=cp.float32)
+    with pytest.raises(exc, match=msg):
+        ops.max_pool2d_forward(x, **kwargs)
+    with pytest.raises(exc, match=msg):
+        ops.avg_pool2d_forward(x, **kwargs)
+    with pytest.raises(RuntimeError, match="divisor must be not zero"):
+        ops.avg_pool2d_forward(x, 2, divisor_override=0)
+
+
+# --- activations ------------------------------------------------------------------------------------------------
+
+def _act_input(rng, dtype):
+    x = (rng.standard_normal(1031) * 3).astype(dtype)  # 1031: not a multiple of the block
+    x[:4] = [0.0, -0.0, np.nan, -1e-30]
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh"])
+def test_activation(name, dtype, rng):
+    x = _act_input(rng, dtype).reshape(1031, 1)
+    dout = rng.standard_normal(x.shape).astype(dtype)
+    if name == "relu":
+        out, saved = ops.relu_forward(g(x))
+        dx = ops.relu_backward(g(dout), saved)
+    else:
+        out, saved = ops.gelu_forward(g(x), "tanh" if name == "gelu_tanh" else "none")
+        dx = ops.gelu_backward(g(dout), saved)
+    assert out.shape == x.shape and out.dtype == dtype
+    assert_close(out, ref.act(x, name), ref.tol(dtype), name=f"{name} forward")
+    assert_close(dx, ref.act_grad(dout, x, name), ref.tol(dtype), name=f"{name} backward")
+
+
+def test_activation_errors():
+    with pytest.raises(RuntimeError, match="approximate"):
+        ops.gelu_forward(cp.ones(3, cp.float32), "fast")
+    with pytest.raises(TypeError, match="float32 and float64"):
+        ops.relu_forward(cp.ones(3, cp.int64))
+    with pytest.raises(RuntimeError, match="shape"):
+        ops.relu_backward(cp.ones(4, cp.float32), cp.ones(3, cp.float32))
+
+
+# --- softmax and cross-entropy --------------------------------------------------------------------------------
+
+SOFTMAX_CASES = [((7, 33), -1, 1.0), ((3, 5, 4), 1, 1.0), ((2, 3, 70), 0, 1.0), ((1000, 10), 1, 30.0),
+                 ((40,), 0, 1.0), ((2, 1, 3), 1, 1.0)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("case", SOFTMAX_CASES)
+def test_softmax(case, log, dtype, rng):
+    shape, dim, scale = case
+    x = (rng.standard_normal(shape) * scale).astype(dtype)
+    dout = rng.standard_normal(shape).astype(dtype)
+    fwd, bwd = (ops.log_softmax_forward, ops.log_softmax_backward) if log else (ops.softmax_forward,
+                                                                                ops.softmax_backward)
+    out, saved = fwd(g(x), dim)
+    r = ref.log_softmax(x, dim)
+    want = r if log else np.exp(r)
+    assert_close(out, want, ref.tol(dtype), name="softmax forward")
+    d = dout.astype(np.float64)
+    if log:
+        rdx = d - np.exp(r) * d.sum(axis=dim, keepdims=True)
+    else:
+        rdx = want * (d - (d * want).sum(axis=dim, keepdims=True))
+    assert_close(bwd(g(dout), saved), rdx, ref.tol(dtype), name="softmax backward")
+
+
+def test_softmax_nan_row_and_dim_error():
+    x = cp.asarray(np.array([[1.0, np.nan, 2.0], [1.0, 2.0, 3.0]], dtype=np.float32))
+    out, _ = ops.log_softmax_forward(x, 1)
+    out = out.get()
+    assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        ops.softmax_forward(x, 2)
+
+
+CE_CASES = [  # logits shape, weighted, some ignored, label_smoothing, reduction
+    ((9, 10), False, False, 0.0, "mean"),
+    ((9, 10), True, True, 0.1, "mean"),
+    ((4, 7, 3, 5), False, True, 0.2, "none"),
+    ((4, 7, 3, 5), True, True, 0.0, "sum"),
+    ((5, 40), True, True, 0.3, "mean"),
+    ((10,), True, False, 0.3, "sum"),
+    ((6, 3), False, True, 0.0, "none"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CE_CASES)
+def test_cross_entropy(case, dtype, rng):
+    torch = pytest.importorskip("torch")
+    shape, weighted, ignored, ls, reduction = case
+    c = shape[0] if len(shape) == 1 else shape[1]
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    t = np.array(rng.integers(0, c)) if len(shape) == 1 else rng.integers(0, c, (shape[0],) + shape[2:])
+    if ignored:
+        t.reshape(-1)[::4] = -100
+    w = (rng.random(c) + 0.5).astype(dtype) if weighted else None
+    loss, saved = ops.cross_entropy_forward(g(x), g(t), None if w is None else g(w), -100, reduction, ls)
+    assert_close(loss, ref.cross_entropy(x, t, w, -100, ls, reduction), ref.tol(dtype), name="cross_entropy")
+    tx = torch.tensor(x.astype(np.float64), requires_grad=True)
+    tw = None if w is None else torch.tensor(w.astype(np.float64))
+    tl = torch.nn.functional.cross_entropy(tx, torch.tensor(t), tw, ignore_index=-100, reduction=reduction,
+                                           label_smoothing=ls)
+    dout = rng.standard_normal(tuple(tl.shape)).astype(dtype)
+    tl.backward(torch.tensor(dout.astype(np.float64)))
+    dx = ops.cross_entropy_backward(g(dout), saved)
+    assert_close(dx, tx.grad, ref.tol(dtype), name="cross_entropy dx")
+
+
+def test_cross_entropy_all_ignored_is_nan_and_unchecked_targets_do_not_crash():
+    x = cp.asarray(np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32))
+    loss, _ = ops.cross_entropy_forward(x, cp.full(3, -100, dtype=cp.int64))
+    assert np.isnan(float(loss))
+    loss, _ = ops.cross_entropy_forward(x, cp.asarray(np.array([1, 9, 2])), reduction="none", check_target=False)
+    loss = loss.get()
+    assert np.isfinite(loss[[0, 2]]).all() and np.isnan(loss[1])
+
+
+def test_cross_entropy_replays_as_a_cuda_graph(rng):
+    """Forward + backward captured once (the host-side target check must skip itself while capturing), then
+    replayed on new logits written into the same buffer."""
+    x = g(rng.standard_normal((33, 10)).astype(np.float32))
+    t = g(rng.integers(0, 10, 33))
+    loss, saved = ops.cross_entropy_forward(x, t)  # eager warm-up: every kernel compiled before capture
+    ops.cross_entropy_backward(cp.ones((), cp.float32), saved)
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with stream, cp.cuda.using_allocator(pool.malloc):
+        stream.begin_capture()
+        loss, saved = ops.cross_entropy_forward(x, t)
+        dx = ops.cross_entropy_backward(cp.ones((), cp.float32), saved)
+        graph = stream.end_capture()
+        new = rng.standard_normal((33, 10)).astype(np.float32)
+        x.set(new, stream=stream)
+        graph.launch(stream)
+    stream.synchronize()
+    target = t.get()
+    assert_close(loss, ref.cross_entropy(new, target, None, -100, 0.0, "mean"), 1e-5, name="loss")
+    want = np.exp(ref.log_softmax(new, 1))
+    want[np.arange(33), target] -= 1
+    assert_close(dx, want / 33, 1e-5, name="dx")
+
+
+@pytest.mark.parametrize("x_shape, target, kwargs, exc, msg", [
+    ((3, 4), np.array([0, 4, 1]), {}, IndexError, "Target 4 is out of bounds"),
+    ((3, 4), np.array([0, 1]), {}, ValueError, "batch_size"),
+    ((3, 4), np.zeros((3, 4), np.float32), {}, NotImplementedError, "probability targets"),
+    ((3, 4), np.array([0, 1, 2], np.int32), {}, RuntimeError, "int64"),
+    ((3, 4), np.array([0, 1, 2]), {"weight": np.ones(5, np.float32)}, RuntimeError, "weight tensor"),
+    ((3, 4), np.array([0, 1, 2]), {"reduction": "avg"}, ValueError, "not a valid value"),
+    ((3, 4), np.array([0, 1, 2]), {"label_smoothing": 1.5}, RuntimeError, "label_smoothing"),
+    ((3, 4, 2), np.array([[0, 1], [1, 2]]), {}, RuntimeError, "Expected target size"),
+])
+def test_cross_entropy_errors(x_shape, target, kwargs, exc, msg):
+    kwargs = {k: g(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+    with pytest.raises(exc, match=msg):
+        ops.cross_entropy_forward(cp.zeros(x_shape, cp.float32), g(target), **kwargs)
+
+
+# --- batch norm -------------------------------------------------------------------------------------------------
+
+BN_CASES = [((6, 5), True, True), ((4, 3, 7, 9), True, True), ((2, 4, 33), False, True), ((4, 3, 7, 9), True, False),
+            ((5, 2, 3), False, False)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("case", BN_CASES)
+def test_batch_norm(case, training, dtype, rng):
+    torch = pytest.importorskip("torch")
+    shape, affine, track = case
+    if not training and not track:
+        pytest.skip("eval mode needs running statistics")
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 2 + 1).astype(dtype)
+    w, b = ((rng.standard_normal(c).astype(dtype), rng.standard_normal(c).astype(dtype)) if affine else (None, None))
+    rm, rv = ((rng.standard_normal(c).astype(dtype), (rng.random(c) + 0.5).astype(dtype)) if track else (None, None))
+    grm, grv = (g(rm), g(rv)) if track else (None, None)
+    y, saved = ops.batch_norm_forward(g(x), grm, grv, None if w is None else g(w), None if b is None else g(b),
+                                      training, 0.1, 1e-5)
+    ry, rrm, rrv = ref.batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5)
+    tol = ref.tol(dtype)
+    assert_close(y, ry, tol, name="batch_norm forward")
+    if track:
+        assert_close(grm, rrm, tol, name="running_mean")
+        assert_close(grv, rrv, tol, name="running_var")
+    t64 = lambda a: None if a is None else torch.tensor(a.astype(np.float64), requires_grad=True)  # noqa: E731
+    tx, tw, tb = t64(x), t64(w), t64(b)
+    ty = torch.nn.functional.batch_norm(tx, None if rm is None else torch.tensor(rm.astype(np.float64)),
+                                        None if rv is None else torch.tensor(rv.astype(np.float64)), tw, tb,
+                                        training, 0.1, 1e-5)
+    dout = rng.standard_normal(shape).astype(dtype)
+    ty.backward(torch.tensor(dout.astype(np.float64)))
+    dx, dw, db = ops.batch_norm_backward(g(dout), saved)
+    assert_close(dx, tx.grad, tol, name="batch_norm dx")
+    if affine:
+        assert_close(dw, tw.grad, tol, name="batch_norm dweight")
+        assert_close(db, tb.grad, tol, name="batch_norm dbias")
+    else:
+        assert dw is None
+
+
+def test_batch_norm_errors():
+    x = cp.ones((1, 3), cp.float32)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        ops.batch_norm_forward(x, None, None)
+    with pytest.raises(RuntimeError, match="shape"):
+        ops.batch_norm_forward(cp.ones((4, 3), cp.float32), cp.zeros(2, cp.float32), cp.ones(2, cp.float32))
+    with pytest.raises(RuntimeError, match="evaluation mode"):
+        ops.batch_norm_forward(cp.ones((4, 3), cp.float32), None, None, training=False)
