@@ -1,0 +1,57 @@
+"""What the launcher (mpiexec, srun, torchrun) tells a process, and the crash handler that ends the whole job.
+
+One rank that dies while the others wait in a collective would hang the job forever; the hook aborts it instead.
+"""
+import os
+import sys
+import traceback
+
+# who sets what: Open MPI, MPICH/Intel MPI (hydra), PMIx, Slurm (srun), torchrun
+_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK")
+_WORLD_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS", "WORLD_SIZE")
+
+
+def env_local_rank():
+    """The local rank from the launcher's environment, or None when no launcher set one."""
+    for name in _LOCAL_RANK_VARS:
+        value = os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def env_world_size():
+    """The number of processes the launcher started (1 when there is no launcher)."""
+    for name in _WORLD_SIZE_VARS:
+        value = os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return 1
+
+
+_previous_hook = None
+
+
+def install_abort_hook(rank, abort):
+    """Replace sys.excepthook: print the traceback prefixed with `[rank N]`, then call abort() (MPI Abort)."""
+    global _previous_hook
+    if _previous_hook is None:
+        _previous_hook = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        prefixed = "".join(f"[rank {rank}] {line}\n" for line in text.rstrip("\n").split("\n"))
+        try:
+            sys.stderr.write(prefixed)
+            sys.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            abort()
+    sys.excepthook = hook
+
+
+def remove_abort_hook():
+    global _previous_hook
+    if _previous_hook is not None:
+        sys.excepthook = _previous_hook
+        _previous_hook = None
