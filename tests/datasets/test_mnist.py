@@ -232,6 +232,7 @@ def good_mirror(tmp_path, serve):
 
 
 def test_download_fetches_verifies_and_is_then_a_no_op(tmp_path, monkeypatch, good_mirror, test_set):
+    monkeypatch.setattr(mnist, "DOWNLOAD_FROM_BUNDLED", False)
     monkeypatch.setitem(mnist.MIRRORS, "MNIST", [good_mirror.url])
     root = tmp_path / "root"
     ds = MNIST(root=root, train=False, download=True)
@@ -245,6 +246,7 @@ def test_download_fetches_verifies_and_is_then_a_no_op(tmp_path, monkeypatch, go
 
 
 def test_download_replaces_a_corrupt_existing_file(tmp_path, monkeypatch, good_mirror):
+    monkeypatch.setattr(mnist, "DOWNLOAD_FROM_BUNDLED", False)
     monkeypatch.setitem(mnist.MIRRORS, "MNIST", [good_mirror.url])
     raw = tmp_path / "root" / "MNIST" / "raw"
     os.makedirs(raw)
@@ -260,6 +262,7 @@ def test_checksum_mismatch_fails_and_leaves_no_file(tmp_path, monkeypatch, serve
         shutil.copy(f"{BUNDLED}/{n}.gz", served)
     (served / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(b"\x00\x00\x08\x01\x00\x00\x00\x01\x07"))
     bad = serve(served)
+    monkeypatch.setattr(mnist, "DOWNLOAD_FROM_BUNDLED", False)
     monkeypatch.setitem(mnist.MIRRORS, "MNIST", [bad.url])
     with pytest.raises(RuntimeError) as info:
         MNIST(root=tmp_path / "root", train=False, download=True)
@@ -273,8 +276,10 @@ def test_checksum_mismatch_fails_and_leaves_no_file(tmp_path, monkeypatch, serve
 def test_unreachable_and_404_mirrors_are_skipped_then_reported(tmp_path, monkeypatch, serve, unreachable_url,
                                                                  good_mirror):
     empty = serve(tmp_path / "empty")
+    monkeypatch.setattr(mnist, "DOWNLOAD_FROM_BUNDLED", False)
     monkeypatch.setitem(mnist.MIRRORS, "MNIST", [unreachable_url, empty.url, good_mirror.url])
     assert len(MNIST(root=tmp_path / "a", train=False, download=True)) == 10000
+    monkeypatch.setattr(mnist, "DOWNLOAD_FROM_BUNDLED", False)
     monkeypatch.setitem(mnist.MIRRORS, "MNIST", [unreachable_url, empty.url])
     with pytest.raises(RuntimeError) as info:
         MNIST(root=tmp_path / "b", train=False, download=True)
@@ -288,7 +293,17 @@ def test_unreachable_and_404_mirrors_are_skipped_then_reported(tmp_path, monkeyp
 def test_fashion_mnist_downloads_into_its_own_folder(tmp_path, monkeypatch, good_mirror):
     # the real Fashion-MNIST MD5s cannot be served offline: accept the bundled MNIST files for this test
     monkeypatch.setattr(FashionMNIST, "resources", MNIST.resources)
+    monkeypatch.setattr(mnist, "DOWNLOAD_FROM_BUNDLED", False)
     monkeypatch.setitem(mnist.MIRRORS, "FashionMNIST", [good_mirror.url])
     ds = FashionMNIST(root=tmp_path, train=False, download=True)
     assert len(ds) == 10000 and os.path.isdir(tmp_path / "FashionMNIST" / "raw")
     assert repr(ds).startswith("Dataset FashionMNIST\n")
+
+
+def test_download_without_network_uses_the_bundled_copy(tmp_path, monkeypatch):
+    monkeypatch.setitem(mnist.MIRRORS, "MNIST", ["http://127.0.0.1:9/"])  # nothing listens on the discard port
+    ds = mnist.MNIST(str(tmp_path), train=False, download=True)
+    assert len(ds) == 10000
+    assert sorted(os.listdir(tmp_path / "MNIST" / "raw")) == sorted(
+        n + ".gz" for n in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "train-images-idx3-ubyte",
+                            "train-labels-idx1-ubyte"))
