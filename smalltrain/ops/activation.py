@@ -23,6 +23,7 @@ class _Pointwise(Function):
     `bwd(xp, g, saved, *params) -> dx`; `ints` says whether integer inputs are allowed (no gradient)."""
     name = "pointwise"
     ints = False
+    cuda = None   # (forward, backward) launcher names in smalltrain.backend.cuda.activation, if it has kernels
 
     @staticmethod
     def forward(ctx, x, *params):
@@ -32,8 +33,12 @@ class _Pointwise(Function):
         if a.dtype.kind != "f" and not (cls.ints and a.dtype.kind in "iu"):
             raise NotImplementedError(f'{cls.name}: not implemented for {x.dtype} input; expected a floating '
                                       f'point tensor, got shape {list(a.shape)}')
-        with np.errstate(all="ignore"):   # inf and NaN inputs give inf and NaN, as in torch, without warnings
-            y, saved = cls.fwd(xp_of(a), a, *params)
+        if cls.cuda and not isinstance(a, np.ndarray) and a.dtype.kind == "f":
+            y, saved = _cuda_launcher(cls.cuda[0])(a, *params)
+            ctx.on_kernel = True
+        else:
+            with np.errstate(all="ignore"):   # inf and NaN inputs give inf and NaN, as in torch, no warnings
+                y, saved = cls.fwd(xp_of(a), a, *params)
         if ctx.needs_input_grad[0]:
             ctx.saved, ctx.params = saved, params
         return y
@@ -41,13 +46,21 @@ class _Pointwise(Function):
     @staticmethod
     def backward(ctx, dout):
         g = dout.array
+        if getattr(ctx, "on_kernel", False):
+            return _cuda_launcher(ctx.fn.cuda[1])(g, ctx.saved)
         with np.errstate(all="ignore"):
             return ctx.fn.bwd(xp_of(g), g, ctx.saved, *ctx.params)
+
+
+def _cuda_launcher(name):
+    from ..backend.cuda import activation
+    return getattr(activation, name)
 
 
 class Relu(_Pointwise):
     # the output is saved, not the input: the next layer usually keeps it anyway
     name, ints = "relu", True
+    cuda = ("relu_forward", "relu_backward")
 
     @staticmethod
     def fwd(xp, a):
@@ -110,6 +123,7 @@ class Softplus(_Pointwise):
 
 class Gelu(_Pointwise):
     name = "gelu"
+    cuda = ("gelu_forward", "gelu_backward")
 
     @staticmethod
     def fwd(xp, a, approximate):

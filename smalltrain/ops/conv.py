@@ -5,6 +5,8 @@ Images go through the GEMMs batch-innermost ([C, H, W, N], see backend/cpu.py); 
 """
 import operator
 
+import numpy as np
+
 from ..autograd.function import Function
 from ..backend import cpu
 from ._util import check_same_device, xp_of
@@ -99,6 +101,14 @@ class Conv2d(Function):
         unbatched = x.ndim == 3
         if unbatched:
             x = x[None]
+        if not isinstance(x, np.ndarray):
+            # CUDA: im2col kernel + one cuBLAS GEMM + a fused bias epilogue (smalltrain/backend/cuda/conv.py)
+            from ..backend.cuda import conv as kernels
+            out, ctx.kernel_saved = kernels.conv2d_forward(
+                x, w, None if bias is None else bias.array, stride, pads, dilation, groups,
+                needs_input_grad=ctx.needs_input_grad[:3])
+            ctx.unbatched = unbatched
+            return out[0] if unbatched else out
         n, _, h, wd = x.shape
         o, cg, kh, kw = w.shape
         padded = (h + pads[0] + pads[1], wd + pads[2] + pads[3])
@@ -121,6 +131,10 @@ class Conv2d(Function):
 
     @staticmethod
     def backward(ctx, dout):
+        if hasattr(ctx, "kernel_saved"):
+            from ..backend.cuda import conv as kernels
+            dx, dw, db = kernels.conv2d_backward(dout.array[None] if ctx.unbatched else dout.array, ctx.kernel_saved)
+            return (dx[0] if ctx.unbatched and dx is not None else dx), dw, db
         padded_shape, kernel, stride, dilation, out_hw, groups, pads, (h, wd), unbatched = ctx.geom
         g = dout.array[None] if unbatched else dout.array
         xp = xp_of(g)
@@ -136,8 +150,11 @@ class Conv2d(Function):
             cg = padded_shape[0] // groups
             dw = dw2.reshape(o, kernel[0], kernel[1], cg).transpose(0, 3, 1, 2)
         if need[0]:
-            w2 = ctx.w2
-            dcols = w2[0].T @ gt[0] if groups == 1 else w2.transpose(0, 2, 1) @ gt
+            w2, k = ctx.w2, ctx.w2.shape[2]
+            if groups == 1:
+                dcols = xp.matmul(w2[0].T, gt[0], out=cpu.scratch(xp, (k, cols_n), g.dtype))
+            else:
+                dcols = xp.matmul(w2.transpose(0, 2, 1), gt, out=cpu.scratch(xp, (groups, k, cols_n), g.dtype))
             dxpad = cpu.col2im(dcols, padded_shape, kernel, stride, dilation, out_hw, groups)
             dx = dxpad[:, pads[0]:pads[0] + h, pads[2]:pads[2] + wd].transpose(3, 0, 1, 2)
             if unbatched:

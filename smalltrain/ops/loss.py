@@ -109,6 +109,12 @@ class CrossEntropy(Function):
         a3, t2, out_shape = _class_layout("cross_entropy", x.array, target.array, weight)
         xp, c = xp_of(a3), a3.shape[1]
         w = None if weight is None else weight.array.astype(a3.dtype, copy=False)
+        if xp is not np and target.array.dtype == np.int64 and a3.size:
+            # one fused kernel: log-softmax, the loss and the gradient backward only scales
+            from ..backend.cuda import loss as kernels
+            loss, ctx.kernel_saved = kernels.cross_entropy_forward(x.array, target.array, w, ignore_index,
+                                                                   reduction, eps)
+            return loss
         valid, w_t, idx = _targets("cross_entropy", t2, c, w, ignore_index, a3.dtype)
         ctx.in_shape, ctx.reduction, ctx.denom = x.array.shape, reduction, w_t.sum()
         if c == 0:   # the bounds check passed, so every target is ignored: the loss is 0 (or 0/0 for 'mean')
@@ -129,6 +135,9 @@ class CrossEntropy(Function):
 
     @staticmethod
     def backward(ctx, dout):
+        if hasattr(ctx, "kernel_saved"):
+            from ..backend.cuda import loss as kernels
+            return kernels.cross_entropy_backward(dout.array, ctx.kernel_saved), None
         if not hasattr(ctx, "e"):
             return xp_of(dout.array).zeros(ctx.in_shape, dout.array.dtype), None
         e, w, eps = ctx.e, ctx.w, ctx.eps

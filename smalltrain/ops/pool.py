@@ -114,20 +114,40 @@ def _first_valid(xp, k, s, p, d, out_hw):
     return xp.asarray(k0)
 
 
-def _masked_add(xp, dst, src, mask):
-    if xp is np:
-        np.add(dst, src, out=dst, where=mask)
+def _raise_to(xp, idx, mask, off):
+    """idx = off where mask. Offsets only grow along the scan and a window's padding never wins, so wherever mask
+    holds idx <= off, and the update is a max: plain SIMD passes instead of a slow masked copy."""
+    xp.maximum(idx, xp.multiply(mask, off, dtype=idx.dtype), out=idx)
+
+
+def _route(xp, view, g, mask, finite, accumulate):
+    """view (+)= g where mask, else 0. g * mask is the fast form, exact unless g holds inf or NaN (inf * 0)."""
+    if finite and not accumulate:
+        xp.multiply(g, mask, out=view)
+        return
+    part = g * mask if finite else xp.where(mask, g, 0)
+    if accumulate:
+        view += part
     else:
-        dst += xp.where(mask, src, 0)
+        view[...] = part
 
 
 class MaxPool2d(Function):
     """out = max over the window (NaN wins); argmax = first max in scan order (the last NaN), as torch's kernel."""
 
     @staticmethod
-    def forward(ctx, input, k, s, p, d, out_hw, return_indices):
+    def forward(ctx, input, k, s, p, d, out_hw, return_indices, ceil_mode=False):
         x = input.array
         xp = xp_of(x)
+        if xp is not np and x.dtype.kind == "f":
+            # CUDA: one kernel each way (smalltrain/backend/cuda/pool.py), indices as torch's h * W + w
+            from ..backend.cuda import pool as kernels
+            out, flat, ctx.kernel_saved = kernels.max_pool2d_forward(x, k, s, p, d, ceil_mode)
+            if not return_indices:
+                return out
+            flat = Tensor._wrap(flat)
+            ctx.mark_non_differentiable(flat)
+            return out, flat
         x4 = x[None] if x.ndim == 3 else x
         floating = x.dtype.kind == "f"
         fill = -np.inf if floating else np.iinfo(x.dtype).min
@@ -139,10 +159,10 @@ class MaxPool2d(Function):
         for off, v in views[1:]:
             upd = v > out
             xp.maximum(out, v, out=out)
-            xp.copyto(idx, off, where=upd)
+            _raise_to(xp, idx, upd, off)
         if floating and (xp is not np or xp.isnan(out).any()):
             for off, v in views:
-                xp.copyto(idx, off, where=xp.isnan(v))  # later NaNs overwrite: torch keeps the last one
+                _raise_to(xp, idx, xp.isnan(v), off)  # the last NaN of a window wins, as in torch
         ctx.geom = (x4.shape, xpad.shape, k, s, p, d, out_hw, x.ndim == 3, cpu.layout_order(x4))
         ctx.idx = idx
         if x.ndim == 3:
@@ -155,13 +175,19 @@ class MaxPool2d(Function):
 
     @staticmethod
     def backward(ctx, dout, dindices=None):
+        if hasattr(ctx, "kernel_saved"):
+            from ..backend.cuda import pool as kernels
+            return kernels.max_pool2d_backward(dout.array, ctx.kernel_saved)
         x_shape, pad_shape, k, s, p, d, out_hw, unbatched, order = ctx.geom
         g = dout.array[None] if unbatched else dout.array
         xp = xp_of(g)
         idx = ctx.idx
-        dx = cpu.empty_in_order(xp, order, pad_shape, g.dtype, fill=0)  # the input's layout, for the next backward
+        # windows that tile the (padded) input exactly write each element once: no zero fill, no accumulation
+        tiles = d == (1, 1) and s == k and pad_shape[2:] == (out_hw[0] * k[0], out_hw[1] * k[1])
+        finite = xp is np and bool(np.isfinite(g).all())
+        dx = cpu.empty_in_order(xp, order, pad_shape, g.dtype, fill=None if tiles else 0)  # the input's layout
         for off, view in _offsets(dx, k, s, d, out_hw):
-            _masked_add(xp, view, g, idx == off)
+            _route(xp, view, g, idx == off, finite, not tiles)
         dx = dx[:, :, p[0]:p[0] + x_shape[2], p[1]:p[1] + x_shape[3]]
         return dx[0] if unbatched else dx
 
@@ -182,7 +208,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     k, s, p, d, out_hw = _geometry("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
     if x.dtype.kind not in "fiu":
         raise NotImplementedError(f"max_pool2d: not implemented for dtype {x.dtype}")
-    return MaxPool2d.apply(input, k, s, p, d, out_hw, bool(return_indices))
+    return MaxPool2d.apply(input, k, s, p, d, out_hw, bool(return_indices), bool(ceil_mode))
 
 
 def _divisor(xp, hw, k, s, p, out_hw, count_include_pad, divisor_override, dtype):

@@ -1,5 +1,6 @@
 """Adam (optionally AMSGrad, L2 or decoupled weight decay) and AdamW, in the operation order of torch's
 single-tensor implementation: denom = sqrt(v) / sqrt(1 - beta2^t) + eps, param -= lr / (1 - beta1^t) * m / denom."""
+from . import fused
 from ..ops._util import xp_of
 from ..tensor import Tensor
 from .optimizer import Optimizer, _step_tensor
@@ -32,6 +33,9 @@ class Adam(Optimizer):
             beta1, beta2 = (float(b) for b in group["betas"])
             hyper = (float(group["lr"]), beta1, beta2, float(group["eps"]), float(group["weight_decay"]),
                      group["amsgrad"], group["maximize"], group["decoupled_weight_decay"])
+            live = fused.eligible(group["params"])
+            if live and fused.adam(self, group, live, _init_state):
+                continue
             for p in group["params"]:
                 if p.grad is None:
                     continue

@@ -1,5 +1,6 @@
 """SGD with momentum, dampening, Nesterov, weight decay and maximize, in the operation order of torch's
 single-tensor implementation (the first momentum buffer is a copy of the gradient, undampened)."""
+from . import fused
 from ..ops._util import xp_of
 from ..tensor import Tensor
 from .optimizer import Optimizer
@@ -28,6 +29,9 @@ class SGD(Optimizer):
             lr, momentum = float(group["lr"]), float(group["momentum"])
             wd, dampening = float(group["weight_decay"]), float(group["dampening"])
             nesterov, maximize = group["nesterov"], group["maximize"]
+            live = fused.eligible(group["params"])
+            if live and fused.sgd(self, group, live):
+                continue
             for p in group["params"]:
                 if p.grad is None:
                     continue

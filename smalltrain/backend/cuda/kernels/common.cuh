@@ -106,10 +106,10 @@ template <typename T> __device__ __forceinline__ T act_fwd(T v, int act) {
     }
 }
 
-// dout * act'(v), v the pre-activation. ReLU selects (torch's threshold_backward): dout where v > 0, else 0.
+// dout * act'(v), v the pre-activation. ReLU as torch's threshold_backward: 0 where v <= 0, else dout (so NaN passes).
 template <typename T> __device__ __forceinline__ T act_bwd(T dout, T v, int act) {
     switch (act) {
-        case ST_ACT_RELU: return v > T(0) ? dout : T(0);
+        case ST_ACT_RELU: return v <= T(0) ? T(0) : dout;
         case ST_ACT_GELU: return dout * gelu_erf_grad(v);
         case ST_ACT_GELU_TANH: return dout * gelu_tanh_grad(v);
         default: return dout;

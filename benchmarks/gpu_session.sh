@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# One device-machine call: the CUDA half of the test suite, then the GPU benchmarks and a CUDA training run.
+# Logs under $OUT (the device tool's output folder; ./gpu_out elsewhere). Each stage has its own time limit.
+set -u
+OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CUPY_TF32=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import cupy, torch, numpy; print('cupy', cupy.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"; } 2>&1 | tee "$OUT/env.txt"
+timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider -n 8 -k "cuda or nccl or compile" tests \
+  > "$OUT/pytest_cuda.log" 2>&1
+grep -E "^(FAILED|ERROR)" "$OUT/pytest_cuda.log" | head -40; tail -3 "$OUT/pytest_cuda.log"
+timeout 60 python3 benchmarks/bench_train.py --device cuda --config lenet5:64 lenet5:512 cnn:64 2>&1 | tee "$OUT/bench_train_cuda.txt"
+timeout 60 python3 benchmarks/bench_compile.py 2>&1 | tee "$OUT/bench_compile.txt"
+timeout 60 python3 -m smalltrain train --device cuda --epochs 1 --log-every 200 --out /tmp/run 2>&1 | tail -4 | tee "$OUT/train_cuda.txt"

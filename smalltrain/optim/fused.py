@@ -1,0 +1,74 @@
+"""The CUDA fast path of SGD and Adam/AdamW: one kernel launch over all of a group's parameters.
+
+Used when every parameter of a group that has a gradient is a contiguous CUDA array of one dtype. Adam's
+step count then also lives on the device, so the whole update can be captured in a CUDA graph and replayed;
+the per-parameter host counters in `state['step']` are kept in step for state_dict.
+"""
+import numpy as np
+
+from ..tensor import Tensor
+
+
+def eligible(params):
+    """The parameters with gradients, if they all qualify for the fused kernels; else None."""
+    live = [p for p in params if p.grad is not None]
+    if not live or isinstance(live[0].array, np.ndarray):
+        return None
+    dtype, dev = live[0].array.dtype, live[0].array.device.id
+    for p in live:
+        a, g = p.array, p.grad.array
+        if isinstance(a, np.ndarray) or a.dtype != dtype or a.device.id != dev or g.dtype != dtype or \
+                not a.flags.c_contiguous or not g.flags.c_contiguous or a.dtype.kind != "f":
+            return None
+    return live
+
+
+def sgd(opt, group, live):
+    from ..backend.cuda import optim as kernels
+    momentum = float(group["momentum"])
+    bufs, first = None, False
+    if momentum != 0:
+        have = [opt.state[p].get("momentum_buffer") is not None for p in live]
+        if any(have) and not all(have):
+            return False   # mixed first and later steps: the array code handles that
+        first = not have[0]
+        if first:
+            for p in live:
+                # the kernel fills it with the gradient (torch's first step: a copy, no dampening)
+                opt.state[p]["momentum_buffer"] = Tensor._wrap(kernels.cupy().empty_like(p.array))
+        bufs = [opt.state[p]["momentum_buffer"].array for p in live]
+    kernels.sgd_step([p.array for p in live], [p.grad.array for p in live], bufs, lr=float(group["lr"]),
+                     momentum=momentum, dampening=float(group["dampening"]),
+                     weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
+                     maximize=group["maximize"], first_step=first)
+    return True
+
+
+def adam(opt, group, live, init_state):
+    from ..backend.cuda import optim as kernels
+    cp = kernels.cupy()
+    for p in live:
+        if not opt.state[p]:
+            init_state(opt.state[p], p.array, group["amsgrad"])
+    steps = {float(opt.state[p]["step"].array) for p in live}
+    if len(steps) != 1:
+        return False
+    host_step = steps.pop()
+    cache = opt.__dict__.setdefault("_device_steps", {})
+    key = id(group)
+    entry = cache.get(key)
+    if entry is None or entry[1] != host_step:   # first use, or state loaded since: seed from the host count
+        entry = [cp.full(1, host_step, dtype=np.float64), host_step]
+        cache[key] = entry
+    beta1, beta2 = (float(b) for b in group["betas"])
+    st = [opt.state[p] for p in live]
+    kernels.adam_step([p.array for p in live], [p.grad.array for p in live], [s["exp_avg"].array for s in st],
+                      [s["exp_avg_sq"].array for s in st],
+                      [s["max_exp_avg_sq"].array for s in st] if group["amsgrad"] else None,
+                      step=entry[0], lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=float(group["eps"]),
+                      weight_decay=float(group["weight_decay"]), amsgrad=group["amsgrad"],
+                      maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"])
+    entry[1] = host_step + 1
+    for s in st:
+        s["step"].array += 1
+    return True
