@@ -3,6 +3,9 @@
 Convolution works on images stored batch-innermost, [C, H, W, N]: a window row then spans W*N contiguous
 elements, so the im2col copy and the col2im adds move long runs instead of one short image row at a time.
 """
+import sys
+import threading
+
 import numpy as np
 
 
@@ -17,6 +20,53 @@ def xp_of(a):
 def as_strided(a, shape, strides):
     """A view of `a`'s memory with the given shape and byte strides (no copy, no bounds check: callers size it)."""
     return xp_of(a).lib.stride_tricks.as_strided(a, shape=shape, strides=strides)
+
+
+class Workspace:
+    """Reusable big scratch buffers (im2col columns and their gradient) for NumPy; CuPy has its own memory pool.
+
+    A fresh multi-megabyte array is mmapped by malloc and costs a page fault per 4 KiB page on first touch, which
+    on small VMs costs more than the im2col copy itself. A buffer is handed out again only when nothing else
+    holds a reference to it (a saved-for-backward array, or any view of it, keeps it taken).
+    """
+
+    def __init__(self, max_bytes=256 << 20):
+        self.max_bytes = max_bytes
+        self.entries = []  # [buffer, refcount it has when free], most recently used last
+        self.lock = threading.Lock()  # two threads must never be handed the same free buffer
+
+    def get(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        with self.lock:
+            for i, (buf, free_refs) in enumerate(self.entries):
+                if buf.shape == shape and buf.dtype == dtype and sys.getrefcount(buf) == free_refs:
+                    self.entries.append(self.entries.pop(i))
+                    return buf
+            buf = np.empty(shape, dtype)
+            self.entries.append([buf, 0])
+            self.entries[-1][1] = sys.getrefcount(buf)  # held by the entry and a local here, as in the loop above
+            self._evict()
+            return buf
+
+    def _evict(self):
+        total = sum(b.nbytes for b, _ in self.entries)
+        for entry in list(self.entries[:-1]):
+            if total <= self.max_bytes:
+                break
+            self.entries.remove(entry)
+            total -= entry[0].nbytes
+
+    def clear(self):
+        with self.lock:
+            self.entries.clear()
+
+
+workspace = Workspace()
+
+
+def scratch(xp, shape, dtype):
+    """An uninitialized array for a temporary: from the workspace on NumPy, fresh on CuPy."""
+    return workspace.get(tuple(shape), dtype) if xp is np else xp.empty(shape, dtype)
 
 
 def layout_order(a):
@@ -79,7 +129,9 @@ def im2col(xpad, kernel, stride, dilation, out_hw, groups=1):
     xp = xp_of(xpad)
     view = _window_view(xpad, kernel, stride, dilation, out_hw, groups)
     g, kh, kw, cg, oh, ow, n = view.shape
-    return xp.ascontiguousarray(view).reshape(g, kh * kw * cg, oh * ow * n)
+    cols = scratch(xp, view.shape, xpad.dtype)
+    cols[...] = view
+    return cols.reshape(g, kh * kw * cg, oh * ow * n)
 
 
 def col2im(dcols, padded_shape, kernel, stride, dilation, out_hw, groups=1):

@@ -4,6 +4,7 @@ One rank that dies while the others wait in a collective would hang the job fore
 """
 import os
 import sys
+import time
 import traceback
 
 # who sets what: Open MPI, MPICH/Intel MPI (hydra), PMIx, Slurm (srun), torchrun
@@ -45,6 +46,9 @@ def install_abort_hook(rank, abort):
             sys.stderr.write(prefixed)
             sys.stderr.flush()
             sys.stdout.flush()
+            # the launcher forwards our output asynchronously; Abort kills every rank at once, so give the
+            # forwarding a moment first or the traceback can be lost (seen under heavy load)
+            time.sleep(1.0)
         finally:
             abort()
     sys.excepthook = hook

@@ -127,7 +127,8 @@ def _route(xp, view, g, mask, finite, accumulate):
         return
     part = g * mask if finite else xp.where(mask, g, 0)
     if accumulate:
-        view += part
+        with np.errstate(invalid="ignore"):  # inf + -inf from two windows is NaN, silently, as in torch
+            view += part
     else:
         view[...] = part
 

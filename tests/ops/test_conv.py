@@ -12,6 +12,10 @@ from smalltrain.ops.pool import max_pool2d
 from smalltrain.testing import golden, gradcheck
 
 
+def _normal(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
 def _as_is(x):
     return x
 
@@ -79,6 +83,14 @@ def test_conv2d_integer_input(device, rng):
     x = rng.integers(-5, 5, (2, 3, 5, 6))
     w = rng.integers(-3, 3, (2, 3, 3, 2))
     golden(lambda x, w: conv2d(x, w, stride=(2, 1)), lambda x, w: F.conv2d(x, w, stride=(2, 1)), x, w,
+           device=device)
+
+
+def test_conv2d_two_convs_alive_at_once(device, rng):
+    """Two same-shaped convs in one graph: each keeps its own saved columns until backward (scratch reuse)."""
+    a, b = _normal(rng, (3, 2, 6, 5)), _normal(rng, (3, 2, 6, 5))
+    w = _normal(rng, (4, 2, 3, 2))
+    golden(lambda a, b, w: conv2d(a, w) * conv2d(b, w), lambda a, b, w: F.conv2d(a, w) * F.conv2d(b, w), a, b, w,
            device=device)
 
 

@@ -99,6 +99,17 @@ def test_max_pool2d_golden(case, indices, device, rng):
            lambda x: F.max_pool2d(x, return_indices=indices, **kw), make(rng, shape), device=device)
 
 
+@pytest.mark.parametrize("kw", [{"kernel_size": 2}, {"kernel_size": 3, "stride": 1, "padding": 1}],
+                         ids=["tiling", "overlapping"])
+def test_max_pool2d_nonfinite_upstream_gradient(kw, device, rng):
+    """inf and NaN in the gradient reach only the argmax positions; every other input gradient stays 0."""
+    c = rng.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    c[0, 0, 0, :2] = np.inf
+    c[1, 2, 3, 3] = np.nan
+    golden(lambda x, c: max_pool2d(x, **kw) * c, lambda x, c: F.max_pool2d(x, **kw) * c,
+           _normal(rng, (2, 3, 8, 8) if kw["kernel_size"] == 2 else (2, 3, 4, 4)), c, device=device)
+
+
 def test_max_pool2d_integer_input(device, rng):
     x = rng.integers(-50, 50, (2, 3, 5, 6))
     golden(lambda x: max_pool2d(x, 2, 1, 1, return_indices=True),
