@@ -7,6 +7,7 @@ import importlib
 from ._dtype import (bool_, double, float, float16, float32, float64, get_default_dtype, half, int, int8,  # noqa
                      int16, int32, int64, long, set_default_dtype, uint8)
 from ._dtype import dtype
+from . import _dtype
 from .backend import Device as device
 from .tensor import Size, Tensor
 from .creation import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like, linspace, ones,
@@ -14,10 +15,10 @@ from .creation import (arange, as_tensor, empty, empty_like, eye, from_numpy, fu
                        zeros, zeros_like)
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .random import get_rng_state, initial_seed, manual_seed, seed, set_rng_state
-from .ops.elementwise import (abs, add, allclose, ceil, clamp, clip, cos, cosh, div, eq, equal, exp, floor, ge,  # noqa
-                              gt, isfinite, isinf, isnan, le, log, log1p, logical_and, logical_not, logical_or,
-                              logical_xor, lt, maximum, minimum, mul, ne, neg, pow, round, rsqrt, sigmoid, sign,
-                              sin, sinh, sqrt, sub, tanh, where)
+from .ops.elementwise import (abs, add, allclose, bitwise_and, bitwise_not, bitwise_or, bitwise_xor, ceil,  # noqa
+                              clamp, clip, cos, cosh, div, eq, equal, exp, floor, ge, gt, isfinite, isinf, isnan, le,
+                              log, log1p, logical_and, logical_not, logical_or, logical_xor, lt, maximum, minimum,
+                              mul, ne, neg, pow, round, rsqrt, sigmoid, sign, sin, sinh, sqrt, sub, tanh, where)
 from .ops.reduce import (all, amax, amin, any, argmax, argmin, count_nonzero, logsumexp, max, mean, min, prod,  # noqa
                          std, sum, var)
 from .ops.shape import (cat, chunk, concat, concatenate, flatten, flip,  # noqa
@@ -49,12 +50,21 @@ def __getattr__(name):
     raise AttributeError(f"module 'smalltrain' has no attribute '{name}'")
 
 
+def result_type(*operands):
+    """The dtype torch's promotion gives an op over these tensors and Python numbers."""
+    return _dtype.from_numpy_dtype(_dtype.result_type(*operands))
+
+
+def promote_types(type1, type2):
+    return _dtype.from_numpy_dtype(_dtype.promote_types(_dtype.to_numpy_dtype(type1), _dtype.to_numpy_dtype(type2)))
+
+
 def is_tensor(obj):
     return isinstance(obj, Tensor)
 
 
-def numel(t):
-    return t.numel()
+def numel(input):  # noqa: A002
+    return input.numel()
 
 
 def get_num_threads():

@@ -100,7 +100,7 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
             if grads is None:
                 continue
             if node.freed:
-                node.saved_tensors  # raises the torch-style error
+                _ = node.saved_tensors   # raises the torch-style "backward through the graph a second time"
             if node.out_hooks:
                 _run_tensor_hooks(node, grads)
             in_grads = _call_backward(node, grads)
@@ -145,7 +145,7 @@ def _call_backward(node, grads):
     else:
         grads = [None if g is None else Tensor._wrap(g) for g in grads]
     in_grads = node.fn.backward(node, *grads)
-    if not isinstance(in_grads, tuple):
+    if not isinstance(in_grads, (tuple, list)):
         in_grads = (in_grads,)
     n = len(node.inputs)
     if len(in_grads) != n:

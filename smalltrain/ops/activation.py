@@ -68,7 +68,12 @@ class Relu(_Pointwise):
         return y, y
 
     # torch's threshold_backward(grad, result, 0): blocked where result <= 0, so a NaN input passes its gradient
-    bwd = staticmethod(lambda xp, g, y: xp.where(y <= 0, 0, g))
+    @staticmethod
+    def bwd(xp, g, y):
+        keep = ~(y <= 0)   # NaN compares False, so it keeps its gradient
+        if xp is np and np.isfinite(g).all():
+            return g * keep   # a multiply is several times faster than NumPy's where (inf * 0 would be NaN)
+        return xp.where(keep, g, 0)
 
 
 class Hardtanh(_Pointwise):

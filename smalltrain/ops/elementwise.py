@@ -371,6 +371,8 @@ def where(condition, input=None, other=None):  # noqa: A002
 
 def _compare(name, ufunc_name):
     def cmp(a, b):
+        if b is None and name in ("eq", "ne"):
+            return name == "ne"   # `t == None` is False, as in torch (so `t in [None, ...]` works)
         x, y = arr(a), arr(b)
         xp = xp_of(x if isinstance(a, Tensor) else y)
         try:

@@ -19,7 +19,8 @@ def _item(k, xp):
     elif k is None or k is Ellipsis or isinstance(k, (slice, int, np.integer)):
         return k
     if not hasattr(k, "dtype") or k.dtype.kind not in "biu":
-        raise IndexError(f"{_VALID} (got {type(k).__name__}{' of dtype ' + str(k.dtype) if hasattr(k, 'dtype') else ''})")
+        what = f"{type(k).__name__}" + (f" of dtype {k.dtype}" if hasattr(k, "dtype") else "")
+        raise IndexError(f"{_VALID} (got {what})")
     return k
 
 
@@ -29,7 +30,13 @@ def _prepare_key(key, shape, xp):
     Returns (key, advanced, scatter): `advanced` when an integer or bool array is involved; `scatter` when
     integer arrays may repeat an element, so the gradient must be summed with add.at rather than assigned.
     """
-    items = tuple(_item(k, xp) for k in (key if isinstance(key, tuple) else (key,)))
+    tk = type(key)
+    if tk is slice and shape and (key.step is None or key.step > 0):
+        return key, False, False   # the common x[a:b] needs no further checks
+    if tk is int and shape and -shape[0] <= key < shape[0]:
+        return key, False, False
+    is_tuple = isinstance(key, tuple)
+    items = tuple(_item(k, xp) for k in (key if is_tuple else (key,)))
     consumed = 0
     for k in items:
         if k is not None and k is not Ellipsis and not isinstance(k, bool):
@@ -63,7 +70,7 @@ def _prepare_key(key, shape, xp):
                     raise IndexError(f"index {hi if hi >= shape[dim] else lo} is out of bounds for dimension "
                                      f"{dim} with size {shape[dim]}")
             dim, advanced, scatter = dim + 1, True, True
-    return (items if isinstance(key, tuple) else items[0]), advanced, scatter
+    return (items if is_tuple else items[0]), advanced, scatter
 
 
 class GetItem(Function):
@@ -153,9 +160,21 @@ class Gather(Function):
         if idx.ndim != a.ndim:
             raise RuntimeError(f"gather(): Index tensor must have the same number of dimensions as input tensor "
                                f"(got index {list(idx.shape)} for input {list(a.shape)})")
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= a.shape[d]):
-            raise RuntimeError(f"gather(): index out of range for dimension {d} with size {a.shape[d]}")
+        if idx.dtype.kind not in "iu":
+            raise RuntimeError(f"gather(): Expected dtype int64 for index, got {idx.dtype}")
+        for i in range(a.ndim):
+            if i != d and idx.shape[i] > a.shape[i]:
+                raise RuntimeError(f"gather(): Size does not match at dimension {i} expected index "
+                                   f"{list(idx.shape)} to be no larger than self {list(a.shape)} apart from "
+                                   f"dimension {d}")
+        if idx.size:
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= a.shape[d]:
+                raise RuntimeError(f"gather(): index {hi if hi >= a.shape[d] else lo} is out of bounds for "
+                                   f"dimension {d} with size {a.shape[d]}")
         ctx.shape, ctx.d, ctx.idx = a.shape, d, idx
+        # torch reads only the leading block of the other dims that the index covers
+        a = a[tuple(slice(None) if i == d else slice(0, n) for i, n in enumerate(idx.shape))]
         return xp_of(a).take_along_axis(a, idx, axis=d)
 
     @staticmethod
@@ -165,10 +184,7 @@ class Gather(Function):
         dx = xp.zeros(ctx.shape, g.dtype)
         grid = list(xp.indices(ctx.idx.shape, sparse=True))
         grid[ctx.d] = ctx.idx
-        if xp is np:
-            np.add.at(dx, tuple(grid), g)
-        else:
-            xp.add.at(dx, tuple(grid), g)
+        xp.add.at(dx, tuple(grid), g)   # an index repeated along dim sums its gradients
         return dx, None, None
 
 

@@ -73,10 +73,11 @@ class Linear(Function):
         check_same_device("linear", x, weight, bias)
         a, w = x.array, weight.array
         if w.ndim != 2 or a.ndim == 0 or a.shape[-1] != w.shape[1]:
-            raise RuntimeError(f"linear: mat1 and mat2 shapes cannot be multiplied ({_fmt(a.reshape(-1, a.shape[-1]) if a.ndim else a)}"
-                               f" and {w.shape[1] if w.ndim == 2 else '?'}x{w.shape[0]}); expected input "
-                               f"[..., {w.shape[1] if w.ndim == 2 else '?'}] for weight {list(w.shape)}, "
-                               f"got {list(a.shape)}")
+            rows = a.size // a.shape[-1] if a.ndim and a.shape[-1] else 1
+            cols = a.shape[-1] if a.ndim else 1
+            raise RuntimeError(f"linear: mat1 and mat2 shapes cannot be multiplied ({rows}x{cols} and "
+                               f"{'x'.join(str(n) for n in w.shape[::-1])}); expected input [..., "
+                               f"{w.shape[-1] if w.ndim else '?'}] for weight {list(w.shape)}, got {list(a.shape)}")
         ctx.a, ctx.w = a, w
         out = a @ w.T
         if bias is not None:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .._dtype import get_default_dtype
+from .._dtype import get_default_dtype, to_numpy_dtype
 from ..autograd.function import Function
 from ..tensor import Tensor
 from ._util import normalize_dim, normalize_dims, xp_of
@@ -27,7 +27,7 @@ class Sum(Function):
         ctx.shape, ctx.axes, ctx.keepdim = a.shape, axes, keepdim
         if dtype is None and a.dtype.kind in "bui":
             dtype = np.int64  # torch sums integers and bools as int64
-        return a.sum(axis=axes, keepdims=keepdim, dtype=dtype)
+        return a.sum(axis=None if dim is None else axes, keepdims=keepdim, dtype=dtype)
 
     @staticmethod
     def backward(ctx, dout):
@@ -44,8 +44,8 @@ class Mean(Function):
                                f"point or complex dtype. Got: {x.dtype}")
         axes = normalize_dims("mean", dim, a.ndim)
         ctx.shape, ctx.axes, ctx.keepdim = a.shape, axes, keepdim
-        ctx.count = int(np.prod([a.shape[i] for i in axes])) if axes else 1
-        return a.mean(axis=axes, keepdims=keepdim, dtype=dtype)
+        ctx.count = math.prod([a.shape[i] for i in axes])
+        return a.mean(axis=None if dim is None else axes, keepdims=keepdim, dtype=dtype)
 
     @staticmethod
     def backward(ctx, dout):
@@ -76,7 +76,7 @@ class Var(Function):
 
 
 def _var(a, axes, correction, keepdim):
-    n = int(np.prod([a.shape[i] for i in axes])) if axes else 1
+    n = math.prod([a.shape[i] for i in axes])
     with np.errstate(divide="ignore", invalid="ignore"):
         centered = a - a.mean(axis=axes, keepdims=True)
         denom = n - correction if n > correction else 0  # (the builtin max is shadowed here)
@@ -201,13 +201,11 @@ class LogSumExp(Function):
 
 
 def sum(x, dim=None, keepdim=False, dtype=None):  # noqa: A001
-    from .._dtype import to_numpy_dtype
-    return Sum.apply(x, dim, keepdim, to_numpy_dtype(dtype))
+    return Sum.apply(x, dim, keepdim, None if dtype is None else to_numpy_dtype(dtype))
 
 
 def mean(x, dim=None, keepdim=False, dtype=None):
-    from .._dtype import to_numpy_dtype
-    return Mean.apply(x, dim, keepdim, to_numpy_dtype(dtype))
+    return Mean.apply(x, dim, keepdim, None if dtype is None else to_numpy_dtype(dtype))
 
 
 def _correction(dim, unbiased, correction):

@@ -1,0 +1,195 @@
+"""The backward engine against torch: seeding, deep chains without recursion, accumulation across calls, diamonds,
+unbroadcasting, graph freeing and retain_graph, tensor hooks, post-accumulate hooks, inputs=, autograd.grad."""
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+import smalltrain as st
+from smalltrain.testing import assert_close, golden
+
+
+def pair(values, device="cpu"):
+    a = np.asarray(values, np.float32)
+    return st.tensor(a, device=device, requires_grad=True), torch.tensor(a, requires_grad=True)
+
+
+def test_backward_seeds(device):
+    xs, xt = pair([1.0, -2.0, 3.0], device)
+    (xs * xs).sum().backward()
+    (xt * xt).sum().backward()
+    assert_close(xs.grad, xt.grad)
+    ys, yt = pair([0.5, 2.0], device)
+    g = np.array([1.5, -1.0], np.float32)
+    (ys.exp() * 2).backward(st.tensor(g, device=device))
+    (yt.exp() * 2).backward(torch.tensor(g))
+    assert_close(ys.grad, yt.grad)
+
+
+def test_backward_errors(device):
+    x = st.ones(3, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="implicitly created only for scalar outputs"):
+        (x * 2).backward()
+    with pytest.raises(RuntimeError, match=r"gradient has shape \[2\], expected .* \[3\]"):
+        (x * 2).backward(st.ones(2, device=device))
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        st.ones(3, device=device).sum().backward()
+
+
+def test_deep_chain_has_no_recursion_limit(device):
+    x = st.tensor([0.5], device=device, requires_grad=True)
+    y = x
+    for _ in range(10000):
+        y = y * 1.0001
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(force=True), [1.0001 ** 10000], rtol=1e-3)
+
+
+def test_gradients_accumulate_across_calls(device):
+    xs, xt = pair([1.0, 2.0], device)
+    for _ in range(3):
+        (xs ** 2).sum().backward()
+        (xt ** 2).sum().backward()
+    assert_close(xs.grad, xt.grad)
+    assert xs.grad.tolist() == [6.0, 12.0]
+
+
+def test_diamonds_and_reuse(device, rng):
+    def fn(x):
+        y = x * 2
+        a, b = y * 3, y.exp()
+        z = y + y + y * y      # one node used three times
+        return (a + b + z).sum() + (y.tanh() * a).mean()
+    golden(fn, fn, rng.uniform(-1, 1, (3, 4)).astype(np.float32), device=device)
+
+
+@pytest.mark.parametrize("shapes", [((3, 1), (4,)), ((1, 4), (3, 1)), ((), (2, 3)), ((2, 1, 3), (4, 1))], ids=str)
+def test_gradients_reduce_to_input_shapes(shapes, device, rng):
+    a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in shapes)
+    errors = golden(lambda x, y: x * y + x / (y.abs() + 1), lambda x, y: x * y + x / (y.abs() + 1), a, b,
+                    device=device)
+    assert set(errors) == {"out0", "grad0", "grad1"}
+
+
+def test_mixed_dtype_gradients_come_back_in_each_inputs_dtype(device):
+    a = st.ones(3, device=device, requires_grad=True)
+    b = st.ones(3, dtype=st.float64, device=device, requires_grad=True)
+    (a * b).sum().backward()
+    assert a.grad.dtype == st.float32 and b.grad.dtype == st.float64
+
+
+def test_graph_freed_after_backward(device):
+    x = st.tensor([1.0, 2.0], device=device, requires_grad=True)
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.backward()
+    xt = torch.tensor([1.0, 2.0], requires_grad=True)
+    yt = (xt * xt).sum()
+    yt.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        yt.backward()
+
+
+def test_graph_of_ops_without_saved_tensors_can_run_twice_like_torch(device):
+    xs, xt = pair([1.0, 2.0], device)
+    ys, yt = (xs + 1).sum(), (xt + 1).sum()
+    for _ in range(2):
+        ys.backward()
+        yt.backward()
+    assert_close(xs.grad, xt.grad)
+
+
+def test_retain_graph(device):
+    xs, xt = pair([1.0, 2.0, 3.0], device)
+    ys, yt = (xs.exp() * xs).sum(), (xt.exp() * xt).sum()
+    ys.backward(retain_graph=True)
+    ys.backward()
+    yt.backward(retain_graph=True)
+    yt.backward()
+    assert_close(xs.grad, xt.grad)
+
+
+def test_backward_frees_intermediate_memory(device):
+    x = st.ones(1000, device=device, requires_grad=True)
+    y = x * 2
+    held = weakref.ref(y.array) if isinstance(y.array, np.ndarray) else None
+    z = (y * y).sum()
+    del y
+    z.backward()
+    gc.collect()
+    if held is not None:
+        assert held() is None    # neither the graph nor the freed node keeps the intermediate array
+    assert z.grad_fn is not None and x.grad.tolist()[:2] == [8.0, 8.0]
+
+
+def test_hooks_against_torch(device):
+    logs = {"st": [], "torch": []}
+
+    def run(L, x, key):
+        h1 = x.register_hook(lambda g: g * 2)              # leaf: replacement gradient
+        y = x * 3
+        y.register_hook(lambda g: logs[key].append(g.tolist()))
+        h2 = y.register_hook(lambda g: g + 1)              # non-leaf: replacement gradient
+        (y * y).sum().backward(retain_graph=True)
+        h1.remove()
+        h2.remove()
+        (y * y).sum().backward()
+        return x.grad
+    gs, gt = pair([1.0, -1.0], device)
+    assert_close(run(st, gs, "st"), run(torch, gt, "torch"))
+    assert logs["st"] == logs["torch"]
+
+
+def test_post_accumulate_grad_hook(device):
+    x = st.ones(2, device=device, requires_grad=True)
+    seen = []
+    handle = x.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.tolist()))
+    (x * 3).sum().backward()
+    (x * 3).sum().backward()
+    handle.remove()
+    (x * 3).sum().backward()
+    assert seen == [[3.0, 3.0], [6.0, 6.0]] and x.grad.tolist() == [9.0, 9.0]
+    with pytest.raises(RuntimeError, match="non-leaf"):
+        (x * 2).register_post_accumulate_grad_hook(print)
+
+
+def test_retain_grad_and_inputs(device):
+    xs, xt = pair([1.0, 2.0], device)
+    ws, wt = pair([3.0, -1.0], device)
+    hs, ht = xs * ws, xt * wt
+    hs.retain_grad()
+    ht.retain_grad()
+    (hs ** 2).sum().backward(inputs=[ws])
+    (ht ** 2).sum().backward(inputs=[wt])
+    assert xs.grad is None and xt.grad is None
+    assert_close(ws.grad, wt.grad)
+
+
+def test_autograd_grad_and_backward(device):
+    x = st.tensor([1.0, 2.0], device=device, requires_grad=True)
+    (gx,) = st.autograd.grad((x ** 3).sum(), x)
+    assert gx.tolist() == [3.0, 12.0] and x.grad is None
+    a, b = x * 2, x * x
+    st.autograd.backward([a.sum(), b.sum()])
+    assert x.grad.tolist() == [4.0, 6.0]
+
+
+def test_no_grad_results_have_no_graph(device):
+    x = st.ones(2, device=device, requires_grad=True)
+    with st.no_grad():
+        y = x * 2
+    assert y.grad_fn is None and not y.requires_grad
+    assert not x.argmax().requires_grad and not (x > 0).requires_grad
+
+
+def test_queue_callback_runs_after_backward(device):
+    from smalltrain.autograd import engine
+    x = st.ones(2, device=device, requires_grad=True)
+    order = []
+    x.register_post_accumulate_grad_hook(lambda t: order.append("hook"))
+    engine.queue_callback(lambda: order.append("callback"))
+    (x * 2).sum().backward()
+    assert order == ["hook", "callback"]

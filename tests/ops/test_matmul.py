@@ -1,0 +1,78 @@
+"""Golden tests for smalltrain.ops.matmul against torch: 1-D/2-D/batched/broadcast batch dims for matmul, mm, bmm,
+linear; dtypes; error rows; float64 gradchecks."""
+import numpy as np
+import pytest
+import torch
+
+import smalltrain as st
+from smalltrain.ops.matmul import linear
+from smalltrain.testing import golden, golden_error, gradcheck
+
+SHAPES = [((3,), (3,)), ((3,), (3, 4)), ((2, 3), (3,)), ((2, 3), (3, 4)), ((5, 2, 3), (3, 4)), ((2, 3), (5, 3, 4)),
+          ((5, 2, 3), (5, 3, 4)), ((5, 1, 2, 3), (4, 3, 2)), ((3,), (5, 3, 4)), ((5, 2, 3), (3,)),
+          ((1, 2, 3), (4, 3, 2)), ((2, 0), (0, 3)), ((0, 3), (3, 2)), ((2, 1, 3), (1, 3, 1))]
+
+
+@pytest.mark.parametrize("shapes", SHAPES, ids=str)
+def test_matmul_shapes(shapes, device, rng):
+    a, b = (rng.uniform(-1, 1, s).astype(np.float32) for s in shapes)
+    golden(lambda x, y: x @ y, lambda x, y: x @ y, a, b, device=device)
+    golden(st.matmul, torch.matmul, a, b, device=device)
+
+
+def test_mm_bmm_and_dtypes(device, rng):
+    a, b = rng.uniform(-1, 1, (2, 3)), rng.uniform(-1, 1, (3, 4))
+    golden(st.mm, torch.mm, a.astype(np.float32), b.astype(np.float32), device=device)
+    golden(lambda x, y: x.mm(y), lambda x, y: x.mm(y), a, b, device=device)   # float64 stays float64
+    p, q = rng.uniform(-1, 1, (4, 2, 3)).astype(np.float32), rng.uniform(-1, 1, (4, 3, 5)).astype(np.float32)
+    golden(st.bmm, torch.bmm, p, q, device=device)
+    golden(lambda x, y: x.bmm(y), lambda x, y: x.bmm(y), p, q, device=device)
+    i, j = rng.integers(-3, 3, (2, 3)), rng.integers(-3, 3, (3, 2))
+    golden(lambda x, y: x @ y, lambda x, y: x @ y, i, j, device=device)
+    golden(lambda x, y: x @ y, lambda x, y: x @ y, a.astype(np.float32), np.arange(3.0, dtype=np.float32),
+           device=device, requires_grad=(True, False))
+
+
+@pytest.mark.parametrize("xshape", [(4, 3), (2, 4, 3), (3,)], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear(xshape, bias, device, rng):
+    x, w = rng.uniform(-1, 1, xshape).astype(np.float32), rng.uniform(-1, 1, (5, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, (5,)).astype(np.float32)
+    if bias:
+        golden(linear, torch.nn.functional.linear, x, w, b, device=device)
+    else:
+        golden(linear, torch.nn.functional.linear, x, w, device=device)
+
+
+ERRORS = [  # (fn(lib, a, b), shapes or dtypes, message regex)
+    (lambda L, a, b: a @ b, ((2, 3), (2, 3)), r"cannot be multiplied \(2x3 and 2x3\)"),
+    (lambda L, a, b: a @ b, ((3,), (4,)), r"inconsistent tensor size"),
+    (lambda L, a, b: a @ b, ((2, 2, 3), (3, 3, 2)), r"batch|size"),
+    (lambda L, a, b: a @ b, ((5, 3), (4,)), r"cannot be multiplied"),
+    (lambda L, a, b: a.sum() @ b, ((3,), (3,)), r"at least 1D"),
+    (lambda L, a, b: L.mm(a, b), ((2, 2, 3), (3, 2)), r"2-D|2D|matrix"),
+    (lambda L, a, b: L.bmm(a, b), ((2, 3), (3, 2)), r"3-D|3D"),
+    (lambda L, a, b: a @ b.double(), ((2, 3), (3, 2)), r"dtype|same dtype|expected"),
+]
+
+
+def test_linear_error(device):
+    golden_error(linear, torch.nn.functional.linear, np.ones((2, 4), np.float32), np.ones((5, 3), np.float32),
+                 match=r"cannot be multiplied \(2x4 and 3x5\)", device=device)
+
+
+@pytest.mark.parametrize("fn,shapes,match", ERRORS, ids=[f"{i}-{e[2][:20]}" for i, e in enumerate(ERRORS)])
+def test_errors(fn, shapes, match, device):
+    a, b = (np.ones(s, np.float32) for s in shapes)
+    golden_error(lambda *t: fn(st, *t), lambda *t: fn(torch, *t), a, b, match=match, device=device)
+
+
+@pytest.mark.parametrize("shapes", [s for s in SHAPES if 0 not in s[0] + s[1]], ids=str)
+def test_gradcheck(shapes, rng):
+    a, b = (st.tensor(rng.uniform(-1, 1, s), requires_grad=True) for s in shapes)
+    assert gradcheck(lambda x, y: x @ y, (a, b))
+
+
+def test_gradcheck_linear(rng):
+    x, w, b = (st.tensor(rng.uniform(-1, 1, s), requires_grad=True) for s in ((2, 2, 3), (4, 3), (4,)))
+    assert gradcheck(linear, (x, w, b))
