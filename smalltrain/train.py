@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from . import models, nn, optim, random as st_random
+from . import models, optim, random as st_random
 from .autograd import no_grad
 from .nn import functional as F
 
