@@ -37,9 +37,16 @@ class MpiBackend:
 
     def local_rank(self):
         """Rank among the processes of this node: MPI's shared-memory split of the communicator."""
+        return self._node()[0]
+
+    def local_size(self):
+        """How many processes of the job share this node."""
+        return self._node()[1]
+
+    def _node(self):
         node = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
         try:
-            return node.Get_rank()
+            return node.Get_rank(), node.Get_size()
         finally:
             node.Free()
 
@@ -93,6 +100,9 @@ class LocalBackend:
 
     def local_rank(self):
         return 0
+
+    def local_size(self):
+        return 1
 
     def all_reduce(self, buf, op):
         _check_avg(op, buf)

@@ -89,6 +89,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     group = ProcessGroup(backend, host, local_rank)
     if host.size > 1:
         launch.install_abort_hook(host.rank, lambda: host.abort(1))
+        launch.share_cpu_threads(host.local_size() if hasattr(host, "local_size") else 1)
     if backend == "nccl":
         from .nccl_backend import NcclBackend
         try:

@@ -106,6 +106,9 @@ def test_rank_and_local_rank_under_mpiexec(tmp_path):
     assert [i["env_local_rank"] for i in infos] == [0, 1] and [i["local_rank"] for i in infos] == [0, 1]
     assert all(i["hook_installed"] and i["hook_restored"] for i in infos)
     assert all(i["backend"] == i["expected_backend"] for i in infos)
+    # two ranks on one node share its cores: each gets cores / 2 BLAS threads instead of oversubscribing them
+    if "OPENBLAS_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        assert all(i["blas_threads"] == [max(1, os.cpu_count() // 2)] for i in infos), infos
 
 
 cuda = pytest.mark.skipif(not smalltrain.cuda.is_available(), reason="no CUDA device")
