@@ -23,10 +23,11 @@ def _signature(args, kwargs):
 class CompiledStep:
     """The callable `smalltrain.compile` returns; `.stats` counts captures, replays and eager calls."""
 
-    def __init__(self, fn, warmup=3):
+    def __init__(self, fn, warmup=3, warn_recapture=True):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.warmup = warmup
+        self.warn_recapture = warn_recapture
         self.entries = {}   # signature -> (graph, static inputs, outputs) or "eager"
         self.seen = {}      # signature -> warm-up calls made
         self.stats = {"captures": 0, "replays": 0, "eager": 0}
@@ -60,7 +61,7 @@ class CompiledStep:
 
     def _capture(self, sig, args, kwargs):
         from .backend.cuda.graphs import CUDAGraph, graph
-        if self.entries:
+        if self.entries and self.warn_recapture:
             warnings.warn(f"smalltrain.compile({self.fn.__name__}): new input shapes or dtypes; capturing another "
                           "graph for them", stacklevel=3)
         static_args = [Tensor._wrap(a.array.copy()) if isinstance(a, Tensor) else a for a in args]
@@ -81,8 +82,11 @@ class CompiledStep:
         return entry
 
 
-def compile(fn=None, *, warmup=3, mode=None):  # noqa: A001 - torch's name
-    """Capture `fn` (a training step) as a CUDA graph on first CUDA use; usable as `@smalltrain.compile` too."""
+def compile(fn=None, *, warmup=3, mode=None, warn_recapture=True):  # noqa: A001 - torch's name
+    """Capture `fn` (a training step) as a CUDA graph on first CUDA use; usable as `@smalltrain.compile` too.
+
+    warn_recapture=False silences the warning for a new input signature (the trainer's last partial batch).
+    """
     if fn is None:
-        return lambda f: CompiledStep(f, warmup)
-    return CompiledStep(fn, warmup)
+        return lambda f: CompiledStep(f, warmup, warn_recapture)
+    return CompiledStep(fn, warmup, warn_recapture)

@@ -122,6 +122,25 @@ class Trainer:
         self.logger = RunLogger(cfg.out, cfg.tensorboard, self.step) if self.is_main else None
 
     # ---- the loop --------------------------------------------------------------------------------------------
+    def _step(self, x, y):
+        """One optimizer step; with --compile it is captured as a CUDA graph (a last partial batch, having
+        another shape, gets a graph of its own)."""
+        self.optimizer.zero_grad(set_to_none=not self.cfg.compile)   # captured steps keep their grad buffers
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        return loss
+
+    @property
+    def train_step(self):
+        if "_train_step" not in self.__dict__:
+            if self.cfg.compile:
+                from .compile_ import compile as compile_step
+                self._train_step = compile_step(self._step, warn_recapture=False)
+            else:
+                self._train_step = self._step
+        return self._train_step
+
     def train_epoch(self):
         cfg, model, opt = self.cfg, self.model, self.optimizer
         model.train()
@@ -131,11 +150,7 @@ class Trainer:
         for k, (x, y) in enumerate(self.loader):
             if k >= total:
                 break
-            x, y = x.to(cfg.device), y.to(cfg.device)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
+            loss = self.train_step(x.to(cfg.device), y.to(cfg.device))
             if self.scheduler is not None:
                 self.scheduler.step()
             self.step += 1

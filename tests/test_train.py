@@ -147,3 +147,13 @@ def test_lab_script_runs_unchanged(tmp_path):
     assert acc > 50.0  # 30 Adam steps already learn most digits; chance is 10%
     assert any(n.startswith("events.out.tfevents") for n in os.listdir(tmp_path / "runs"))
     _ = np
+
+
+def test_compile_flag_on_cpu_trains_eagerly_and_identically(tmp_path):
+    """--compile captures CUDA graphs on a GPU; on the CPU it must run the very same steps eagerly."""
+    common = ["train", "--epochs", "1", "--limit-train-batches", "10", "--no-tensorboard"]
+    assert cli.main([*common, "--out", str(tmp_path / "eager")]) == 0
+    assert cli.main([*common, "--compile", "--out", str(tmp_path / "compiled")]) == 0
+    a = _params(tmp_path / "eager" / "checkpoint_epoch1.safetensors")
+    b = _params(tmp_path / "compiled" / "checkpoint_epoch1.safetensors")
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a)
