@@ -31,27 +31,13 @@ class Conv2dSaved:
 
 def _pads(padding, stride, dilation, kernel):
     """(top, bottom, left, right) from an int, (ph, pw), (top, bottom, left, right), 'valid' or 'same'."""
-    if isinstance(padding, str):
-        if padding == "valid":
-            return (0, 0, 0, 0)
-        if padding != "same":
-            raise RuntimeError(f"conv2d: Invalid padding string: {padding!r} (expected 'same' or 'valid')")
-        if stride != (1, 1):
-            raise RuntimeError(f"conv2d: padding='same' is not supported for strided convolutions, got "
-                               f"stride={list(stride)}")
-        out = []
-        for d, k in zip(dilation, kernel):
-            total = d * (k - 1)
-            out += [total // 2, total - total // 2]
-        return tuple(out)
-    if isinstance(padding, (tuple, list)) and len(padding) == 4:
+    if isinstance(padding, (tuple, list)) and len(padding) == 4:   # already resolved by smalltrain.ops.conv
         pads = tuple(operator.index(p) for p in padding)
-    else:
-        ph, pw = pair("conv2d", "padding", padding)
-        pads = (ph, ph, pw, pw)
-    if min(pads) < 0:
-        raise RuntimeError(f"conv2d: negative padding is not supported, got padding={list(pads)}")
-    return pads
+        if min(pads) < 0:
+            raise RuntimeError(f"conv2d: negative padding is not supported, got padding={list(pads)}")
+        return pads
+    from ...ops.conv import _padding   # one set of rules for 'same', 'valid' and ints on both devices
+    return _padding(padding, stride, dilation, kernel)
 
 
 def _validate(x, w, b, stride, padding, dilation, groups, activation):
