@@ -180,3 +180,13 @@ __all__ = [
     "xavier_uniform_",
     "zeros_",
 ]
+
+
+def default_weight_and_bias_(weight, bias=None):
+    """torch's reset_parameters for Linear and Conv2d: kaiming_uniform_(a=sqrt(5)) on the weight, the bias
+    uniform in +-1/sqrt(fan_in)."""
+    kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = _calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        uniform_(bias, -bound, bound)

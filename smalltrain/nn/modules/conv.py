@@ -1,6 +1,5 @@
 """Conv2d with torch's constructor, validation, default initialization and repr; forward is F.conv2d, after
 reflect / replicate / circular padding for the padding modes other than zeros."""
-import math
 
 import numpy as np
 
@@ -90,11 +89,7 @@ class Conv2d(Module):
         return amounts
 
     def reset_parameters(self):
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
-            init.uniform_(self.bias, -bound, bound)
+        init.default_weight_and_bias_(self.weight, self.bias)
 
     def _conv_forward(self, input, weight, bias):
         if self.padding_mode != "zeros":
