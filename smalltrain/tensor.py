@@ -35,9 +35,13 @@ class Tensor:
             data = []
         if dtype is None and not hasattr(data, "dtype"):
             dtype = _dtype.get_default_dtype()  # like torch.Tensor: Python data becomes the default float
-        self.array = _to_array(data, dtype, device)
+        self._init_leaf(_to_array(data, dtype, device), bool(requires_grad))
+
+    def _init_leaf(self, array, requires_grad):
+        """Give every slot its initial value: the one place a new Tensor (or subclass) is set up."""
+        self.array = array
         self.grad = None
-        self.requires_grad = bool(requires_grad)
+        self.requires_grad = requires_grad
         self._ctx = None
         self._out_idx = 0
         self._hooks = None
@@ -50,14 +54,7 @@ class Tensor:
         t = object.__new__(cls)
         if isinstance(array, np.generic):  # NumPy reductions return scalars; tensors always hold arrays
             array = np.asarray(array)
-        t.array = array
-        t.grad = None
-        t.requires_grad = requires_grad
-        t._ctx = None
-        t._out_idx = 0
-        t._hooks = None
-        t._post_hooks = None
-        t._retain = False
+        t._init_leaf(array, requires_grad)
         return t
 
     # ---- attributes ------------------------------------------------------------------------------------------

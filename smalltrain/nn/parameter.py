@@ -28,14 +28,7 @@ class Parameter(Tensor):
         if requires_grad and array.dtype.kind not in "fc":
             raise RuntimeError(f"Only Tensors of floating point and complex dtype can require gradients (got "
                                f"{array.dtype})")
-        self.array = array
-        self.grad = None
-        self.requires_grad = bool(requires_grad)
-        self._ctx = None
-        self._out_idx = 0
-        self._hooks = None
-        self._post_hooks = None
-        self._retain = False
+        self._init_leaf(array, bool(requires_grad))
 
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
