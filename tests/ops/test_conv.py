@@ -9,25 +9,12 @@ import torch.nn.functional as F
 import smalltrain
 from smalltrain.ops.conv import conv2d
 from smalltrain.ops.pool import max_pool2d
+from _layouts import as_is as _as_is, batch_inner as _batch_inner, transposed as _transposed
 from smalltrain.testing import golden, gradcheck
 
 
 def _normal(rng, shape):
     return rng.standard_normal(shape).astype(np.float32)
-
-
-def _as_is(x):
-    return x
-
-
-def _transposed(x):
-    """Same values, non-contiguous memory (H and W strides swapped)."""
-    return x.transpose(-1, -2).contiguous().transpose(-1, -2)
-
-
-def _batch_inner(x):
-    """Same values stored as [C, H, W, N]: the layout conv2d itself returns."""
-    return x.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2)
 
 
 # id, input shape, weight shape, bias?, kwargs, layout of the input as smalltrain sees it

@@ -6,21 +6,8 @@ import torch.nn.functional as F
 
 import smalltrain
 from smalltrain.ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from _layouts import as_is as _as_is, batch_inner as _batch_inner, transposed as _transposed
 from smalltrain.testing import golden, gradcheck
-
-
-def _as_is(x):
-    return x
-
-
-def _transposed(x):
-    """Same values, non-contiguous memory (H and W strides swapped)."""
-    return x.transpose(-1, -2).contiguous().transpose(-1, -2)
-
-
-def _batch_inner(x):
-    """Same values stored as [C, H, W, N]: the layout conv2d returns."""
-    return x.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2)
 
 
 def _normal(rng, shape):

@@ -134,6 +134,15 @@ def launch_rows(family, name, dtype, rows, args, block=BLOCK):
     get(family, name, dtype)((grid,), (block,), args)
 
 
+def dim_index(op, dim, ndim):
+    """A dim in [-ndim, ndim) made non-negative (0-d arrays take dim 0 or -1), IndexError otherwise."""
+    n = max(ndim, 1)
+    dim = operator.index(dim)
+    if not -n <= dim < n:
+        raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
 def pair(op, name, value):
     """An int or a sequence of one or two ints -> (int, int); TypeError / RuntimeError like torch otherwise."""
     vals = tuple(value) if isinstance(value, (tuple, list)) else (value,)

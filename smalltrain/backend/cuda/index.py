@@ -1,19 +1,11 @@
 """CUDA gather and scatter-add along one dim (kernels/index.cu), torch.gather / torch.scatter_add semantics; the
 index may be smaller than the input in the other dims (the kernels then work on a sliced contiguous copy)."""
-import operator
 
 import numpy as np
 
 from . import cupy
-from ._common import check_array, check_dtype, check_float, contiguous, i64, launch, same_device, want_host_check
-
-
-def _dim(op, dim, ndim):
-    n = max(ndim, 1)
-    dim = operator.index(dim)
-    if not -n <= dim < n:
-        raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
-    return dim % n
+from ._common import (check_array, check_dtype, check_float, contiguous, dim_index, i64, launch, same_device,
+                      want_host_check)
 
 
 def _check_index(op, x, dim, index, name="self"):
@@ -60,7 +52,7 @@ def gather(x, dim, index, check_bounds=None):
     op = "gather"
     check_array(op, "input", x)
     check_float(op, "input", x)
-    d = _dim(op, dim, x.ndim)
+    d = dim_index(op, dim, x.ndim)
     _check_index(op, x, d, index)
     same_device(op, x, index)
     if x.ndim == 0:
@@ -89,7 +81,7 @@ def scatter_add(x, dim, index, src, check_bounds=None, inplace=False):
         check_array(op, name, a)
     check_float(op, "self", x)
     check_dtype(op, "src", src, x.dtype)
-    d = _dim(op, dim, x.ndim)
+    d = dim_index(op, dim, x.ndim)
     _check_index(op, x, d, index)
     if src.ndim != index.ndim or any(a > b for a, b in zip(index.shape, src.shape)):
         raise RuntimeError(f"{op}: Expected index {list(index.shape)} to be no larger than src {list(src.shape)}")

@@ -1,27 +1,18 @@
 """CUDA softmax / log_softmax over one dim and fused cross-entropy (kernels/loss.cu): one warp per row; cross-entropy
 computes the loss and the gradient of the unreduced loss in one pass, so its backward is one scaling kernel."""
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import cupy
-from ._common import (check_array, check_dtype, check_float, contiguous, i64, launch, launch_rows, ptr, same_device,
-                      scalar, want_host_check)
-
-
-def _dim(op, dim, ndim):
-    n = max(ndim, 1)
-    dim = operator.index(dim)
-    if not -n <= dim < n:
-        raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
-    return dim % n
+from ._common import (check_array, check_dtype, check_float, contiguous, dim_index, i64, launch, launch_rows, ptr,
+                      same_device, scalar, want_host_check)
 
 
 def _softmax_forward(op, x, dim, log):
     check_array(op, "input", x)
     check_float(op, "input", x)
-    d = _dim(op, dim, x.ndim)
+    d = dim_index(op, dim, x.ndim)
     shape = x.shape if x.ndim else (1,)
     outer, c, inner = int(np.prod(shape[:d])), shape[d], int(np.prod(shape[d + 1:]))
     with x.device:
