@@ -6,9 +6,12 @@ OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUPY_TF32=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import cupy, torch, numpy; print('cupy', cupy.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"; } 2>&1 | tee "$OUT/env.txt"
-timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider -n 8 -k "cuda or nccl or compile" tests \
+timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider -n 8 --durations=10 -k "cuda or nccl or compile" tests \
   > "$OUT/pytest_cuda.log" 2>&1
 grep -E "^(FAILED|ERROR)" "$OUT/pytest_cuda.log" | head -40; tail -3 "$OUT/pytest_cuda.log"
 timeout 60 python3 benchmarks/bench_train.py --device cuda --config lenet5:64 lenet5:512 cnn:64 2>&1 | tee "$OUT/bench_train_cuda.txt"
 timeout 60 python3 benchmarks/bench_compile.py 2>&1 | tee "$OUT/bench_compile.txt"
-timeout 60 python3 -m smalltrain train --device cuda --epochs 1 --log-every 200 --out /tmp/run 2>&1 | tail -4 | tee "$OUT/train_cuda.txt"
+timeout 60 python3 benchmarks/profile_step.py --device cuda --config lenet5:64 > "$OUT/profile.txt" 2>&1; head -30 "$OUT/profile.txt"
+for mode in "" "--compile"; do
+  timeout 90 python3 -m smalltrain train --device cuda $mode --epochs 1 --log-every 200 --out /tmp/run$mode 2>&1 | tail -4
+done | tee "$OUT/train_cuda.txt"
