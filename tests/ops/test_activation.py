@@ -60,6 +60,10 @@ INPUTS = ["randn", "edge", "large", "float64", "empty", "size1", "scalar", "nonc
 # torch's gradient at a NaN input differs between its scalar and vector kernels (and between builds) for these:
 # their NaN row is compared forward only here, and our choice is pinned by test_gradient_at_nan
 NAN_GRAD_VARIES = {"relu6", "hardtanh", "hardtanh_range", "elu", "elu_0.5"}
+# torch's gelu(+inf) differs between its kernels: NaN from the CPU vector kernel (which an array of this size
+# takes), inf from its scalar CPU kernel and its CUDA kernel. The edge row compares the other values, and our
+# choice (inf, as x * Phi(x) tends to) is pinned by test_gelu_at_infinity
+INF_FORWARD_VARIES = {"gelu"}
 
 
 @pytest.mark.parametrize("kind", INPUTS)
@@ -69,6 +73,8 @@ def test_activation_golden(name, ours, theirs, kwargs, kind, device, rng):
     if kind == "edge" and name in NAN_GRAD_VARIES:
         golden(lambda t: ours(t, **kwargs), lambda t: theirs(t, **kwargs), x, device=device, grad=False)
         x = x[~np.isnan(x)]
+    if kind == "edge" and name in INF_FORWARD_VARIES:
+        x = x[x != np.inf]
     if transpose:
         golden(lambda t: ours(t.transpose(0, 1), **kwargs), lambda t: theirs(t.transpose(0, 1), **kwargs), x,
                device=device)
@@ -89,6 +95,22 @@ def test_gradient_at_nan(name, expected, device):
     tx = torch.tensor([float("nan"), 0.5], requires_grad=True)   # torch's scalar path (a 2-element tensor)
     getattr(TF, name)(tx).sum().backward()
     assert float(tx.grad[0]) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("dtype", [st.float32, st.float64])
+def test_gelu_at_infinity(dtype, device):
+    # forward: inf at +inf (torch's scalar and CUDA kernels), NaN at -inf (-inf * 0, every torch kernel);
+    # gradient: NaN at both (Phi(x) + x * phi(x) has inf * 0, every torch kernel)
+    x = st.tensor([np.inf, -np.inf, 0.5], dtype=dtype, device=device, requires_grad=True)
+    y = A.gelu(x)
+    y.sum().backward()
+    out, grad = y.detach().numpy(force=True), x.grad.numpy(force=True)
+    assert out[0] == np.inf and np.isnan(out[1]) and np.isfinite(out[2])
+    assert np.isnan(grad[:2]).all() and np.isfinite(grad[2])
+    tx = torch.tensor([np.inf], requires_grad=True)   # torch's scalar CPU kernel agrees
+    ty = TF.gelu(tx)
+    ty.backward()
+    assert float(ty) == np.inf and math.isnan(float(tx.grad))
 
 
 @pytest.mark.parametrize("name,ours,theirs", [("relu", A.relu, TF.relu), ("relu6", A.relu6, TF.relu6),
