@@ -85,12 +85,12 @@ def act(v, name):
 
 
 def act_grad(dout, v, name):
-    """dout * act'(v); relu selects (0 where v <= 0 or NaN), as torch's threshold_backward."""
+    """dout * act'(v); relu selects as torch's threshold_backward: 0 where v <= 0, dout elsewhere (NaN included)."""
     v, dout = v.astype(np.float64), dout.astype(np.float64)
     if name is None:
         return dout
     if name == "relu":
-        return np.where(v > 0, dout, 0.0)
+        return np.where(v <= 0, 0.0, dout)
     if name == "gelu":
         return dout * (0.5 * (1 + _erf(v / math.sqrt(2))) + v * np.exp(-0.5 * v * v) / math.sqrt(2 * math.pi))
     t = np.tanh(K_BETA * (v + K_KAPPA * v ** 3))
