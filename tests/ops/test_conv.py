@@ -10,7 +10,7 @@ import smalltrain
 from smalltrain.ops.conv import conv2d
 from smalltrain.ops.pool import max_pool2d
 from _layouts import as_is as _as_is, batch_inner as _batch_inner, transposed as _transposed
-from smalltrain.testing import golden, gradcheck
+from smalltrain.testing import golden, golden_error, gradcheck
 
 
 def _normal(rng, shape):
@@ -69,8 +69,12 @@ def test_conv2d_float64_and_weight_noncontiguous(device, rng):
 def test_conv2d_integer_input(device, rng):
     x = rng.integers(-5, 5, (2, 3, 5, 6))
     w = rng.integers(-3, 3, (2, 3, 3, 2))
-    golden(lambda x, w: conv2d(x, w, stride=(2, 1)), lambda x, w: F.conv2d(x, w, stride=(2, 1)), x, w,
-           device=device)
+    ours, theirs = (lambda x, w: conv2d(x, w, stride=(2, 1))), (lambda x, w: F.conv2d(x, w, stride=(2, 1)))
+    if device == "cpu":
+        golden(ours, theirs, x, w, device=device)
+        return
+    # torch convolves integers on the CPU only: on CUDA it raises, and so must we, naming the op and the dtype
+    golden_error(ours, lambda x, w: theirs(x.cuda(), w.cuda()), x, w, match=r"conv2d.*int64", device=device)
 
 
 def test_conv2d_two_convs_alive_at_once(device, rng):
