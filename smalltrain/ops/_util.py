@@ -2,6 +2,7 @@
 import numpy as np
 
 from .._dtype import get_default_dtype, result_type
+from ..autograd import grad_mode
 from ..tensor import Tensor
 
 
@@ -52,15 +53,34 @@ def promote(op, a, b, floating=False):
         dx, dy = getattr(x, "dtype", None), getattr(y, "dtype", None)
         if dx is not None and dx == dy and (not floating or dx.kind == "f"):
             if tx is not ty:
-                check_same_device(op, a, b)
+                x, y = _device_operands(op, a, b, x, y)
             return x, y, dx
     dx, dy = getattr(x, "dtype", None), getattr(y, "dtype", None)
     if dx is not None and dy is not None and type(x) is not type(y):
-        check_same_device(op, a, b)
+        x, y = _device_operands(op, a, b, x, y)
     dt = result_type(a, b)
     if floating and dt.kind != "f":
         dt = get_default_dtype().np
     return _cast(x, dt), _cast(y, dt), dt
+
+
+def _device_operands(op, a, b, x, y):
+    """Operands on different devices: a 0-dim CPU tensor joins a CUDA tensor's op as a Python scalar (as in torch,
+    where it is a 'CPU scalar'); any other mix raises."""
+    if isinstance(x, np.ndarray) and x.ndim == 0 and xp_of(y) is not np:
+        return _cpu_scalar(op, a, x), y
+    if isinstance(y, np.ndarray) and y.ndim == 0 and xp_of(x) is not np:
+        return x, _cpu_scalar(op, b, y)
+    check_same_device(op, a, b)
+    return x, y
+
+
+def _cpu_scalar(op, t, v):
+    if isinstance(t, Tensor) and t.requires_grad and grad_mode._state.enabled:
+        # its gradient would be computed on the GPU and land in a CPU tensor's .grad
+        raise RuntimeError(f"{op}: a 0-dim CPU tensor that requires grad cannot be used with CUDA tensors; move it "
+                           f"to their device first (.to('cuda'))")
+    return v.item()
 
 
 def _cast(v, dt):

@@ -68,6 +68,19 @@ def test_scalar_operands(op, device, rng):
     both(SCALAR[op], away_from_zero(rng, (2, 3)), device=device)
 
 
+@pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
+def test_cpu_tensors_with_cuda_tensors():
+    """A 0-dim CPU tensor acts as a scalar in a CUDA op (torch's CPU scalar); any larger CPU tensor raises."""
+    a = st.tensor([[1.0, 2.0]], device="cuda")
+    out = a * st.tensor(3, dtype=st.int64) + st.tensor(0.5, dtype=st.float64)
+    assert out.device.type == "cuda" and out.dtype == st.float32 and out.tolist() == [[3.5, 6.5]]
+    assert st.where(a > 1, a, st.tensor(0.0)).tolist() == [[0.0, 2.0]]
+    with pytest.raises(RuntimeError, match="same device"):
+        a + st.tensor([1.0, 2.0])
+    with pytest.raises(RuntimeError, match="requires grad"):
+        a * st.tensor(2.0, requires_grad=True)
+
+
 # name: (fn(lib, x), domain of the random input (lo, hi))
 UNARY = {
     "exp": (lambda L, x: L.exp(x), (-3, 3)), "log": (lambda L, x: L.log(x), (0.1, 3)),
