@@ -4,9 +4,9 @@ import numpy as np
 from ..autograd import grad_mode
 from ..autograd.function import Function
 from ..tensor import Tensor
-from ._util import normalize_dim, xp_of
+from ._util import check_same_device, normalize_dim, xp_of
 
-
+_KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _VALID = "only integers, slices (`:`), ellipsis (`...`), None and long or byte or bool tensors are valid indices"
 
 
@@ -43,6 +43,7 @@ def _prepare_key(key, shape, xp):
             consumed += k.ndim if getattr(k, "dtype", None) == np.bool_ else 1
     if consumed > len(shape):
         raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+    _check_broadcast(items)
     dim, advanced, scatter = 0, False, False
     for k in items:
         if k is None or isinstance(k, bool):
@@ -73,6 +74,17 @@ def _prepare_key(key, shape, xp):
     return (items if is_tuple else items[0]), advanced, scatter
 
 
+def _check_broadcast(items):
+    """Integer index arrays must broadcast together (IndexError as torch; CuPy itself would raise ValueError)."""
+    shapes = [tuple(k.shape) for k in items if hasattr(k, "shape") and getattr(k, "ndim", 0) and k.dtype != np.bool_]
+    if len(shapes) > 1:
+        try:
+            np.broadcast_shapes(*shapes)
+        except ValueError:
+            raise IndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+                             + ", ".join(str(list(s)) for s in shapes)) from None
+
+
 class GetItem(Function):
     @staticmethod
     def forward(ctx, x, key):
@@ -81,8 +93,10 @@ class GetItem(Function):
         ctx.key, ctx.shape = key, a.shape
         try:
             return a[key]
-        except IndexError as e:  # integer arrays that do not broadcast together
-            raise IndexError(f"index: {e}") from None
+        except (IndexError, ValueError) as e:  # arrays (bool masks among them) that do not broadcast together
+            if isinstance(e, ValueError) and "broadcast" not in str(e):
+                raise
+            raise IndexError(f"index: shape mismatch: {e}") from None
 
     @staticmethod
     def backward(ctx, dout):
@@ -167,28 +181,43 @@ class Gather(Function):
                 raise RuntimeError(f"gather(): Size does not match at dimension {i} expected index "
                                    f"{list(idx.shape)} to be no larger than self {list(a.shape)} apart from "
                                    f"dimension {d}")
+        ctx.in_shape, out_shape = a.shape, idx.shape
+        if a.ndim == 0:   # a 0-d input and index act as 1-element vectors
+            a, idx = a.reshape(1), idx.reshape(1)
+        ctx.shape, ctx.d, ctx.idx = a.shape, d, idx
+        ctx.on_kernel = not isinstance(a, np.ndarray) and a.dtype in _KERNEL_FLOATS and idx.dtype == np.int64
+        if ctx.on_kernel:
+            # the launcher checks the bounds itself, except while a CUDA graph is captured (no host read then)
+            from ..backend.cuda import index as kernels
+            return kernels.gather(a, d, idx).reshape(out_shape)
         if idx.size:
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= a.shape[d]:
                 raise RuntimeError(f"gather(): index {hi if hi >= a.shape[d] else lo} is out of bounds for "
                                    f"dimension {d} with size {a.shape[d]}")
-        ctx.shape, ctx.d, ctx.idx = a.shape, d, idx
         # torch reads only the leading block of the other dims that the index covers
         a = a[tuple(slice(None) if i == d else slice(0, n) for i, n in enumerate(idx.shape))]
-        return xp_of(a).take_along_axis(a, idx, axis=d)
+        return xp_of(a).take_along_axis(a, idx, axis=d).reshape(out_shape)
 
     @staticmethod
     def backward(ctx, dout):
-        g = dout.array
+        g = dout.array.reshape(ctx.idx.shape)
+        if ctx.on_kernel:
+            from ..backend.cuda import index as kernels
+            dx = kernels.gather_backward(g, ctx.d, ctx.idx, ctx.shape)
+            return dx.reshape(ctx.in_shape), None, None
         xp = xp_of(g)
         dx = xp.zeros(ctx.shape, g.dtype)
-        grid = list(xp.indices(ctx.idx.shape, sparse=True))
+        nd = ctx.idx.ndim
+        # open grids (what numpy.indices(sparse=True) gives; CuPy's indices has no sparse option)
+        grid = [xp.arange(n).reshape((1,) * i + (n,) + (1,) * (nd - i - 1)) for i, n in enumerate(ctx.idx.shape)]
         grid[ctx.d] = ctx.idx
         xp.add.at(dx, tuple(grid), g)   # an index repeated along dim sums its gradients
-        return dx, None, None
+        return dx.reshape(ctx.in_shape), None, None
 
 
 def gather(x, dim, index):
+    check_same_device("gather", x, index)
     return Gather.apply(x, dim, index)
 
 
@@ -199,8 +228,16 @@ def index_select(x, dim, index):
 
 def masked_fill(x, mask, value):
     from .elementwise import where
-    v = value.item() if isinstance(value, Tensor) else value
-    return where(mask, Tensor._wrap(xp_of(x.array).asarray(v, dtype=x.array.dtype)), x)
+    check_same_device("masked_fill", x, mask)
+    xp = xp_of(x.array)
+    if isinstance(value, Tensor) and value.array.ndim:
+        raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                           f"{value.array.ndim} dimension(s).")
+    if isinstance(value, Tensor) and xp_of(value.array) is xp:
+        v = value.array.astype(x.array.dtype)   # on x's device already: no host read
+    else:
+        v = xp.asarray(value.item() if isinstance(value, Tensor) else value, dtype=x.array.dtype)
+    return where(mask, Tensor._wrap(v), x)
 
 
 def nonzero(x, as_tuple=False):

@@ -13,8 +13,9 @@ def both(fn, *inputs, device="cpu", **kw):
     return golden(lambda *a: fn(st, *a), lambda *a: fn(torch, *a), *inputs, device=device, **kw)
 
 
-def idx(L, values, dtype=None):
-    return L.tensor(values, dtype=dtype or L.int64)
+def idx(L, values, dtype=None, like=None):
+    """An index tensor, on `like`'s device when given (gather and masked_fill want it there, as in torch)."""
+    return L.tensor(values, dtype=dtype or L.int64, device=None if like is None else like.device)
 
 
 # name: fn(lib, x) on a (3, 4, 5) input
@@ -40,11 +41,14 @@ INDEX = {
     "empty_list": lambda L, x: x[[]], "all_false_mask": lambda L, x: x[x > 100],
     "index_select": lambda L, x: L.index_select(x, 1, idx(L, [3, 0, 3])),
     "index_select_method": lambda L, x: x.index_select(-1, idx(L, [4])),
-    "gather": lambda L, x: x.gather(2, idx(L, np.random.default_rng(3).integers(0, 5, (3, 4, 2)))),
-    "gather_fn": lambda L, x: L.gather(x, 0, idx(L, [[[0] * 5] * 4, [[2] * 5] * 4])),
-    "gather_smaller_index": lambda L, x: x.gather(1, idx(L, [[[0, 1], [3, 3], [1, 1], [0, 2], [2, 0]]] * 2)),
+    "gather": lambda L, x: x.gather(2, idx(L, np.random.default_rng(3).integers(0, 5, (3, 4, 2)), like=x)),
+    "gather_fn": lambda L, x: L.gather(x, 0, idx(L, [[[0] * 5] * 4, [[2] * 5] * 4], like=x)),
+    "gather_smaller_index": lambda L, x: x.gather(1, idx(L, [[[0, 1], [3, 3], [1, 1], [0, 2], [2, 0]]] * 2,
+                                                         like=x)),
+    "gather_0d": lambda L, x: x[0, 0, 0].gather(0, idx(L, 0, like=x)),
     "masked_fill": lambda L, x: x.masked_fill(x > 0.5, -1.0), "masked_fill_fn": lambda L, x: L.masked_fill(
-        x, idx(L, [True, False, True, False, False], L.bool), 2.0),
+        x, idx(L, [True, False, True, False, False], L.bool, like=x), 2.0),
+    "masked_fill_tensor_value": lambda L, x: x.masked_fill(x < 0, L.tensor(0.25, device=x.device)),
 }
 
 
@@ -127,11 +131,12 @@ ERRORS = [  # (fn(lib, x) on a (3, 4) input, message regex)
     (lambda L, x: x[[0, 1], [0, 1, 2]], r"shape mismatch|broadcast"),
     (lambda L, x: x.__setitem__([0, 3], 1.0), r"index 3 is out of bounds"),
     (lambda L, x: x.__setitem__(0, x[:2, :2]), r"shape mismatch|broadcast|expand"),
-    (lambda L, x: x.gather(1, L.tensor([[0, 4]] * 3)), r"out of bounds|out of range"),
-    (lambda L, x: x.gather(1, L.tensor([0, 1])), r"same number of dimensions"),
-    (lambda L, x: x.gather(1, L.tensor([[0]] * 4)), r"Size does not match at dimension 0"),
-    (lambda L, x: x.gather(0, L.tensor([[-1]])), r"out of bounds"),
+    (lambda L, x: x.gather(1, idx(L, [[0, 4]] * 3, like=x)), r"out of bounds|out of range"),
+    (lambda L, x: x.gather(1, idx(L, [0, 1], like=x)), r"same number of dimensions"),
+    (lambda L, x: x.gather(1, idx(L, [[0]] * 4, like=x)), r"Size does not match at dimension 0"),
+    (lambda L, x: x.gather(0, idx(L, [[-1]], like=x)), r"out of bounds"),
     (lambda L, x: x.index_select(2, L.tensor([0])), r"out of range"),
+    (lambda L, x: x.masked_fill(x > 0, L.ones(2)), r"0-dimensional value tensor"),
 ]
 
 
@@ -139,6 +144,17 @@ ERRORS = [  # (fn(lib, x) on a (3, 4) input, message regex)
 def test_errors(fn, match, device):
     golden_error(lambda *a: fn(st, *a), lambda *a: fn(torch, *a), np.ones((3, 4), np.float32), match=match,
                  device=device)
+
+
+@pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
+def test_index_tensors_on_another_device():
+    """Indexing takes CPU index tensors on a CUDA tensor; gather and masked_fill want them on its device (torch)."""
+    x = st.arange(6.0, device="cuda").reshape(2, 3)
+    assert x[st.tensor([1, 0])].tolist() == [[3.0, 4.0, 5.0], [0.0, 1.0, 2.0]]
+    with pytest.raises(RuntimeError, match="same device"):
+        x.gather(1, st.tensor([[0], [1]]))
+    with pytest.raises(RuntimeError, match="same device"):
+        x.masked_fill(st.tensor([True, False, True]), 0.0)
 
 
 def test_out_of_range_raises_before_anything_runs(device):
