@@ -296,8 +296,13 @@ def test_cross_entropy(case, dtype, rng):
 
 def test_cross_entropy_all_ignored_is_nan_and_unchecked_targets_do_not_crash():
     x = cp.asarray(np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32))
-    loss, _ = ops.cross_entropy_forward(x, cp.full(3, -100, dtype=cp.int64))
-    assert np.isnan(float(loss))
+    for ls in (0.0, 0.2):   # torch: the loss is 0/0, the gradient exactly 0
+        loss, saved = ops.cross_entropy_forward(x, cp.full(3, -100, dtype=cp.int64), label_smoothing=ls)
+        assert np.isnan(float(loss))
+        assert (ops.cross_entropy_backward(cp.ones((), cp.float32), saved).get() == 0).all()
+    loss, saved = ops.cross_entropy_forward(x, cp.asarray(np.array([1, -100, 2])), reduction="none")
+    dx = ops.cross_entropy_backward(cp.asarray(np.array([1.0, np.nan, 1.0], np.float32)), saved).get()
+    assert (dx[1] == 0).all() and np.isfinite(dx).all()   # an ignored row stays 0 whatever its upstream gradient
     loss, _ = ops.cross_entropy_forward(x, cp.asarray(np.array([1, 9, 2])), reduction="none", check_target=False)
     loss = loss.get()
     assert np.isfinite(loss[[0, 2]]).all() and np.isnan(loss[1])

@@ -69,11 +69,14 @@ def log_softmax_backward(dout, saved):
 @dataclass
 class CrossEntropySaved:
     """grad: d(unreduced loss)/d(input), input-shaped; wsum: the 0-d sum of target weights (the 'mean' divisor);
-    reduction; target_shape (the 'none' loss shape)."""
+    reduction; target_shape (the 'none' loss shape); target (contiguous) and ignore_index, whose rows backward
+    zeroes."""
     grad: object
     wsum: object
     reduction: str
     target_shape: tuple
+    target: object = None
+    ignore_index: int = -100
 
 
 def _ce_validate(x, target, weight, reduction, label_smoothing):
@@ -150,11 +153,12 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
         else:
             wsum = wt_rows.sum()
             loss = loss_rows.sum() / wsum
-    return loss, CrossEntropySaved(grad, wsum, reduction, tuple(target.shape))
+    return loss, CrossEntropySaved(grad, wsum, reduction, tuple(target.shape), target, int(ignore_index))
 
 
 def cross_entropy_backward(dout, saved):
-    """dx = grad * (dout / wsum ('mean'), dout ('sum'), or dout per target element ('none')); no host sync."""
+    """dx = grad * (dout / wsum ('mean'), dout ('sum'), or dout per target element ('none')), 0 where the target
+    is ignored (also when every target is, which makes 'mean' divide by 0); no host sync."""
     op = "cross_entropy_backward"
     grad = saved.grad
     if grad is None:
@@ -175,6 +179,6 @@ def cross_entropy_backward(dout, saved):
             scale, stride = contiguous(scale.reshape(1)), 0
         dx = cupy().empty_like(grad)
         launch("loss", "cross_entropy_bwd", grad.dtype, dx.size,
-               (grad, scale, i64(stride), dx, i64(outer), i64(c), i64(inner)))
+               (grad, saved.target, i64(saved.ignore_index), scale, i64(stride), dx, i64(outer), i64(c), i64(inner)))
     return dx
 

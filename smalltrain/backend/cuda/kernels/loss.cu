@@ -10,7 +10,9 @@
 //     (w == null means all weights 1; ls = label_smoothing). Ignored rows give loss 0, wt 0, grad 0. A target outside
 //     [0, C) that is not ignore_index is never read through: its loss, wt and grad are NaN (the launcher checks
 //     targets on the host first unless told not to).
-//   cross_entropy_bwd: dx = grad * scale[r * scale_stride] (scale_stride 0: one scalar, e.g. dout / sum(wt)).
+//   cross_entropy_bwd: dx = grad * scale[r * scale_stride] (scale_stride 0: one scalar, e.g. dout / sum(wt)), and
+//     exactly 0 in rows whose target is ignore_index, as torch, even where the scale is inf or NaN ('mean' with
+//     every target ignored divides by a zero total weight).
 #include "common.cuh"
 
 template <typename T, bool LOG>
@@ -114,11 +116,12 @@ __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ targ
 }
 
 template <typename T>
-__device__ void ce_backward(const T* __restrict__ grad, const T* __restrict__ scale, i64 scale_stride,
-                            T* __restrict__ dx, i64 outer, i64 C, i64 inner) {
+__device__ void ce_backward(const T* __restrict__ grad, const i64* __restrict__ target, i64 ignore_index,
+                            const T* __restrict__ scale, i64 scale_stride, T* __restrict__ dx, i64 outer, i64 C,
+                            i64 inner) {
     GRID_STRIDE(k, outer * C * inner) {
         const i64 r = (k / (C * inner)) * inner + k % inner;
-        dx[k] = grad[k] * scale[r * scale_stride];
+        dx[k] = target[r] == ignore_index ? T(0) : grad[k] * scale[r * scale_stride];
     }
 }
 
@@ -139,9 +142,10 @@ __device__ void ce_backward(const T* __restrict__ grad, const T* __restrict__ sc
                                                      T* grad, i64 rows, i64 C, i64 inner, i64 ignore_index, T ls) { \
         ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls);                              \
     }                                                                                                               \
-    extern "C" __global__ void cross_entropy_bwd_##S(const T* grad, const T* scale, i64 scale_stride, T* dx,        \
-                                                     i64 outer, i64 C, i64 inner) {                                 \
-        ce_backward<T>(grad, scale, scale_stride, dx, outer, C, inner);                                             \
+    extern "C" __global__ void cross_entropy_bwd_##S(const T* grad, const i64* target, i64 ignore_index,            \
+                                                     const T* scale, i64 scale_stride, T* dx, i64 outer, i64 C,     \
+                                                     i64 inner) {                                                   \
+        ce_backward<T>(grad, target, ignore_index, scale, scale_stride, dx, outer, C, inner);                       \
     }
 ST_LOSS(float, f32)
 ST_LOSS(double, f64)
