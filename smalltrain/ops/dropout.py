@@ -1,5 +1,6 @@
-"""Dropout: each element is zeroed with probability p and the survivors are scaled by 1 / (1 - p). Masks come from
-smalltrain.random's generator (CuPy's generator for CUDA arrays), so manual_seed makes them reproducible.
+"""Dropout: each element is zeroed with probability p and the survivors are scaled by 1 / (1 - p). CPU masks come
+from smalltrain.random's generator; float CUDA arrays use the Philox kernel (backend/cuda/dropout.py), whose mask is
+a function of a device-side (seed, offset) that each call advances. manual_seed makes both reproducible.
 """
 import numpy as np
 
@@ -22,15 +23,47 @@ def _noise(a, p):
     return xp.multiply(u < 1 - p, 1 / (1 - p), dtype=a.dtype)
 
 
+_KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_cuda_states = {}   # device id -> (the generator it was seeded under, device uint64 [seed, offset])
+
+
+def _cuda_state(a):
+    """This device's Philox state. manual_seed makes a new generator, and the next call restarts at (seed, 0).
+
+    Built and advanced by kernels only (no host-to-device copy, no sync), so a captured CUDA graph advances the
+    offset on every replay and draws a new mask each step.
+    """
+    gen = _random.default_generator()
+    dev = a.device.id
+    have = _cuda_states.get(dev)
+    if have is None or have[0] is not gen:
+        from ..backend.cuda import cupy
+        with a.device:
+            state = cupy().zeros(2, dtype=np.uint64)
+            state[0] = np.uint64(_random.initial_seed() % 2 ** 64)
+        _cuda_states[dev] = have = (gen, state)
+    return have[1]
+
+
 class Dropout(Function):
     @staticmethod
     def forward(ctx, x, p):
-        noise = _noise(x.array, p)
+        a = x.array
+        if not isinstance(a, np.ndarray) and a.dtype in _KERNEL_FLOATS:
+            from ..backend.cuda import dropout as kernels
+            state = _cuda_state(a)
+            out, ctx.kernel_saved = kernels.dropout_forward(a, p, state=state)   # it keeps a snapshot of state
+            state[1:] += np.uint64(1)
+            return out
+        noise = _noise(a, p)
         ctx.noise = noise
-        return x.array * noise
+        return a * noise
 
     @staticmethod
     def backward(ctx, dout):
+        if hasattr(ctx, "kernel_saved"):
+            from ..backend.cuda import dropout as kernels
+            return kernels.dropout_backward(dout.array, ctx.kernel_saved), None
         return dout.array * ctx.noise, None
 
 

@@ -4,7 +4,8 @@
 //   Element i belongs to group g = i / 4 and takes lane k = i % 4 of philox(counter = (lo(g), hi(g), lo(offset),
 //   hi(offset)), key = (lo(seed), hi(seed))). It is dropped iff (r >> 8) < threshold, threshold = round(p * 2^24),
 //   i.e. a 24-bit uniform below p.
-//   dropout_apply: out[i] = dropped ? 0 : x[i] * scale (scale = 1/(1-p); forward on x, backward on dout).
+//   dropout_apply: out[i] = x[i] * (dropped ? 0 : scale) (scale = 1/(1-p); forward on x, backward on dout): torch's
+//                  x * mask * scale, so a dropped inf or NaN gives NaN, as in torch and the CPU path.
 //   dropout_mask:  mask[i] = dropped ? 0 : 1 (uint8), for tests and for callers that want the mask itself.
 // state: device uint64[2] = {seed, offset}, read by the kernel so that a captured CUDA graph can advance it.
 #include "common.cuh"
@@ -47,7 +48,7 @@ __device__ void dropout_apply(const T* __restrict__ x, T* __restrict__ out, i64 
         const u32x4 r = dropout_bits((u64)g, state);
         for (int k = 0; k < 4; ++k) {
             const i64 i = 4 * g + k;
-            if (i < n) out[i] = (r.v[k] >> 8) < threshold ? T(0) : x[i] * scale;
+            if (i < n) out[i] = x[i] * ((r.v[k] >> 8) < threshold ? T(0) : scale);
         }
     }
 }
