@@ -12,6 +12,8 @@ from ..backend import cpu
 from ..tensor import Tensor
 from ._util import xp_of
 
+_KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
 
 def _pair(op, name, value, allow_empty=False):
     """torch's int-or-pair arguments: one int, or a sequence of one or two ints; () means "use the default"."""
@@ -231,9 +233,16 @@ class AvgPool2d(Function):
     """out = sum over the window (zero padding) / divisor; the gradient spreads dout / divisor over the window."""
 
     @staticmethod
-    def forward(ctx, input, k, s, p, out_hw, count_include_pad, divisor_override):
+    def forward(ctx, input, k, s, p, out_hw, count_include_pad, divisor_override, ceil_mode=False):
         x = input.array
         xp = xp_of(x)
+        if xp is not np and x.dtype in _KERNEL_FLOATS and (divisor_override is None or (
+                isinstance(divisor_override, int) and divisor_override > 0)):
+            # CUDA: one kernel each way (smalltrain/backend/cuda/pool.py); it takes only positive int divisors
+            from ..backend.cuda import pool as kernels
+            out, ctx.kernel_saved = kernels.avg_pool2d_forward(x, k, s, p, ceil_mode, count_include_pad,
+                                                               divisor_override)
+            return out
         x4 = x[None] if x.ndim == 3 else x
         xpad = _padded(x4, k, s, p, (1, 1), out_hw, 0)
         views = [v for _, v in _offsets(xpad, k, s, (1, 1), out_hw)]
@@ -255,6 +264,9 @@ class AvgPool2d(Function):
 
     @staticmethod
     def backward(ctx, dout):
+        if hasattr(ctx, "kernel_saved"):
+            from ..backend.cuda import pool as kernels
+            return kernels.avg_pool2d_backward(dout.array, ctx.kernel_saved)
         x_shape, pad_shape, k, s, p, out_hw, unbatched, order = ctx.geom
         g = dout.array[None] if unbatched else dout.array
         xp = xp_of(g)
@@ -273,7 +285,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
     k, s, p, _, out_hw = _geometry("avg_pool2d", x, kernel_size, stride, padding, 1, ceil_mode, divisor_override)
     if x.dtype.kind not in "fiu":
         raise NotImplementedError(f"avg_pool2d: not implemented for dtype {x.dtype}")
-    return AvgPool2d.apply(input, k, s, p, out_hw, bool(count_include_pad), divisor_override)
+    return AvgPool2d.apply(input, k, s, p, out_hw, bool(count_include_pad), divisor_override, bool(ceil_mode))
 
 
 def _adaptive_matrix(xp, n_in, n_out, dtype):
