@@ -31,10 +31,32 @@ def _affine(xhat, w, b):
     return y if b is None else y + b
 
 
+_KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _on_kernel(a, running_mean, running_var, weight, bias, training):
+    """Whether the CUDA kernels cover this call: float32/64 throughout, a non-empty batch, and running statistics
+    that can be updated in place (contiguous) when training."""
+    if isinstance(a, np.ndarray) or a.dtype not in _KERNEL_FLOATS or a.size == 0:
+        return False
+    for t in (running_mean, running_var, weight, bias):
+        if t is not None and t.array.dtype != a.dtype:
+            return False
+    return not training or running_mean is None or (running_mean.array.flags.c_contiguous and
+                                                    running_var.array.flags.c_contiguous)
+
+
 class BatchNorm(Function):
     @staticmethod
     def forward(ctx, x, running_mean, running_var, weight, bias, training, momentum, eps):
         a = x.array
+        if _on_kernel(a, running_mean, running_var, weight, bias, training):
+            # CUDA: statistics, normalization and the running-stat update in one kernel (backend/cuda/norm.py)
+            from ..backend.cuda import norm as kernels
+            arrays = [None if t is None else t.array for t in (running_mean, running_var, weight, bias)]
+            y, ctx.kernel_saved = kernels.batch_norm_forward(a, *arrays, training=training, momentum=momentum,
+                                                             eps=eps)
+            return y
         xp, c = xp_of(a), a.shape[1]
         axes = (0,) + tuple(range(2, a.ndim))
         bshape = (1, c) + (1,) * (a.ndim - 2)
@@ -57,8 +79,13 @@ class BatchNorm(Function):
 
     @staticmethod
     def backward(ctx, dout):
-        g, xhat, invstd, w, axes = dout.array, ctx.xhat, ctx.invstd, ctx.w, ctx.axes
         need = ctx.needs_input_grad
+        if hasattr(ctx, "kernel_saved"):
+            from ..backend.cuda import norm as kernels
+            wanted = (need[0], len(need) > 3 and need[3], len(need) > 4 and need[4])
+            dx, dw, db = kernels.batch_norm_backward(dout.array, ctx.kernel_saved, needs_input_grad=wanted)
+            return dx, None, None, dw, db
+        g, xhat, invstd, w, axes = dout.array, ctx.xhat, ctx.invstd, ctx.w, ctx.axes
         shape = invstd.shape
         sum_g = g.sum(axis=axes, keepdims=True)
         sum_gx = (g * xhat).sum(axis=axes, keepdims=True)
