@@ -103,6 +103,9 @@ class Conv2d(Function):
             x = x[None]
         if not isinstance(x, np.ndarray):
             # CUDA: im2col kernel + one cuBLAS GEMM + a fused bias epilogue (smalltrain/backend/cuda/conv.py)
+            if x.dtype.kind != "f":   # torch convolves integers on the CPU only
+                raise NotImplementedError(f"conv2d: the CUDA convolution supports float32 and float64 input, "
+                                          f"got {x.dtype}")
             from ..backend.cuda import conv as kernels
             out, ctx.kernel_saved = kernels.conv2d_forward(
                 x, w, None if bias is None else bias.array, stride, pads, dilation, groups,

@@ -1,6 +1,31 @@
-"""Matrix products: batched matmul with broadcasting, and linear (x @ W^T + b) as one op with one GEMM each way."""
+"""Matrix products: batched matmul with broadcasting, and linear (x @ W^T + b) as one op with one GEMM each way.
+
+On CUDA the GEMMs go through our direct cuBLAS calls (backend/cuda/blas.py), which CUDA graphs can capture;
+shapes that those do not cover (1-D operands, more than one batch dim) use the array library's matmul.
+"""
+import numpy as np
+
 from ..autograd.function import Function
 from ._util import check_same_device, xp_of
+
+
+def _mm(x, y):
+    """x @ y for raw arrays of one device (shapes already checked)."""
+    if isinstance(x, np.ndarray):
+        return x @ y
+    from ..backend.cuda import blas
+    if blas.supported(x, y) and (x.ndim == 2 or y.ndim == 2 or x.shape[0] == y.shape[0] or
+                                 1 in (x.shape[0], y.shape[0])):
+        return blas.gemm(x, y)
+    return x @ y
+
+
+def _sum_rows(g):
+    """g [M, N] summed over M (a bias gradient)."""
+    if isinstance(g, np.ndarray):
+        return g.sum(axis=0)
+    from ..backend.cuda import blas
+    return blas.sum_rows(g, 0)
 
 
 def _swap(a):
@@ -30,7 +55,7 @@ class MatMul(Function):
         ctx.y = y if need[0] else None
         ctx.ndims = x.ndim, y.ndim
         try:
-            return x @ y
+            return _mm(x, y)
         except ValueError:
             bx, by = x.shape[:-2], y.shape[:-2]
             raise RuntimeError(f"matmul: batch dimensions {list(bx)} and {list(by)} do not broadcast (shapes "
@@ -50,14 +75,14 @@ class MatMul(Function):
             g2 = g2[..., None]
         dx = dy = None
         if y is not None:
-            dx = g2 @ _swap(y[:, None] if ny == 1 else y)
+            dx = _mm(g2, _swap(y[:, None] if ny == 1 else y))
             if nx == 1:
                 dx = dx[..., 0, :]
         if x is not None and ny == 2 and nx > 2:
             # batched input times one matrix: one GEMM over the flattened batch, not a batch of GEMMs summed
-            dy = x.reshape(-1, x.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+            dy = _mm(x.reshape(-1, x.shape[-1]).T, g.reshape(-1, g.shape[-1]))
         elif x is not None:
-            dy = _swap(x[None, :] if nx == 1 else x) @ g2
+            dy = _mm(_swap(x[None, :] if nx == 1 else x), g2)
             if ny == 1:
                 dy = dy[..., 0]
         return dx, dy
@@ -79,7 +104,8 @@ class Linear(Function):
                                f"{'x'.join(str(n) for n in w.shape[::-1])}); expected input [..., "
                                f"{w.shape[-1] if w.ndim else '?'}] for weight {list(w.shape)}, got {list(a.shape)}")
         ctx.a, ctx.w = a, w
-        out = a @ w.T
+        out = _mm(a.reshape(-1, a.shape[-1]), w.T).reshape(a.shape[:-1] + (w.shape[0],)) if a.ndim != 2 \
+            else _mm(a, w.T)
         if bias is not None:
             out += bias.array
         return out
@@ -88,13 +114,13 @@ class Linear(Function):
     def backward(ctx, dout):
         g, a, w = dout.array, ctx.a, ctx.w
         need = ctx.needs_input_grad
-        dx = g @ w if need[0] else None
+        g2 = g.reshape(-1, g.shape[-1])
+        dx = _mm(g2, w).reshape(g.shape[:-1] + (w.shape[1],)) if need[0] else None
         dw = db = None
         if need[1]:
-            g2 = g.reshape(-1, g.shape[-1])
-            dw = g2.T @ a.reshape(-1, a.shape[-1])
+            dw = _mm(g2.T, a.reshape(-1, a.shape[-1]))
         if len(need) > 2 and need[2]:
-            db = g.reshape(-1, g.shape[-1]).sum(axis=0)
+            db = _sum_rows(g2)
         return dx, dw, db
 
 

@@ -1,4 +1,4 @@
-"""CUDA 2-D convolution: im2col / col2im kernels (kernels/conv.cu), cuBLAS GEMMs through cupy.matmul over the whole
+"""CUDA 2-D convolution: im2col / col2im kernels (kernels/conv.cu), cuBLAS GEMMs (blas.py, capturable) over the whole
 batch, and a fused epilogue (transpose to [N, O, OH, OW], bias, optional relu / gelu).
 """
 import operator
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from . import cupy
 from ._common import check_array, check_dtype, check_float, contiguous, i32, i64, launch, pair, ptr, same_device
+from .blas import gemm, sum_rows
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
@@ -125,9 +126,9 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
         cols = im2col(x, (kh, kw), stride, pads, dilation, out_hw)
         p = out_hw[0] * out_hw[1]
         if groups == 1:
-            y = cp.matmul(w.reshape(o, cg * kh * kw), cols)
+            y = gemm(w.reshape(o, cg * kh * kw), cols)
         else:
-            y = cp.matmul(w.reshape(groups, o // groups, cg * kh * kw), cols.reshape(groups, cg * kh * kw, n * p))
+            y = gemm(w.reshape(groups, o // groups, cg * kh * kw), cols.reshape(groups, cg * kh * kw, n * p))
         y = contiguous(y.reshape(o, n * p))
         out = cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
         act = ACTIVATIONS[activation]
@@ -165,20 +166,20 @@ def conv2d_backward(dout, saved):
         g = cp.empty((o, n * p), dtype=dtype)
         launch("conv", "bias_act_bwd", dtype, g.size, (dout, ptr(saved.y), ptr(saved.bias), g, i64(n), i64(o),
                                                        i64(p), i32(ACTIVATIONS[saved.activation])))
-        db = g.sum(axis=1) if need_b and saved.bias is not None else None
+        db = sum_rows(g, 1) if need_b and saved.bias is not None else None
         dw = dx = None
         if need_w:
             cols = saved.cols
             if g_ == 1:
-                dw = cp.matmul(g, cols.T)
+                dw = gemm(g, cols.T)
             else:
-                dw = cp.matmul(g.reshape(g_, o // g_, n * p), cols.reshape(g_, k, n * p).transpose(0, 2, 1))
+                dw = gemm(g.reshape(g_, o // g_, n * p), cols.reshape(g_, k, n * p).transpose(0, 2, 1))
             dw = dw.reshape(o, cg, kh, kw)
         if need_x:
             if g_ == 1:
-                dcols = cp.matmul(w.reshape(o, k).T, g)
+                dcols = gemm(w.reshape(o, k).T, g)
             else:
-                dcols = cp.matmul(w.reshape(g_, o // g_, k).transpose(0, 2, 1), g.reshape(g_, o // g_, n * p))
+                dcols = gemm(w.reshape(g_, o // g_, k).transpose(0, 2, 1), g.reshape(g_, o // g_, n * p))
             dx = col2im(dcols.reshape(c * kh * kw, n * p), (n, c, h, wd), (kh, kw), saved.stride, saved.pads,
                         saved.dilation, saved.out_hw)
     return dx, dw, db
