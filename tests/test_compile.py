@@ -100,3 +100,40 @@ def test_a_host_sync_falls_back_to_eager_with_a_warning():
         values = [compiled(xs[i % 2], ys[i % 2]) for i in range(6)]
     assert any("cannot capture" in str(w.message) for w in caught)
     assert compiled.stats["captures"] == 0 and all(isinstance(v, float) for v in values)
+
+
+@cuda
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_a_scheduler_changes_the_captured_learning_rate(opt_name):
+    """The learning rate lives on the device and a replay hook refreshes it, so a scheduler stepped between
+    replays acts on the graph exactly as on the eager step; Adam's host step counters follow the replays."""
+    runs = []
+    for compiled_run in (False, True):
+        smalltrain.manual_seed(0)
+        model = models.LeNet5().to("cuda")
+        opt = smalltrain.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) if opt_name == "sgd" else \
+            smalltrain.optim.Adam(model.parameters(), lr=1e-3)
+        sched = smalltrain.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05 if opt_name == "sgd" else 3e-3,
+                                                         total_steps=30)
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        fn = smalltrain.compile(step) if compiled_run else step
+        xs, ys = _batches(5, 64, "cuda")
+        for i in range(30):
+            fn(xs[i % 5], ys[i % 5])
+            sched.step()
+        if compiled_run:
+            assert fn.stats["replays"] == 30 - fn.warmup
+        runs.append((model, opt))
+    (m0, o0), (m1, o1) = runs
+    worst = max(float(abs(p.detach().cpu().numpy() - q.detach().cpu().numpy()).max())
+                for p, q in zip(m0.parameters(), m1.parameters()))
+    assert worst <= 1e-6, worst
+    if opt_name == "adam":
+        steps = {float(s["step"]) for s in o1.state_dict()["state"].values()}
+        assert steps == {30.0}

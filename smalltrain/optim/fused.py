@@ -1,12 +1,52 @@
 """The CUDA fast path of SGD and Adam/AdamW: one kernel launch over all of a group's parameters.
 
 Used when every parameter of a group that has a gradient is a contiguous CUDA array of one dtype. Adam's
-step count then also lives on the device, so the whole update can be captured in a CUDA graph and replayed;
-the per-parameter host counters in `state['step']` are kept in step for state_dict.
+step count and every group's learning rate then live on the device, so the whole update can be captured in a
+CUDA graph and replayed: a replay hook copies a changed `group['lr']` (a scheduler's) to the device first and
+counts the replayed steps, which `flush` adds to the per-parameter host counters in `state['step']` (for
+state_dict and the next eager step). Other hyperparameters are read when the graph is captured.
 """
 import numpy as np
 
 from ..tensor import Tensor
+
+
+def _graphs():
+    from ..backend.cuda import graphs
+    return graphs
+
+
+def _device_lr(opt, group):
+    """The group's learning rate as a device float64 scalar, current before every eager call and replay."""
+    from ..backend.cuda import cupy
+    cache = opt.__dict__.setdefault("_device_lrs", {})
+    entry = cache.get(id(group))
+    capturing = _graphs().is_current_stream_capturing()
+    if entry is None:
+        # made during a capture, its fill is only recorded: mark the value unknown so the first replay writes it
+        entry = cache[id(group)] = [cupy().full(1, float(group["lr"]), dtype=np.float64),
+                                    None if capturing else float(group["lr"])]
+
+    def refresh():
+        lr = float(group["lr"])
+        if entry[1] != lr:
+            entry[0].fill(lr)
+            entry[1] = lr
+    if capturing:
+        _graphs().on_replay(refresh)
+    else:
+        refresh()
+    return entry[0]
+
+
+def flush(opt):
+    """Add the Adam steps that graph replays made to the host counters `state['step']`."""
+    for entry in opt.__dict__.get("_device_steps", {}).values():
+        if entry[2]:
+            for p in entry[3]:
+                opt.state[p]["step"].array += entry[2]
+            entry[1] += entry[2]
+            entry[2] = 0
 
 
 def eligible(params):
@@ -37,7 +77,7 @@ def sgd(opt, group, live):
                 # the kernel fills it with the gradient (torch's first step: a copy, no dampening)
                 opt.state[p]["momentum_buffer"] = Tensor._wrap(kernels.cupy().empty_like(p.array))
         bufs = [opt.state[p]["momentum_buffer"].array for p in live]
-    kernels.sgd_step([p.array for p in live], [p.grad.array for p in live], bufs, lr=float(group["lr"]),
+    kernels.sgd_step([p.array for p in live], [p.grad.array for p in live], bufs, lr=_device_lr(opt, group),
                      momentum=momentum, dampening=float(group["dampening"]),
                      weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
                      maximize=group["maximize"], first_step=first)
@@ -47,6 +87,7 @@ def sgd(opt, group, live):
 def adam(opt, group, live, init_state):
     from ..backend.cuda import optim as kernels
     cp = kernels.cupy()
+    flush(opt)
     for p in live:
         if not opt.state[p]:
             init_state(opt.state[p], p.array, group["amsgrad"])
@@ -58,17 +99,23 @@ def adam(opt, group, live, init_state):
     key = id(group)
     entry = cache.get(key)
     if entry is None or entry[1] != host_step:   # first use, or state loaded since: seed from the host count
-        entry = [cp.full(1, host_step, dtype=np.float64), host_step]
+        # [device step, host step it matches, steps replayed since, the params it counts for]
+        entry = [cp.full(1, host_step, dtype=np.float64), host_step, 0, live]
         cache[key] = entry
+    entry[3] = live
     beta1, beta2 = (float(b) for b in group["betas"])
     st = [opt.state[p] for p in live]
     kernels.adam_step([p.array for p in live], [p.grad.array for p in live], [s["exp_avg"].array for s in st],
                       [s["exp_avg_sq"].array for s in st],
                       [s["max_exp_avg_sq"].array for s in st] if group["amsgrad"] else None,
-                      step=entry[0], lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=float(group["eps"]),
+                      step=entry[0], lr=_device_lr(opt, group), beta1=beta1, beta2=beta2, eps=float(group["eps"]),
                       weight_decay=float(group["weight_decay"]), amsgrad=group["amsgrad"],
                       maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"])
     entry[1] = host_step + 1
     for s in st:
         s["step"].array += 1
+
+    def replayed():
+        entry[2] += 1
+    _graphs().on_replay(replayed)
     return True

@@ -149,6 +149,8 @@ class Optimizer:
 
         Unlike torch, state tensors are snapshots (copies), so a saved dict never changes with later steps
         (smalltrain tensors cannot be deep-copied with copy.deepcopy)."""
+        from . import fused
+        fused.flush(self)   # steps replayed from a CUDA graph since the last eager step
         index, groups, start = {}, [], 0
         for group in self.param_groups:
             packed = {k: v for k, v in group.items() if k != "params"}

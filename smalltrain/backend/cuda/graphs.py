@@ -2,17 +2,29 @@
 
 Allocations made while capturing come from a pool private to the graph, so the addresses the graph writes
 stay valid and reserved for replays (the same contract as torch.cuda.graph).
+
+A replay runs no Python, so host values read while capturing are frozen into the graph. Code whose inputs
+change between replays (an optimizer's learning rate under a scheduler) keeps them in device memory and
+registers a hook with `on_replay`; every replay of that graph first runs its hooks on the host.
 """
 import contextlib
 
 from . import cupy
 
-_capturing = [0]
+_capturing = []   # the CUDAGraphs whose capture is in progress, innermost last
 
 
 def is_current_stream_capturing():
     """True while a capture is in progress: ops skip host-synchronizing checks then (see ops that read it)."""
-    return _capturing[0] > 0
+    return bool(_capturing)
+
+
+def on_replay(hook):
+    """Run hook() on the host before every replay of the graph being captured now; False outside a capture."""
+    if not _capturing:
+        return False
+    _capturing[-1].replay_hooks.append(hook)
+    return True
 
 
 class CUDAGraph:
@@ -23,6 +35,7 @@ class CUDAGraph:
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()
         self.graph = None
+        self.replay_hooks = []
         self._prev_allocator = None
         self._stream_ctx = None
 
@@ -35,7 +48,7 @@ class CUDAGraph:
         self._prev_allocator = cp.cuda.get_allocator()
         cp.cuda.set_allocator(self.pool.malloc)
         self._stream_ctx = self.stream.__enter__()
-        _capturing[0] += 1
+        _capturing.append(self)
         try:
             self.stream.begin_capture()
         except Exception:
@@ -63,7 +76,7 @@ class CUDAGraph:
         if self._stream_ctx is not None:
             self.stream.__exit__(None, None, None)
             self._stream_ctx = None
-            _capturing[0] -= 1
+            _capturing.remove(self)
         if self._prev_allocator is not None:
             cp.cuda.set_allocator(self._prev_allocator)
             self._prev_allocator = None
@@ -71,6 +84,8 @@ class CUDAGraph:
     def replay(self):
         if self.graph is None:
             raise RuntimeError("CUDAGraph.replay: nothing captured yet")
+        for hook in self.replay_hooks:
+            hook()
         self.graph.launch(cupy().cuda.get_current_stream())
 
 

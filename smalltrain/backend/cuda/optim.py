@@ -137,7 +137,7 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, ste
     lr_val, lr_ptr = _lr(op, lr, device)
     with cupy().cuda.Device(device):
         if increment_step:
-            step += 1
+            get("optim", "increment_step", step.dtype)((1,), (1,), (step,))
         for dtype, idx in _by_dtype(params):
             ptrs, sizes, chunks, n = _tables([[lst[i] for i in idx] for _, lst in named])
             if n:

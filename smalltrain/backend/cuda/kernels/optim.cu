@@ -90,7 +90,9 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
                                              int amsgrad, int maximize, int decoupled) {                           \
         adam_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, lr_ptr, beta1, beta2, eps, wd, step, step_f64,      \
                      amsgrad, maximize, decoupled);                                                                \
-    }
+    }                                                                                                              \
+    /* Adam's device-side step count: our own one-thread kernel, so a graph replay increments it too */            \
+    extern "C" __global__ void increment_step_##S(T* step) { *step += (T)1; }
 ST_OPTIM(float, f32)
 ST_OPTIM(double, f64)
 #undef ST_OPTIM
