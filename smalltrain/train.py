@@ -90,7 +90,7 @@ class Trainer:
     """Owns one run: build everything from the config (or a checkpoint), then `run()` the epochs."""
 
     def __init__(self, cfg, comm=None):
-        from .utils.data import DataLoader, DistributedSampler
+        from .utils.data import DataLoader, DeviceDataLoader, DistributedSampler
         cfg.validate()
         self.cfg = cfg
         self.comm = comm                       # a smalltrain.distributed group when distributed
@@ -103,10 +103,15 @@ class Trainer:
         # one seeded permutation per epoch (sampler.set_epoch) makes a resumed run replay the same batches
         self.sampler = DistributedSampler(self.train_set, num_replicas=self.world, rank=self.rank, shuffle=True,
                                           seed=cfg.seed, drop_last=False)
-        self.loader = DataLoader(self.train_set, batch_size=cfg.batch_size, sampler=self.sampler)
         test_sampler = DistributedSampler(self.test_set, num_replicas=self.world, rank=self.rank, shuffle=False,
                                           drop_last=False) if comm else None
-        self.test_loader = DataLoader(self.test_set, batch_size=cfg.eval_batch_size, sampler=test_sampler)
+        if str(cfg.device).startswith("cuda"):
+            # on a GPU, host-to-device batch copies cost more than the step: keep both sets on the device
+            self.loader = DeviceDataLoader(self.train_set, cfg.batch_size, cfg.device, sampler=self.sampler)
+            self.test_loader = DeviceDataLoader(self.test_set, cfg.eval_batch_size, cfg.device, sampler=test_sampler)
+        else:
+            self.loader = DataLoader(self.train_set, batch_size=cfg.batch_size, sampler=self.sampler)
+            self.test_loader = DataLoader(self.test_set, batch_size=cfg.eval_batch_size, sampler=test_sampler)
         self.steps_per_epoch = len(self.loader) if cfg.limit_train_batches is None else \
             min(len(self.loader), cfg.limit_train_batches)
         self.model = models.build(cfg.model).to(cfg.device)
@@ -223,9 +228,11 @@ def evaluate(model, loader, device, comm=None):
     for x, y in loader:
         x, y = x.to(device), y.to(device)
         logits = model(x)
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += (logits.argmax(1) == y).sum().item()
+        # sums stay on the device until the end: one host sync per evaluation, not two per batch
+        loss_sum = F.cross_entropy(logits, y, reduction="sum").double() + loss_sum
+        correct = (logits.argmax(1) == y).sum() + correct
         count += y.shape[0]
+    loss_sum, correct = (float(v.item()) if hasattr(v, "item") else float(v) for v in (loss_sum, correct))
     if comm:
         loss_sum, correct, count = comm.allreduce_scalars([loss_sum, correct, count])
     return {"test_loss": loss_sum / count, "test_accuracy": correct / count, "test_count": int(count)}
