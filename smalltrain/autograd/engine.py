@@ -49,15 +49,35 @@ def _zeros(meta):
     return cuda.cupy().zeros(shape, dtype)
 
 
-def _accumulate_leaf(leaf, g):
+def _exclusive(g, taken):
+    """True when g's memory belongs to g alone and no other leaf took it in this pass, so .grad may be g itself.
+
+    Backward functions return fresh arrays (or whole-buffer reshapes of one); the seed gradient and views of
+    other arrays are never taken. Taking instead of copying saves one copy kernel per parameter and step.
+    """
+    base = g.base
+    if base is not None and (base.base is not None or base.nbytes != g.nbytes):
+        return False
+    if not g.flags.c_contiguous or not getattr(g.flags, "writeable", True):   # e.g. NumPy's broadcast_to
+        return False
+    owner = id(base if base is not None else g)
+    if owner in taken:
+        return False
+    taken.add(owner)
+    return True
+
+
+def _accumulate_leaf(leaf, g, taken=None):
     if leaf._hooks:
         for hook in leaf._hooks:
             r = hook(Tensor._wrap(g))
             if r is not None:
                 g = r.array
+                taken = None   # a hook's result may be anything the hook keeps
     if leaf.grad is None:
-        # a fresh array: the same upstream array may feed several leaves, and .grad is updated in place later
-        leaf.grad = Tensor._wrap(g.copy())
+        # the same upstream array may feed several leaves, and .grad is updated in place later: copy unless
+        # the array is exclusively this gradient's
+        leaf.grad = Tensor._wrap(g if taken is not None and _exclusive(g, taken) else g.copy())
     else:
         leaf.grad.array += g
     if leaf._post_hooks:
@@ -80,6 +100,8 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
     as its backward ran, and the graph keeps only shapes of intermediate tensors (not their memory).
     """
     only = None if inputs is None else {id(t) for t in inputs}
+    # memory a leaf may not take as its .grad: the caller's seed gradients (and, as the pass goes, taken ones)
+    taken = {id(g.base if g.base is not None else g) for g in grad_tensors if hasattr(g, "base")}
     pending = {}   # id(node) -> list of output gradients (arrays or None)
     roots = []
     for t, g in zip(tensors, grad_tensors):
@@ -118,7 +140,7 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
                     g = g.astype(a.dtype)
                 if leaf:
                     if only is None or id(t) in only:
-                        _accumulate_leaf(t, g)
+                        _accumulate_leaf(t, g, taken)
                 else:
                     slot = pending.setdefault(id(t._ctx), [None] * len(t._ctx.out_meta))
                     i = t._out_idx

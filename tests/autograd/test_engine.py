@@ -193,3 +193,20 @@ def test_queue_callback_runs_after_backward(device):
     engine.queue_callback(lambda: order.append("callback"))
     (x * 2).sum().backward()
     assert order == ["hook", "callback"]
+
+
+def test_leaf_gradients_never_alias_each_other_or_the_seed():
+    """A leaf may take a fresh backward array as its .grad (no copy), but never one another leaf or the
+    caller holds: a + b hands the same array to both leaves, and the seed gradient belongs to the caller."""
+    a = st.tensor([1.0, 2.0], requires_grad=True)
+    b = st.tensor([3.0, 4.0], requires_grad=True)
+    seed = st.tensor([1.0, 1.0])
+    (a + b).backward(seed)
+    a.grad.array[0] = 100.0
+    assert b.grad.tolist() == [1.0, 1.0] and seed.tolist() == [1.0, 1.0]
+    w = st.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    x = st.tensor([[1.0, 1.0]], requires_grad=True)
+    (x @ w).sum().backward()
+    assert w.grad.tolist() == [[1.0, 1.0], [1.0, 1.0]] and x.grad.tolist() == [[3.0, 7.0]]
+    (x @ w).sum().backward()   # accumulation into a taken array works like into a copied one
+    assert w.grad.tolist() == [[2.0, 2.0], [2.0, 2.0]]
