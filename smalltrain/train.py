@@ -130,7 +130,7 @@ class Trainer:
     def _step(self, x, y):
         """One optimizer step; with --compile it is captured as a CUDA graph (a last partial batch, having
         another shape, gets a graph of its own)."""
-        self.optimizer.zero_grad(set_to_none=not self.cfg.compile)   # captured steps keep their grad buffers
+        self.optimizer.zero_grad()
         loss = F.cross_entropy(self.model(x), y)
         loss.backward()
         self.optimizer.step()

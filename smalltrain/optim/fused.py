@@ -1,10 +1,11 @@
 """The CUDA fast path of SGD and Adam/AdamW: one kernel launch over all of a group's parameters.
 
 Used when every parameter of a group that has a gradient is a contiguous CUDA array of one dtype. Adam's
-step count and every group's learning rate then live on the device, so the whole update can be captured in a
-CUDA graph and replayed: a replay hook copies a changed `group['lr']` (a scheduler's) to the device first and
-counts the replayed steps, which `flush` adds to the per-parameter host counters in `state['step']` (for
-state_dict and the next eager step). Other hyperparameters are read when the graph is captured.
+step count and every group's hyperparameters (lr, momentum or betas, eps, weight decay) then live on the device,
+so the whole update can be captured in a CUDA graph and replayed: a replay hook copies values a scheduler
+changed to the device first and counts the replayed steps, which `flush` adds to the per-parameter host
+counters in `state['step']` (for state_dict and the next eager step). Whether momentum or weight decay is used
+at all (zero or not) is fixed when the graph is captured.
 """
 import numpy as np
 
@@ -16,22 +17,31 @@ def _graphs():
     return graphs
 
 
-def _device_lr(opt, group):
-    """The group's learning rate as a device float64 scalar, current before every eager call and replay."""
+def _sgd_values(group):
+    return (group["lr"], group["momentum"], group["dampening"], group["weight_decay"])
+
+
+def _adam_values(group):
+    return (group["lr"], *group["betas"], group["eps"], group["weight_decay"])
+
+
+def _device_hyper(opt, group, values):
+    """The group's hyperparameters `values(group)` as a device float64 array, current before every eager call
+    and every replay of a graph that captured this step (schedulers change lr and momentum/betas)."""
     from ..backend.cuda import cupy
-    cache = opt.__dict__.setdefault("_device_lrs", {})
+    from ..backend.cuda.optim import set_hyper
+    cache = opt.__dict__.setdefault("_device_hyper", {})
     entry = cache.get(id(group))
     capturing = _graphs().is_current_stream_capturing()
     if entry is None:
-        # made during a capture, its fill is only recorded: mark the value unknown so the first replay writes it
-        entry = cache[id(group)] = [cupy().full(1, float(group["lr"]), dtype=np.float64),
-                                    None if capturing else float(group["lr"])]
+        # made during a capture, its write is only recorded: mark the values unknown so the first replay writes them
+        entry = cache[id(group)] = [cupy().empty(len(values(group)), dtype=np.float64), None]
 
     def refresh():
-        lr = float(group["lr"])
-        if entry[1] != lr:
-            entry[0].fill(lr)
-            entry[1] = lr
+        now = tuple(float(v) for v in values(group))
+        if entry[1] != now:
+            set_hyper(entry[0], now)
+            entry[1] = now
     if capturing:
         _graphs().on_replay(refresh)
     else:
@@ -77,10 +87,10 @@ def sgd(opt, group, live):
                 # the kernel fills it with the gradient (torch's first step: a copy, no dampening)
                 opt.state[p]["momentum_buffer"] = Tensor._wrap(kernels.cupy().empty_like(p.array))
         bufs = [opt.state[p]["momentum_buffer"].array for p in live]
-    kernels.sgd_step([p.array for p in live], [p.grad.array for p in live], bufs, lr=_device_lr(opt, group),
+    kernels.sgd_step([p.array for p in live], [p.grad.array for p in live], bufs, lr=float(group["lr"]),
                      momentum=momentum, dampening=float(group["dampening"]),
                      weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
-                     maximize=group["maximize"], first_step=first)
+                     maximize=group["maximize"], first_step=first, hyper=_device_hyper(opt, group, _sgd_values))
     return True
 
 
@@ -108,9 +118,10 @@ def adam(opt, group, live, init_state):
     kernels.adam_step([p.array for p in live], [p.grad.array for p in live], [s["exp_avg"].array for s in st],
                       [s["exp_avg_sq"].array for s in st],
                       [s["max_exp_avg_sq"].array for s in st] if group["amsgrad"] else None,
-                      step=entry[0], lr=_device_lr(opt, group), beta1=beta1, beta2=beta2, eps=float(group["eps"]),
+                      step=entry[0], lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=float(group["eps"]),
                       weight_decay=float(group["weight_decay"]), amsgrad=group["amsgrad"],
-                      maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"])
+                      maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"],
+                      hyper=_device_hyper(opt, group, _adam_values))
     entry[1] = host_step + 1
     for s in st:
         s["step"].array += 1

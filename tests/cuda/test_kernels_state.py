@@ -189,13 +189,15 @@ def test_adam_step(kw, dtype, step_dtype, rng):
             assert_close(vmax[i], rvmax, tol, name=f"max_exp_avg_sq {i}")
 
 
-def test_adam_mixed_dtypes_and_device_lr(rng):
+def test_adam_mixed_dtypes_and_device_hyperparameters(rng):
+    """hyper (device [lr, beta1, beta2, eps, weight_decay]) replaces the float arguments: lr=1.0 is ignored."""
     shapes = [(100,), (50,)]
     params = [rng.standard_normal(100).astype(np.float32), rng.standard_normal(50)]
     grads = [rng.standard_normal(100).astype(np.float32), rng.standard_normal(50)]
     gp = [g(p) for p in params]
     m, v = [cp.zeros_like(p) for p in gp], [cp.zeros_like(p) for p in gp]
-    ops.adam_step(gp, [g(x) for x in grads], m, v, step=cp.zeros((), cp.float32), lr=cp.asarray([3e-2]))
+    ops.adam_step(gp, [g(x) for x in grads], m, v, step=cp.zeros((), cp.float32), lr=1.0,
+                  beta1=0.5, hyper=cp.asarray([3e-2, 0.9, 0.999, 1e-8, 0.0]))
     for p, gr, out, s in zip(params, grads, gp, shapes):
         want = ref.adam(p.astype(np.float64), gr.astype(np.float64), np.zeros(s), np.zeros(s), None, 1, 3e-2, 0.9,
                         0.999, 1e-8, 0, False, False, False)[0]

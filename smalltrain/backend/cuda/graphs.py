@@ -19,6 +19,14 @@ def is_current_stream_capturing():
     return bool(_capturing)
 
 
+def keep_alive(obj):
+    """Tie obj's lifetime to the graph being captured now (memory its replays read); False outside a capture."""
+    if not _capturing:
+        return False
+    _capturing[-1].kept.append(obj)
+    return True
+
+
 def on_replay(hook):
     """Run hook() on the host before every replay of the graph being captured now; False outside a capture."""
     if not _capturing:
@@ -36,6 +44,7 @@ class CUDAGraph:
         self.pool = cp.cuda.MemoryPool()
         self.graph = None
         self.replay_hooks = []
+        self.kept = []   # buffers that replays read but that nothing else may keep alive (see keep_alive)
         self._prev_allocator = None
         self._stream_ctx = None
 

@@ -8,6 +8,8 @@ import numpy as np
 
 from . import cupy
 from ._common import NULL, check_array, check_dtype, check_float, check_shape, get, i32, i64, require_contiguous
+from .graphs import keep_alive
+from .loader import kernel
 
 CHUNK = 4096   # elements per block
 _BLOCK = 256
@@ -39,26 +41,40 @@ def _check_lists(op, named):
 
 
 def _tables(buffers):
-    """(ptrs [K*T], sizes [T], chunks [n, 2], n) on the device for buffers [K][T], cached by address and size."""
+    """(ptrs [K*T], sizes [T], chunks [n, 2], n) on the device for buffers [K][T], cached by address and size.
+
+    A new table is uploaded from pinned host memory with an asynchronous copy: no stream synchronization
+    (gradients dropped by zero_grad() come back at new addresses), and legal inside a CUDA-graph capture, whose
+    replays then copy from the same pinned buffer (kept alive with the entry).
+    """
     ptrs = np.array([[a.data.ptr for a in lst] for lst in buffers], dtype=np.uint64)
     sizes = np.array([a.size for a in buffers[0]], dtype=np.int64)
     key = (cupy().cuda.Device().id, ptrs.tobytes(), sizes.tobytes())
     hit = _TABLES.get(key)
     if hit is not None:
         _TABLES.move_to_end(key)
-        return hit
+        keep_alive(hit)   # a graph captured now reads this table on every replay, even after the cache drops it
+        return hit[:4]
     counts = (sizes + CHUNK - 1) // CHUNK
     n = int(counts.sum())
     tensor = np.repeat(np.arange(len(sizes), dtype=np.int64), counts)
     first_chunk = np.repeat(np.cumsum(counts) - counts, counts)
     start = (np.arange(n, dtype=np.int64) - first_chunk) * CHUNK
     chunks = np.stack([tensor, start], axis=1).reshape(-1)
+    host = np.concatenate([ptrs.reshape(-1).view(np.int64), sizes, chunks])
     cp = cupy()
-    hit = (cp.asarray(ptrs.reshape(-1)), cp.asarray(sizes), cp.asarray(chunks), n)
+    pinned = cp.cuda.alloc_pinned_memory(host.nbytes)
+    staged = np.frombuffer(pinned, dtype=np.int64, count=host.size)
+    staged[...] = host
+    table = cp.empty(host.size, dtype=np.int64)
+    table.data.copy_from_host_async(staged.ctypes.data, host.nbytes, cp.cuda.get_current_stream())
+    k = ptrs.size
+    hit = (table[:k].view(np.uint64), table[k:k + sizes.size], table[k + sizes.size:], n, pinned)
     _TABLES[key] = hit
+    keep_alive(hit)
     if len(_TABLES) > _MAX_TABLES:
         _TABLES.popitem(last=False)
-    return hit
+    return hit[:4]
 
 
 def _by_dtype(params):
@@ -68,24 +84,43 @@ def _by_dtype(params):
     return groups.items()
 
 
-def _lr(op, lr, device):
-    """(value, pointer): a float, or a device float64 scalar read by the kernel (a graph can change it)."""
-    if isinstance(lr, (int, float)):
-        return float(lr), NULL
-    check_array(op, "lr", lr)
-    check_dtype(op, "lr", lr, np.float64)
-    if lr.size != 1 or lr.device.id != device:
-        raise RuntimeError(f"{op}: expected lr as a float or a 1-element float64 array on cuda:{device}")
-    return 0.0, lr
+def _hyper(op, hyper, names, device):
+    """NULL, or `hyper` checked: a contiguous device float64 array with one value per name, read by the kernel
+    instead of the float arguments (so a captured graph follows a scheduler that changes them)."""
+    if hyper is None:
+        return NULL
+    check_array(op, "hyper", hyper)
+    check_dtype(op, "hyper", hyper, np.float64)
+    require_contiguous(op, "hyper", hyper)
+    if hyper.size != len(names) or hyper.device.id != device:
+        raise RuntimeError(f"{op}: expected hyper as a float64 array [{', '.join(names)}] on cuda:{device}, got "
+                           f"{hyper.size} values on cuda:{hyper.device.id}")
+    return hyper
+
+
+def set_hyper(hyper, values):
+    """Write `values` (at most 5 floats) into the device float64 array `hyper` with one tiny launch."""
+    values = [float(v) for v in values]
+    if not 1 <= len(values) <= 5 or hyper.size < len(values) or hyper.dtype != np.float64:
+        raise RuntimeError(f"set_hyper: expected 1 to 5 values for a float64 array of at least that size, got "
+                           f"{len(values)} values for {hyper.size} {hyper.dtype} elements")
+    padded = [np.float64(v) for v in values + [0.0] * (5 - len(values))]
+    kernel("optim", "set_hyper")((1,), (1,), (hyper, i32(len(values)), *padded))
+
+
+SGD_HYPER = ("lr", "momentum", "dampening", "weight_decay")
+ADAM_HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay")
 
 
 def sgd_step(params, grads, momentum_buffers=None, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
-             nesterov=False, maximize=False, first_step=False):
+             nesterov=False, maximize=False, first_step=False, hyper=None):
     """torch.optim.SGD's update of every param in place, one launch per dtype.
 
     params, grads (and momentum_buffers when momentum != 0): lists of contiguous cupy arrays, pairwise of one
     shape and dtype. first_step: the buffers are (re)initialized to the gradient, as torch does when a parameter
-    has no momentum buffer yet (their content is ignored). lr: a float or a device float64 scalar.
+    has no momentum buffer yet (their content is ignored). hyper: None or a device float64 array of SGD_HYPER's
+    values, read by the kernel in place of lr, momentum, dampening and weight_decay (which still decide whether
+    momentum and weight decay are applied at all).
     """
     op = "sgd_step"
     if nesterov and (momentum <= 0 or dampening != 0):
@@ -98,26 +133,26 @@ def sgd_step(params, grads, momentum_buffers=None, *, lr, momentum=0.0, dampenin
     if not params:
         return
     device = _check_lists(op, named)
-    lr_val, lr_ptr = _lr(op, lr, device)
+    hyper = _hyper(op, hyper, SGD_HYPER, device)
     with cupy().cuda.Device(device):
         for dtype, idx in _by_dtype(params):
             ptrs, sizes, chunks, n = _tables([[lst[i] for i in idx] for _, lst in named])
             if n:
                 get("optim", "sgd_step", dtype)((n,), (_BLOCK,), (
-                    chunks, ptrs, sizes, i64(len(idx)), i64(CHUNK), np.float64(lr_val), lr_ptr,
+                    chunks, ptrs, sizes, i64(len(idx)), i64(CHUNK), np.float64(lr), hyper,
                     np.float64(momentum), np.float64(dampening), np.float64(weight_decay), i32(nesterov),
                     i32(maximize), i32(first_step)))
 
 
 def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, step, lr, beta1=0.9, beta2=0.999,
               eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False, decoupled_weight_decay=False,
-              increment_step=True):
+              increment_step=True, hyper=None):
     """torch.optim.Adam / AdamW (decoupled_weight_decay=True) update of every param in place, one launch per dtype.
 
     step: a 1-element float32 or float64 cupy array shared by the list, incremented on the device first (unless
     increment_step=False); the kernel computes the bias corrections from it, so no host value changes between
-    steps and the step can be replayed as a CUDA graph. max_exp_avg_sqs is needed with amsgrad. lr: a float or a
-    device float64 scalar. All lists as in sgd_step.
+    steps and the step can be replayed as a CUDA graph. max_exp_avg_sqs is needed with amsgrad. hyper: None or a
+    device float64 array of ADAM_HYPER's values (as in sgd_step). All lists as in sgd_step.
     """
     op = "adam_step"
     named = [("params", params), ("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs)]
@@ -134,7 +169,7 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, ste
     device = _check_lists(op, named)
     if step.device.id != device:
         raise RuntimeError(f"{op}: expected step on cuda:{device}, got cuda:{step.device.id}")
-    lr_val, lr_ptr = _lr(op, lr, device)
+    hyper = _hyper(op, hyper, ADAM_HYPER, device)
     with cupy().cuda.Device(device):
         if increment_step:
             get("optim", "increment_step", step.dtype)((1,), (1,), (step,))
@@ -142,7 +177,7 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, ste
             ptrs, sizes, chunks, n = _tables([[lst[i] for i in idx] for _, lst in named])
             if n:
                 get("optim", "adam_step", dtype)((n,), (_BLOCK,), (
-                    chunks, ptrs, sizes, i64(len(idx)), i64(CHUNK), np.float64(lr_val), lr_ptr, np.float64(beta1),
+                    chunks, ptrs, sizes, i64(len(idx)), i64(CHUNK), np.float64(lr), hyper, np.float64(beta1),
                     np.float64(beta2), np.float64(eps), np.float64(weight_decay), step, i32(step.dtype == np.float64),
                     i32(amsgrad), i32(maximize), i32(decoupled_weight_decay)))
 

@@ -11,24 +11,33 @@
 //              decoupled wd: param *= 1 - lr * wd, else g += wd * param; m += (1 - beta1) * (g - m);
 //              v = v * beta2 + (1 - beta2) * g * g; vmax = max(vmax, v) if amsgrad;
 //              param -= lr / (1 - beta1^t) * m / (sqrt(amsgrad ? vmax : v) / sqrt(1 - beta2^t) + eps).
-// lr_ptr (device float64 scalar) overrides lr when not null, for learning rates changed inside a captured graph.
+// hyper (a device float64 array) overrides the scalar hyperparameters when not null, so that a captured CUDA graph
+// follows a scheduler's changes: sgd [lr, momentum, dampening, weight_decay], adam [lr, beta1, beta2, eps,
+// weight_decay]. Whether momentum / weight decay are used at all is still decided by the scalar arguments.
 #include "common.cuh"
 
 template <typename T>
 __device__ void sgd_step(const i64* __restrict__ chunks, const u64* __restrict__ ptrs, const i64* __restrict__ sizes,
-                         i64 ntensors, i64 chunk, double lr, const double* __restrict__ lr_ptr, double momentum,
+                         i64 ntensors, i64 chunk, double lr, const double* __restrict__ hyper, double momentum,
                          double dampening, double wd, int nesterov, int maximize, int first) {
+    const bool use_wd = wd != 0.0, use_momentum = momentum != 0.0;
+    if (hyper != nullptr) {
+        lr = hyper[0];
+        momentum = hyper[1];
+        dampening = hyper[2];
+        wd = hyper[3];
+    }
     const i64 tensor = chunks[2 * blockIdx.x], start = chunks[2 * blockIdx.x + 1];
     const i64 end = min(start + chunk, sizes[tensor]);
     T* p = (T*)ptrs[tensor];
     const T* g = (const T*)ptrs[ntensors + tensor];
-    T* buf = momentum != 0.0 ? (T*)ptrs[2 * ntensors + tensor] : nullptr;
-    const T lr_t = (T)(lr_ptr != nullptr ? *lr_ptr : lr), mom = (T)momentum, damp = (T)(1.0 - dampening);
+    T* buf = use_momentum ? (T*)ptrs[2 * ntensors + tensor] : nullptr;
+    const T lr_t = (T)lr, mom = (T)momentum, damp = (T)(1.0 - dampening);
     const T wd_t = (T)wd;
     for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
         T gi = maximize ? -g[i] : g[i];
         const T pi = p[i];
-        if (wd != 0.0) gi = gi + wd_t * pi;
+        if (use_wd) gi = gi + wd_t * pi;
         if (buf != nullptr) {
             const T b = first ? gi : mom * buf[i] + damp * gi;
             buf[i] = b;
@@ -40,9 +49,17 @@ __device__ void sgd_step(const i64* __restrict__ chunks, const u64* __restrict__
 
 template <typename T>
 __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict__ ptrs, const i64* __restrict__ sizes,
-                          i64 ntensors, i64 chunk, double lr, const double* __restrict__ lr_ptr, double beta1,
+                          i64 ntensors, i64 chunk, double lr, const double* __restrict__ hyper, double beta1,
                           double beta2, double eps, double wd, const void* __restrict__ step, int step_f64,
                           int amsgrad, int maximize, int decoupled) {
+    const bool use_wd = wd != 0.0;
+    if (hyper != nullptr) {
+        lr = hyper[0];
+        beta1 = hyper[1];
+        beta2 = hyper[2];
+        eps = hyper[3];
+        wd = hyper[4];
+    }
     const i64 tensor = chunks[2 * blockIdx.x], start = chunks[2 * blockIdx.x + 1];
     const i64 end = min(start + chunk, sizes[tensor]);
     T* p = (T*)ptrs[tensor];
@@ -51,7 +68,7 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
     T* v = (T*)ptrs[3 * ntensors + tensor];
     T* vmax = amsgrad ? (T*)ptrs[4 * ntensors + tensor] : nullptr;
     const double t = step_f64 ? *(const double*)step : (double)*(const float*)step;
-    const double lr_d = lr_ptr != nullptr ? *lr_ptr : lr;
+    const double lr_d = lr;
     const T step_size = (T)(lr_d / (1.0 - pow(beta1, t)));
     const T bc2_sqrt = (T)sqrt(1.0 - pow(beta2, t));
     const T decay = (T)(1.0 - lr_d * wd), wd_t = (T)wd, w1 = (T)(1.0 - beta1), b2 = (T)beta2, w2 = (T)(1.0 - beta2);
@@ -59,7 +76,7 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
     for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
         T gi = maximize ? -g[i] : g[i];
         T pi = p[i];
-        if (wd != 0.0) {
+        if (use_wd) {
             if (decoupled) pi = pi * decay;
             else gi = gi + wd_t * pi;
         }
@@ -79,16 +96,16 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
 
 #define ST_OPTIM(T, S)                                                                                             \
     extern "C" __global__ void sgd_step_##S(const i64* chunks, const u64* ptrs, const i64* sizes, i64 ntensors,   \
-                                            i64 chunk, double lr, const double* lr_ptr, double momentum,           \
+                                            i64 chunk, double lr, const double* hyper, double momentum,             \
                                             double dampening, double wd, int nesterov, int maximize, int first) {  \
-        sgd_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, lr_ptr, momentum, dampening, wd, nesterov, maximize, \
+        sgd_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, hyper, momentum, dampening, wd, nesterov, maximize, \
                     first);                                                                                        \
     }                                                                                                              \
     extern "C" __global__ void adam_step_##S(const i64* chunks, const u64* ptrs, const i64* sizes, i64 ntensors,  \
-                                             i64 chunk, double lr, const double* lr_ptr, double beta1,             \
+                                             i64 chunk, double lr, const double* hyper, double beta1,               \
                                              double beta2, double eps, double wd, const void* step, int step_f64,  \
                                              int amsgrad, int maximize, int decoupled) {                           \
-        adam_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, lr_ptr, beta1, beta2, eps, wd, step, step_f64,      \
+        adam_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, hyper, beta1, beta2, eps, wd, step, step_f64,      \
                      amsgrad, maximize, decoupled);                                                                \
     }                                                                                                              \
     /* Adam's device-side step count: our own one-thread kernel, so a graph replay increments it too */            \
@@ -96,3 +113,10 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
 ST_OPTIM(float, f32)
 ST_OPTIM(double, f64)
 #undef ST_OPTIM
+
+// Writes up to 5 hyperparameters into the device array `hyper` (values as kernel arguments: no host staging
+// buffer and no stream synchronization, unlike a copy from pageable host memory).
+extern "C" __global__ void set_hyper(double* hyper, int n, double v0, double v1, double v2, double v3, double v4) {
+    const double v[5] = {v0, v1, v2, v3, v4};
+    for (int i = 0; i < n && i < 5; ++i) hyper[i] = v[i];
+}
