@@ -2,7 +2,6 @@
 import numpy as np
 
 from .._dtype import get_default_dtype, result_type
-from ..autograd import grad_mode
 from ..tensor import Tensor
 
 
@@ -76,8 +75,9 @@ def _device_operands(op, a, b, x, y):
 
 
 def _cpu_scalar(op, t, v):
-    if isinstance(t, Tensor) and t.requires_grad and grad_mode._state.enabled:
-        # its gradient would be computed on the GPU and land in a CPU tensor's .grad
+    if isinstance(t, Tensor) and t.requires_grad:
+        # its gradient would be computed on the GPU and land in a CPU tensor's .grad (ops' forwards run with
+        # grad mode off, so requires_grad alone decides)
         raise RuntimeError(f"{op}: a 0-dim CPU tensor that requires grad cannot be used with CUDA tensors; move it "
                            f"to their device first (.to('cuda'))")
     return v.item()

@@ -62,12 +62,7 @@ def _tables(buffers):
     start = (np.arange(n, dtype=np.int64) - first_chunk) * CHUNK
     chunks = np.stack([tensor, start], axis=1).reshape(-1)
     host = np.concatenate([ptrs.reshape(-1).view(np.int64), sizes, chunks])
-    cp = cupy()
-    pinned = cp.cuda.alloc_pinned_memory(host.nbytes)
-    staged = np.frombuffer(pinned, dtype=np.int64, count=host.size)
-    staged[...] = host
-    table = cp.empty(host.size, dtype=np.int64)
-    table.data.copy_from_host_async(staged.ctypes.data, host.nbytes, cp.cuda.get_current_stream())
+    table, pinned = _upload(host)
     k = ptrs.size
     hit = (table[:k].view(np.uint64), table[k:k + sizes.size], table[k + sizes.size:], n, pinned)
     _TABLES[key] = hit
@@ -75,6 +70,53 @@ def _tables(buffers):
     if len(_TABLES) > _MAX_TABLES:
         _TABLES.popitem(last=False)
     return hit[:4]
+
+
+class _Staging:
+    """A few reusable pinned host buffers for eager uploads; each slot waits for its previous copy to finish."""
+
+    def __init__(self, slots=8):
+        self.slots = [None] * slots   # (pinned memory, its size in bytes, event after its last copy)
+        self.next = 0
+
+    def take(self, nbytes):
+        cp = cupy()
+        i, self.next = self.next, (self.next + 1) % len(self.slots)
+        slot = self.slots[i]
+        if slot is not None:
+            slot[2].synchronize()   # long done in practice: 8 uploads ago
+        if slot is None or slot[1] < nbytes:
+            slot = [cp.cuda.alloc_pinned_memory(max(nbytes, 4096)), max(nbytes, 4096), None]
+            self.slots[i] = slot
+        return slot
+
+
+_staging = _Staging()
+
+
+def _upload(host):
+    """host (an int64 NumPy array) copied to a new device array asynchronously from pinned memory; returns
+    (device array, pinned memory a graph captured now must keep, or None).
+
+    cupy's own host-to-device copies refuse to run during stream capture; a plain cudaMemcpyAsync from pinned
+    memory is legal there (the graph repeats it from the same pinned buffer on every replay).
+    """
+    cp = cupy()
+    rt = cp.cuda.runtime
+    stream = cp.cuda.get_current_stream()
+    capturing = bool(stream.is_capturing())
+    if capturing:
+        slot = [cp.cuda.alloc_pinned_memory(host.nbytes), host.nbytes, None]
+    else:
+        slot = _staging.take(host.nbytes)
+    staged = np.frombuffer(slot[0], dtype=np.int64, count=host.size)
+    staged[...] = host
+    table = cp.empty(host.size, dtype=np.int64)
+    rt.memcpyAsync(table.data.ptr, staged.ctypes.data, host.nbytes, rt.memcpyHostToDevice, stream.ptr)
+    if capturing:
+        return table, slot[0]
+    slot[2] = stream.record()
+    return table, None
 
 
 def _by_dtype(params):

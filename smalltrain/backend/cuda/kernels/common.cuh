@@ -9,6 +9,14 @@ typedef unsigned int u32;
 #define GRID_STRIDE(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
 
+// Index arithmetic in 32 bits where every index fits (see st_fits32): a 64-bit integer division costs several
+// times a 32-bit one on the GPU, and im2col-like kernels do a handful per element. Templates over the index type I
+// take both; the kernel picks one with a uniform branch.
+#define GRID_STRIDE_I(I, i, n) \
+    for (I i = (I)((i64)blockIdx.x * blockDim.x + threadIdx.x); i < (I)(n); i += (I)((i64)blockDim.x * gridDim.x))
+// below 2^30, so that a grid-stride step (at most 65536 blocks x 1024 threads) never overflows an int either
+__device__ __forceinline__ bool st_fits32(i64 a, i64 b = 0) { return a < (1LL << 30) && b < (1LL << 30); }
+
 // Overloads so that templates call the float or double libm function (expf vs exp) for their T.
 __device__ __forceinline__ float st_exp(float x) { return expf(x); }
 __device__ __forceinline__ double st_exp(double x) { return exp(x); }

@@ -9,37 +9,37 @@
 //   ph, pw are the top and left padding; bottom/right padding only enters through OH, OW.
 #include "common.cuh"
 
-template <typename T>
-__device__ void im2col(const T* __restrict__ x, T* __restrict__ cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW,
-                       i64 OH, i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {
-    const i64 P = OH * OW, NP = N * P, total = C * KH * KW * NP;
-    GRID_STRIDE(t, total) {
-        const i64 q = t % NP, r = t / NP;
-        const i64 j = r % KW, i = (r / KW) % KH, c = r / (KH * KW);
-        const i64 n = q / P, p = q % P, oh = p / OW, ow = p % OW;
-        const i64 ih = oh * sh - ph + i * dh, iw = ow * sw - pw + j * dw;
+template <typename T, typename I>
+__device__ void im2col(const T* __restrict__ x, T* __restrict__ cols, I N, I C, I H, I W, I KH, I KW,
+                       I OH, I OW, I sh, I sw, I ph, I pw, I dh, I dw) {
+    const I P = OH * OW, NP = N * P, total = C * KH * KW * NP;
+    GRID_STRIDE_I(I, t, total) {
+        const I q = t % NP, r = t / NP;
+        const I j = r % KW, i = (r / KW) % KH, c = r / (KH * KW);
+        const I n = q / P, p = q % P, oh = p / OW, ow = p % OW;
+        const I ih = oh * sh - ph + i * dh, iw = ow * sw - pw + j * dw;
         T v = T(0);
         if (ih >= 0 && ih < H && iw >= 0 && iw < W) v = x[((n * C + c) * H + ih) * W + iw];
         cols[t] = v;
     }
 }
 
-template <typename T>
-__device__ void col2im(const T* __restrict__ cols, T* __restrict__ dx, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW,
-                       i64 OH, i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {
-    const i64 P = OH * OW, NP = N * P, total = N * C * H * W;
-    GRID_STRIDE(t, total) {
-        const i64 iw = t % W, ih = (t / W) % H, c = (t / (H * W)) % C, n = t / (C * H * W);
+template <typename T, typename I>
+__device__ void col2im(const T* __restrict__ cols, T* __restrict__ dx, I N, I C, I H, I W, I KH, I KW,
+                       I OH, I OW, I sh, I sw, I ph, I pw, I dh, I dw) {
+    const I P = OH * OW, NP = N * P, total = N * C * H * W;
+    GRID_STRIDE_I(I, t, total) {
+        const I iw = t % W, ih = (t / W) % H, c = (t / (H * W)) % C, n = t / (C * H * W);
         T acc = T(0);
-        for (i64 i = 0; i < KH; ++i) {
-            const i64 hp = ih + ph - i * dh;
+        for (I i = 0; i < KH; ++i) {
+            const I hp = ih + ph - i * dh;
             if (hp < 0 || hp % sh != 0) continue;
-            const i64 oh = hp / sh;
+            const I oh = hp / sh;
             if (oh >= OH) continue;
-            for (i64 j = 0; j < KW; ++j) {
-                const i64 wp = iw + pw - j * dw;
+            for (I j = 0; j < KW; ++j) {
+                const I wp = iw + pw - j * dw;
                 if (wp < 0 || wp % sw != 0) continue;
-                const i64 ow = wp / sw;
+                const I ow = wp / sw;
                 if (ow >= OW) continue;
                 acc += cols[((c * KH + i) * KW + j) * NP + (n * OH + oh) * OW + ow];
             }
@@ -48,22 +48,22 @@ __device__ void col2im(const T* __restrict__ cols, T* __restrict__ dx, i64 N, i6
     }
 }
 
-template <typename T>
-__device__ void bias_act_fwd(const T* __restrict__ y, const T* __restrict__ b, T* __restrict__ out, i64 N, i64 O,
-                             i64 P, int act) {
-    GRID_STRIDE(t, N * O * P) {
-        const i64 p = t % P, o = (t / P) % O, n = t / (O * P);
+template <typename T, typename I>
+__device__ void bias_act_fwd(const T* __restrict__ y, const T* __restrict__ b, T* __restrict__ out, I N, I O,
+                             I P, int act) {
+    GRID_STRIDE_I(I, t, N * O * P) {
+        const I p = t % P, o = (t / P) % O, n = t / (O * P);
         T v = y[(o * N + n) * P + p];
         if (b != nullptr) v += b[o];
         out[t] = act_fwd(v, act);
     }
 }
 
-template <typename T>
+template <typename T, typename I>
 __device__ void bias_act_bwd(const T* __restrict__ dout, const T* __restrict__ y, const T* __restrict__ b,
-                             T* __restrict__ g, i64 N, i64 O, i64 P, int act) {
-    GRID_STRIDE(t, N * O * P) {
-        const i64 p = t % P, n = (t / P) % N, o = t / (N * P);
+                             T* __restrict__ g, I N, I O, I P, int act) {
+    GRID_STRIDE_I(I, t, N * O * P) {
+        const I p = t % P, n = (t / P) % N, o = t / (N * P);
         const T d = dout[(n * O + o) * P + p];
         if (act == ST_ACT_NONE) {
             g[t] = d;
@@ -78,18 +78,26 @@ __device__ void bias_act_bwd(const T* __restrict__ dout, const T* __restrict__ y
 #define ST_CONV(T, S)                                                                                              \
     extern "C" __global__ void im2col_##S(const T* x, T* cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH,  \
                                           i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
-        im2col<T>(x, cols, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                                    \
+        if (st_fits32(N * C * H * W, C * KH * KW * N * OH * OW))                                                   \
+            im2col<T, int>(x, cols, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                           \
+        else                                                                                                       \
+            im2col<T, i64>(x, cols, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                           \
     }                                                                                                              \
     extern "C" __global__ void col2im_##S(const T* cols, T* dx, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH, \
                                           i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
-        col2im<T>(cols, dx, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                                   \
+        if (st_fits32(N * C * H * W, C * KH * KW * N * OH * OW))                                                   \
+            col2im<T, int>(cols, dx, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                          \
+        else                                                                                                       \
+            col2im<T, i64>(cols, dx, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                          \
     }                                                                                                              \
     extern "C" __global__ void bias_act_fwd_##S(const T* y, const T* b, T* out, i64 N, i64 O, i64 P, int act) {     \
-        bias_act_fwd<T>(y, b, out, N, O, P, act);                                                                  \
+        if (st_fits32(N * O * P)) bias_act_fwd<T, int>(y, b, out, N, O, P, act);                                   \
+        else bias_act_fwd<T, i64>(y, b, out, N, O, P, act);                                                        \
     }                                                                                                              \
     extern "C" __global__ void bias_act_bwd_##S(const T* dout, const T* y, const T* b, T* g, i64 N, i64 O, i64 P,   \
                                                 int act) {                                                         \
-        bias_act_bwd<T>(dout, y, b, g, N, O, P, act);                                                              \
+        if (st_fits32(N * O * P)) bias_act_bwd<T, int>(dout, y, b, g, N, O, P, act);                               \
+        else bias_act_bwd<T, i64>(dout, y, b, g, N, O, P, act);                                                    \
     }
 ST_CONV(float, f32)
 ST_CONV(double, f64)

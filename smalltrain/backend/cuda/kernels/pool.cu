@@ -10,20 +10,20 @@
 //   avg_pool2d_bwd: the same divisors, gathered per input element.
 #include "common.cuh"
 
-template <typename T>
-__device__ void max_pool_fwd(const T* __restrict__ x, T* __restrict__ out, i64* __restrict__ idx, i64 B, i64 H, i64 W,
-                             i64 OH, i64 OW, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {
-    GRID_STRIDE(t, B * OH * OW) {
-        const i64 ow = t % OW, oh = (t / OW) % OH, b = t / (OH * OW);
-        i64 hstart = oh * sh - ph, wstart = ow * sw - pw;
-        const i64 hend = min(hstart + (kh - 1) * dh + 1, H), wend = min(wstart + (kw - 1) * dw + 1, W);
+template <typename T, typename I>
+__device__ void max_pool_fwd(const T* __restrict__ x, T* __restrict__ out, i64* __restrict__ idx, I B, I H, I W,
+                             I OH, I OW, I kh, I kw, I sh, I sw, I ph, I pw, I dh, I dw) {
+    GRID_STRIDE_I(I, t, B * OH * OW) {
+        const I ow = t % OW, oh = (t / OW) % OH, b = t / (OH * OW);
+        I hstart = oh * sh - ph, wstart = ow * sw - pw;
+        const I hend = min(hstart + (kh - 1) * dh + 1, H), wend = min(wstart + (kw - 1) * dw + 1, W);
         while (hstart < 0) hstart += dh;
         while (wstart < 0) wstart += dw;
         const T* plane = x + b * H * W;
-        i64 best = hstart * W + wstart;
+        I best = hstart * W + wstart;
         T val = st_neg_inf<T>();
-        for (i64 ih = hstart; ih < hend; ih += dh) {
-            for (i64 iw = wstart; iw < wend; iw += dw) {
+        for (I ih = hstart; ih < hend; ih += dh) {
+            for (I iw = wstart; iw < wend; iw += dw) {
                 const T v = plane[ih * W + iw];
                 if (v > val || st_isnan(v)) {
                     best = ih * W + iw;
@@ -36,19 +36,19 @@ __device__ void max_pool_fwd(const T* __restrict__ x, T* __restrict__ out, i64* 
     }
 }
 
-template <typename T>
-__device__ void max_pool_bwd(const T* __restrict__ dout, const i64* __restrict__ idx, T* __restrict__ dx, i64 B, i64 H,
-                             i64 W, i64 OH, i64 OW, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {
-    const i64 ext_h = (kh - 1) * dh + 1, ext_w = (kw - 1) * dw + 1;
-    GRID_STRIDE(t, B * H * W) {
-        const i64 iw = t % W, ih = (t / W) % H, b = t / (H * W);
-        const i64 hp = ih + ph, wp = iw + pw;
-        const i64 oh0 = hp < ext_h ? 0 : (hp - ext_h) / sh + 1, oh1 = min(hp / sh + 1, OH);
-        const i64 ow0 = wp < ext_w ? 0 : (wp - ext_w) / sw + 1, ow1 = min(wp / sw + 1, OW);
-        const i64 target = ih * W + iw, base = b * OH * OW;
+template <typename T, typename I>
+__device__ void max_pool_bwd(const T* __restrict__ dout, const i64* __restrict__ idx, T* __restrict__ dx, I B, I H,
+                             I W, I OH, I OW, I kh, I kw, I sh, I sw, I ph, I pw, I dh, I dw) {
+    const I ext_h = (kh - 1) * dh + 1, ext_w = (kw - 1) * dw + 1;
+    GRID_STRIDE_I(I, t, B * H * W) {
+        const I iw = t % W, ih = (t / W) % H, b = t / (H * W);
+        const I hp = ih + ph, wp = iw + pw;
+        const I oh0 = hp < ext_h ? 0 : (hp - ext_h) / sh + 1, oh1 = min(hp / sh + 1, OH);
+        const I ow0 = wp < ext_w ? 0 : (wp - ext_w) / sw + 1, ow1 = min(wp / sw + 1, OW);
+        const I target = ih * W + iw, base = b * OH * OW;
         T acc = T(0);
-        for (i64 oh = oh0; oh < oh1; ++oh)
-            for (i64 ow = ow0; ow < ow1; ++ow)
+        for (I oh = oh0; oh < oh1; ++oh)
+            for (I ow = ow0; ow < ow1; ++ow)
                 if (idx[base + oh * OW + ow] == target) acc += dout[base + oh * OW + ow];
         dx[t] = acc;
     }
@@ -118,12 +118,18 @@ __device__ void avg_pool_bwd(const T* __restrict__ dout, T* __restrict__ dx, i64
 #define ST_POOL(T, S)                                                                                                \
     extern "C" __global__ void max_pool2d_fwd_##S(const T* x, T* out, i64* idx, i64 B, i64 H, i64 W, i64 OH, i64 OW, \
                                                   i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {  \
-        max_pool_fwd<T>(x, out, idx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                               \
+        if (st_fits32(B * H * W, B * OH * OW))                                                                       \
+            max_pool_fwd<T, int>(x, out, idx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                      \
+        else                                                                                                         \
+            max_pool_fwd<T, i64>(x, out, idx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                      \
     }                                                                                                                \
     extern "C" __global__ void max_pool2d_bwd_##S(const T* dout, const i64* idx, T* dx, i64 B, i64 H, i64 W, i64 OH, \
                                                   i64 OW, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh,    \
                                                   i64 dw) {                                                          \
-        max_pool_bwd<T>(dout, idx, dx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                             \
+        if (st_fits32(B * H * W, B * OH * OW))                                                                       \
+            max_pool_bwd<T, int>(dout, idx, dx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                    \
+        else                                                                                                         \
+            max_pool_bwd<T, i64>(dout, idx, dx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                    \
     }                                                                                                                \
     extern "C" __global__ void avg_pool2d_fwd_##S(const T* x, T* out, i64 B, i64 H, i64 W, i64 OH, i64 OW, i64 kh,   \
                                                   i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int cip, i64 divisor) {    \
