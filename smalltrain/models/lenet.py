@@ -1,6 +1,7 @@
 """LeNet-5 for 28x28 MNIST: Conv2d(1,6,5), MaxPool2d(2), Conv2d(6,16,5), MaxPool2d(2), Linear 256-120-84-10."""
 from .. import nn
 from ..nn import functional as F
+from ..nn.fusion import layer_act
 
 
 class LeNet5(nn.Module):
@@ -21,11 +22,12 @@ class LeNet5(nn.Module):
         self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x):
-        x = self.pool1(self.act(self.conv1(x)))
-        x = self.pool2(self.act(self.conv2(x)))
+        act = self.config["activation"]   # each layer_act is act(layer(x)), one fused op on CUDA (nn/fusion.py)
+        x = self.pool1(layer_act(self.conv1, x, act))
+        x = self.pool2(layer_act(self.conv2, x, act))
         x = x.flatten(1)
-        x = self.act(self.fc1(x))
-        x = self.act(self.fc2(x))
+        x = layer_act(self.fc1, x, act)
+        x = layer_act(self.fc2, x, act)
         return self.fc3(x)
 
     def extra_repr(self):

@@ -413,3 +413,14 @@ def erf(a):
         r += 0.5
         out[tail] = np.copysign(r, at, out=r)
     return out
+
+
+def apply_named(x, activation):
+    """x through the activation of a fused layer's name: None, 'relu', 'gelu' (erf) or 'gelu_tanh'."""
+    if activation is None:
+        return x
+    if activation == "relu":
+        return relu(x)
+    if activation in ("gelu", "gelu_tanh"):
+        return gelu(x, approximate="none" if activation == "gelu" else "tanh")
+    raise ValueError(f"activation must be None, 'relu', 'gelu' or 'gelu_tanh', got {activation!r}")

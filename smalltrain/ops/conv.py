@@ -96,7 +96,7 @@ class Conv2d(Function):
     """out[n, o] = sum over c in o's group, i, j of w[o, c, i, j] * xpad[n, c, oh*s + i*d, ow*s + j*d] + b[o]."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, stride, pads, dilation, groups):
+    def forward(ctx, input, weight, bias, stride, pads, dilation, groups, activation=None):
         x, w = input.array, weight.array
         unbatched = x.ndim == 3
         if unbatched:
@@ -108,10 +108,12 @@ class Conv2d(Function):
                                           f"got {x.dtype}")
             from ..backend.cuda import conv as kernels
             out, ctx.kernel_saved = kernels.conv2d_forward(
-                x, w, None if bias is None else bias.array, stride, pads, dilation, groups,
+                x, w, None if bias is None else bias.array, stride, pads, dilation, groups, activation=activation,
                 needs_input_grad=ctx.needs_input_grad[:3])
             ctx.unbatched = unbatched
             return out[0] if unbatched else out
+        if activation is not None:
+            raise RuntimeError("conv2d: a fused activation runs on CUDA only (conv2d_act composes it on the CPU)")
         n, _, h, wd = x.shape
         o, cg, kh, kw = w.shape
         padded = (h + pads[0] + pads[1], wd + pads[2] + pads[3])
@@ -171,3 +173,16 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     stride, pads, dilation, groups = _check(input.array, weight.array, None if bias is None else bias.array,
                                             stride, padding, dilation, groups)
     return Conv2d.apply(input, weight, bias, stride, pads, dilation, groups)
+
+
+def conv2d_act(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
+    """activation(conv2d(...)) with activation None, 'relu', 'gelu' or 'gelu_tanh'; on CUDA the bias and the
+    activation run in the convolution's epilogue kernel (and its derivative in the backward's), on the CPU it is
+    conv2d followed by the activation op. Same values either way, up to float32 rounding."""
+    from .activation import apply_named
+    if not input.is_cuda or activation is None:
+        return apply_named(conv2d(input, weight, bias, stride, padding, dilation, groups), activation)
+    check_same_device("conv2d", input, weight, bias)
+    stride, pads, dilation, groups = _check(input.array, weight.array, None if bias is None else bias.array,
+                                            stride, padding, dilation, groups)
+    return Conv2d.apply(input, weight, bias, stride, pads, dilation, groups, activation)

@@ -124,6 +124,39 @@ class Linear(Function):
         return dx, dw, db
 
 
+class LinearAct(Function):
+    """activation(x @ W^T + b) on CUDA with the bias and activation in the GEMM's epilogue (backend/cuda/linear.py)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, activation):
+        from ..backend.cuda import linear as kernels
+        a = x.array
+        lead = a.shape[:-1]
+        out, ctx.saved = kernels.linear_act_forward(a.reshape(-1, a.shape[-1]), weight.array,
+                                                    None if bias is None else bias.array, activation)
+        ctx.shape = a.shape
+        return out.reshape(lead + (weight.array.shape[0],))
+
+    @staticmethod
+    def backward(ctx, dout):
+        from ..backend.cuda import linear as kernels
+        g = dout.array
+        dx, dw, db = kernels.linear_act_backward(g.reshape(-1, g.shape[-1]), ctx.saved, ctx.needs_input_grad[:3])
+        return (None if dx is None else dx.reshape(ctx.shape)), dw, db, None
+
+
+def linear_act(input, weight, bias=None, activation=None):  # noqa: A002
+    """activation(linear(input, weight, bias)), activation None, 'relu', 'gelu' or 'gelu_tanh': fused on CUDA
+    (one epilogue kernel each way instead of a bias add and an activation op), composed on the CPU."""
+    from .activation import apply_named
+    x = input
+    if not x.is_cuda or x.array.ndim == 0 or x.array.dtype.kind != "f" or x.array.shape[-1] != weight.array.shape[-1] \
+            or weight.array.ndim != 2 or x.array.dtype != weight.array.dtype:
+        return apply_named(linear(input, weight, bias), activation)   # the plain op raises the clear errors
+    check_same_device("linear", input, weight, bias)
+    return LinearAct.apply(input, weight, bias, activation)
+
+
 def matmul(a, b):
     return MatMul.apply(a, b)
 

@@ -81,8 +81,19 @@ class Sequential(Module):
         return [k for k in super().__dir__() if not k.isdigit()]
 
     def forward(self, input):
-        for module in self._modules.values():
-            input = module(input)
+        # a Linear/Conv2d directly followed by ReLU/GELU runs fused on CUDA (see nn/fusion.py)
+        from ...tensor import Tensor
+        from ..fusion import activation_name, fusable, layer_act
+        modules = list(self._modules.values())
+        i = 0
+        while i < len(modules):
+            m = modules[i]
+            if i + 1 < len(modules) and isinstance(input, Tensor) and input.is_cuda and fusable(m, modules[i + 1]):
+                input = layer_act(m, input, activation_name(modules[i + 1]))
+                i += 2
+            else:
+                input = m(input)
+                i += 1
         return input
 
     def append(self, module):

@@ -1,0 +1,77 @@
+"""Layer + activation fusion (nn/fusion.py): fused Linear/Conv2d + ReLU/GELU equals the unfused layers."""
+import numpy as np
+import pytest
+
+import smalltrain as st
+from smalltrain import nn
+from smalltrain.nn import functional as F
+from smalltrain.nn.fusion import fusable, layer_act
+
+cuda = pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
+ACTS = [None, "relu", "gelu", "gelu_tanh"]
+
+
+def _unfused(layer, x, act):
+    y = layer(x)
+    if act == "relu":
+        return F.relu(y)
+    if act:
+        return F.gelu(y, approximate="none" if act == "gelu" else "tanh")
+    return y
+
+
+def _grads(layer, x, fn):
+    for p in layer.parameters():
+        p.grad = None
+    x = x.detach().requires_grad_(True)
+    out = fn(layer, x)
+    (out * out).sum().backward()
+    return [out.detach().cpu().numpy(), x.grad.cpu().numpy()] + [p.grad.cpu().numpy() for p in layer.parameters()]
+
+
+def _layers():
+    st.manual_seed(0)
+    return [(nn.Linear(7, 5), (4, 3, 7)), (nn.Conv2d(3, 4, 3, padding=1), (2, 3, 6, 5))]
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_cpu_composes_the_unfused_ops(act):
+    for layer, shape in _layers():
+        x = st.randn(*shape)
+        a = _grads(layer, x, lambda m, v: layer_act(m, v, act))
+        b = _grads(layer, x, lambda m, v: _unfused(m, v, act))
+        for u, v in zip(a, b):
+            assert np.array_equal(u, v)
+
+
+@cuda
+@pytest.mark.parametrize("act", ACTS)
+def test_cuda_fused_equals_unfused(act):
+    for layer, shape in _layers():
+        layer = layer.to("cuda")
+        x = st.randn(*shape).to("cuda")
+        fused = _grads(layer, x, lambda m, v: layer_act(m, v, act))
+        plain = _grads(layer, x, lambda m, v: _unfused(m, v, act))
+        for name, u, v in zip(["out", "dx", "dw", "db"], fused, plain):
+            err = np.abs(u - v).max() / max(np.abs(v).max(), 1e-30)
+            assert err <= 1e-6, f"{type(layer).__name__} {act} {name}: {err:.2e}"
+
+
+@cuda
+def test_sequential_fuses_only_unhooked_pairs():
+    st.manual_seed(0)
+    seq = nn.Sequential(nn.Linear(4, 3), nn.GELU(), nn.Linear(3, 2), nn.ReLU()).to("cuda")
+    x = st.randn(5, 4).to("cuda")
+    fused = seq(x)
+    assert fused.grad_fn is not None and "LinearAct" in type(fused.grad_fn).__name__ + fused.grad_fn.name()
+    seen = []
+    seq[2].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    hooked = seq(x)
+    assert seen == [(5, 2)]   # the hooked Linear ran as a module, its hook saw its own output
+    np.testing.assert_allclose(hooked.detach().cpu().numpy(), fused.detach().cpu().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_fusable_pairs():
+    assert fusable(nn.Linear(2, 2), nn.ReLU()) and fusable(nn.Conv2d(1, 1, 1), nn.GELU(approximate="tanh"))
+    assert not fusable(nn.Linear(2, 2), nn.SiLU()) and not fusable(nn.MaxPool2d(2), nn.ReLU())
+    assert not fusable(nn.Conv2d(1, 1, 3, padding=1, padding_mode="reflect"), nn.ReLU())
