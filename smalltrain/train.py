@@ -103,8 +103,9 @@ class Trainer:
         # one seeded permutation per epoch (sampler.set_epoch) makes a resumed run replay the same batches
         self.sampler = DistributedSampler(self.train_set, num_replicas=self.world, rank=self.rank, shuffle=True,
                                           seed=cfg.seed, drop_last=False)
-        test_sampler = DistributedSampler(self.test_set, num_replicas=self.world, rank=self.rank, shuffle=False,
-                                          drop_last=False) if comm else None
+        # evaluation shards without padding (its only collective is the final all-reduce of sums and counts),
+        # so every test image counts exactly once for any number of processes
+        test_sampler = range(self.rank, len(self.test_set), self.world) if comm else None
         if str(cfg.device).startswith("cuda"):
             # on a GPU, host-to-device batch copies cost more than the step: keep both sets on the device
             self.loader = DeviceDataLoader(self.train_set, cfg.batch_size, cfg.device, sampler=self.sampler)

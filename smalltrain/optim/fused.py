@@ -122,11 +122,11 @@ def adam(opt, group, live, init_state):
                       weight_decay=float(group["weight_decay"]), amsgrad=group["amsgrad"],
                       maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"],
                       hyper=_device_hyper(opt, group, _adam_values))
-    entry[1] = host_step + 1
-    for s in st:
-        s["step"].array += 1
 
     def replayed():
         entry[2] += 1
-    _graphs().on_replay(replayed)
+    if not _graphs().on_replay(replayed):   # captured: nothing ran yet, each replay counts one step
+        entry[1] = host_step + 1
+        for s in st:
+            s["step"].array += 1
     return True

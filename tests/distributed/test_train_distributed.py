@@ -153,11 +153,9 @@ def test_each_global_batch_holds_the_same_samples_as_one_process():
 @requires_mpi
 @pytest.mark.parametrize("world", [
     2,
-    # 10,000 test images over 3 ranks: DistributedSampler pads to 3 x 3,334 by repeating 2 images, which are then
-    # counted twice (test_count 10,002). Strict: when the trainer shards its test set without padding, this
-    # passes and the marker must go.
-    pytest.param(3, marks=pytest.mark.xfail(strict=True, reason="the trainer's test sampler pads uneven shards "
-                                                                "(counts len % world images twice)"))])
+    # 10,000 test images over 3 ranks: an unpadded shard (not DistributedSampler, which would repeat 2 images)
+    # counts every image exactly once
+    3])
 def test_sharded_evaluation_equals_one_process(tmp_path, world):
     run_worker("evaluate.py", tmp_path, n=world, timeout=90)
     infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
