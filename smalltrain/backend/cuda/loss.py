@@ -1,12 +1,13 @@
 """CUDA softmax / log_softmax over one dim and fused cross-entropy (kernels/loss.cu): one warp per row; cross-entropy
 computes the loss and the gradient of the unreduced loss in one pass, so its backward is one scaling kernel."""
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import cupy
-from ._common import (check_array, check_dtype, check_float, contiguous, dim_index, i64, launch, launch_rows, ptr,
-                      same_device, scalar, want_host_check)
+from ._common import (check_array, check_dtype, check_float, contiguous, dim_index, get, i32, i64, launch, launch_rows,
+                      ptr, same_device, scalar, want_host_check)
 
 
 def _softmax_forward(op, x, dim, log):
@@ -116,6 +117,14 @@ def _ce_validate(x, target, weight, reduction, label_smoothing):
     return c
 
 
+@functools.cache
+def _bad_targets():
+    """any(target != ignore_index and not 0 <= target < C) as one reduction kernel."""
+    return cupy().ReductionKernel("int64 t, int64 ignore, int64 c", "bool y",
+                                  "(t != ignore) && (t < 0 || t >= c)", "a || b", "y = a", "false",
+                                  "smalltrain_ce_bad_target")
+
+
 def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
                           check_target=None, compute_grad=True):
     """torch's cross_entropy with class-index targets: logits x [N, C], [N, C, d1, ...] or [C]; target int64
@@ -133,11 +142,11 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     outer, inner = shape[0], int(np.prod(shape[2:]))
     with x.device:
         x, target, weight = contiguous(x), contiguous(target), contiguous(weight)
-        if target.size and want_host_check(check_target):
+        # one reduction kernel and one host read (the first bad value is looked up only on failure)
+        if target.size and want_host_check(check_target) and bool(_bad_targets()(target, ignore_index, c)):
             bad = (target != ignore_index) & ((target < 0) | (target >= c))
-            if bool(bad.any()):
-                first = int(target[bad].ravel()[0])
-                raise IndexError(f"Target {first} is out of bounds.")
+            first = int(target[bad].ravel()[0])
+            raise IndexError(f"Target {first} is out of bounds.")
         rows = outer * inner
         loss_rows = cp.empty(rows, dtype=x.dtype)
         wt_rows = cp.empty(rows, dtype=x.dtype)
@@ -148,11 +157,12 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
         wsum = None
         if reduction == "none":
             loss = loss_rows.reshape(target.shape)
-        elif reduction == "sum":
-            loss = loss_rows.sum()
         else:
-            wsum = wt_rows.sum()
-            loss = loss_rows.sum() / wsum
+            loss = cp.empty((), dtype=x.dtype)
+            mean = reduction == "mean"
+            wsum = cp.empty((), dtype=x.dtype) if mean else None
+            get("loss", "cross_entropy_reduce", x.dtype)((1,), (1024,), (loss_rows, wt_rows, i64(rows), i32(mean),
+                                                                        loss, ptr(wsum)))
     return loss, CrossEntropySaved(grad, wsum, reduction, tuple(target.shape), target, int(ignore_index))
 
 
@@ -175,10 +185,10 @@ def cross_entropy_backward(dout, saved):
         if saved.reduction == "none":
             scale, stride = contiguous(dout).reshape(-1), 1
         else:
-            scale = dout / saved.wsum if saved.reduction == "mean" else dout
-            scale, stride = contiguous(scale.reshape(1)), 0
+            scale, stride = contiguous(dout.reshape(1)), 0
         dx = cupy().empty_like(grad)
         launch("loss", "cross_entropy_bwd", grad.dtype, dx.size,
-               (grad, saved.target, i64(saved.ignore_index), scale, i64(stride), dx, i64(outer), i64(c), i64(inner)))
+               (grad, saved.target, i64(saved.ignore_index), scale, i64(stride), ptr(saved.wsum), dx, i64(outer),
+                i64(c), i64(inner)))
     return dx
 

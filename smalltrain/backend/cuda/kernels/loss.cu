@@ -10,7 +10,8 @@
 //     (w == null means all weights 1; ls = label_smoothing). Ignored rows give loss 0, wt 0, grad 0. A target outside
 //     [0, C) that is not ignore_index is never read through: its loss, wt and grad are NaN (the launcher checks
 //     targets on the host first unless told not to).
-//   cross_entropy_bwd: dx = grad * scale[r * scale_stride] (scale_stride 0: one scalar, e.g. dout / sum(wt)), and
+//   cross_entropy_reduce: one block sums the rows' losses (and weights for 'mean') into the scalar loss.
+//   cross_entropy_bwd: dx = grad * scale[r * scale_stride] / (*wsum if wsum else 1) (scale_stride 0: dout), and
 //     exactly 0 in rows whose target is ignore_index, as torch, even where the scale is inf or NaN ('mean' with
 //     every target ignored divides by a zero total weight).
 #include "common.cuh"
@@ -117,11 +118,30 @@ __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ targ
 
 template <typename T>
 __device__ void ce_backward(const T* __restrict__ grad, const i64* __restrict__ target, i64 ignore_index,
-                            const T* __restrict__ scale, i64 scale_stride, T* __restrict__ dx, i64 outer, i64 C,
-                            i64 inner) {
+                            const T* __restrict__ scale, i64 scale_stride, const T* __restrict__ wsum,
+                            T* __restrict__ dx, i64 outer, i64 C, i64 inner) {
+    const T div = wsum != nullptr ? *wsum : T(1);
     GRID_STRIDE(k, outer * C * inner) {
         const i64 r = (k / (C * inner)) * inner + k % inner;
-        dx[k] = target[r] == ignore_index ? T(0) : grad[k] * scale[r * scale_stride];
+        dx[k] = target[r] == ignore_index ? T(0) : grad[k] * (scale[r * scale_stride] / div);
+    }
+}
+
+// 'sum' / 'mean' reduction of the per-row losses in one single-block launch: out[0] = sum(loss) (divided by
+// sum(wt) for mean), wsum[0] = sum(wt) (read by the backward). Replaces two reductions and a division.
+template <typename T>
+__device__ void ce_reduce(const T* __restrict__ loss, const T* __restrict__ wt, i64 rows, int mean,
+                          T* __restrict__ out, T* __restrict__ wsum) {
+    T l = T(0), w = T(0);
+    for (i64 r = threadIdx.x; r < rows; r += blockDim.x) {
+        l += loss[r];
+        if (mean) w += wt[r];
+    }
+    l = block_sum(l);
+    if (mean) w = block_sum(w);
+    if (threadIdx.x == 0) {
+        out[0] = mean ? l / w : l;
+        if (mean) wsum[0] = w;
     }
 }
 
@@ -143,9 +163,13 @@ __device__ void ce_backward(const T* __restrict__ grad, const i64* __restrict__ 
         ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls);                              \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_bwd_##S(const T* grad, const i64* target, i64 ignore_index,            \
-                                                     const T* scale, i64 scale_stride, T* dx, i64 outer, i64 C,     \
-                                                     i64 inner) {                                                   \
-        ce_backward<T>(grad, target, ignore_index, scale, scale_stride, dx, outer, C, inner);                       \
+                                                     const T* scale, i64 scale_stride, const T* wsum, T* dx,        \
+                                                     i64 outer, i64 C, i64 inner) {                                 \
+        ce_backward<T>(grad, target, ignore_index, scale, scale_stride, wsum, dx, outer, C, inner);                 \
+    }                                                                                                               \
+    extern "C" __global__ void cross_entropy_reduce_##S(const T* loss, const T* wt, i64 rows, int mean, T* out,     \
+                                                        T* wsum) {                                                  \
+        ce_reduce<T>(loss, wt, rows, mean, out, wsum);                                                              \
     }
 ST_LOSS(float, f32)
 ST_LOSS(double, f64)
