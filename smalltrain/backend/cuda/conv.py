@@ -92,7 +92,7 @@ def im2col(x, kernel_size, stride, pads, dilation, out_hw):
     n, c, h, w = x.shape
     kh, kw = kernel_size
     cols = cupy().empty((c * kh * kw, n * out_hw[0] * out_hw[1]), dtype=x.dtype)
-    launch("conv", "im2col", x.dtype, cols.size,
+    launch("conv", "im2col", x.dtype, n * out_hw[0] * out_hw[1],   # one thread per column
            (x, cols) + _geometry_args(n, c, h, w, kh, kw, out_hw, stride, pads, dilation))
     return cols
 

@@ -12,15 +12,26 @@
 template <typename T, typename I>
 __device__ void im2col(const T* __restrict__ x, T* __restrict__ cols, I N, I C, I H, I W, I KH, I KW,
                        I OH, I OW, I sh, I sw, I ph, I pw, I dh, I dw) {
-    const I P = OH * OW, NP = N * P, total = C * KH * KW * NP;
-    GRID_STRIDE_I(I, t, total) {
-        const I q = t % NP, r = t / NP;
-        const I j = r % KW, i = (r / KW) % KH, c = r / (KH * KW);
-        const I n = q / P, p = q % P, oh = p / OW, ow = p % OW;
-        const I ih = oh * sh - ph + i * dh, iw = ow * sw - pw + j * dw;
-        T v = T(0);
-        if (ih >= 0 && ih < H && iw >= 0 && iw < W) v = x[((n * C + c) * H + ih) * W + iw];
-        cols[t] = v;
+    // one thread per column (n, oh, ow): its position is decomposed once, then the C*KH*KW rows are walked with
+    // additions only (divisions by runtime values cost tens of instructions each); writes stay coalesced
+    const I P = OH * OW, NP = N * P;
+    GRID_STRIDE_I(I, q, NP) {
+        const I n = q / P, p = q - n * P, oh = p / OW, ow = p - oh * OW;
+        const I h0 = oh * sh - ph, w0 = ow * sw - pw;
+        const T* xn = x + n * C * H * W;
+        T* out = cols + q;
+        for (I c = 0; c < C; ++c) {
+            const T* plane = xn + c * H * W;
+            for (I i = 0; i < KH; ++i) {
+                const I ih = h0 + i * dh;
+                const bool row_in = ih >= 0 && ih < H;
+                for (I j = 0; j < KW; ++j) {
+                    const I iw = w0 + j * dw;
+                    *out = (row_in && iw >= 0 && iw < W) ? plane[ih * W + iw] : T(0);
+                    out += NP;
+                }
+            }
+        }
     }
 }
 
@@ -29,17 +40,25 @@ __device__ void col2im(const T* __restrict__ cols, T* __restrict__ dx, I N, I C,
                        I OH, I OW, I sh, I sw, I ph, I pw, I dh, I dw) {
     const I P = OH * OW, NP = N * P, total = N * C * H * W;
     GRID_STRIDE_I(I, t, total) {
-        const I iw = t % W, ih = (t / W) % H, c = (t / (H * W)) % C, n = t / (C * H * W);
+        const I hw = t / W, iw = t - hw * W, chw = hw / H, ih = hw - chw * H, n = chw / C, c = chw - n * C;
         T acc = T(0);
         for (I i = 0; i < KH; ++i) {
             const I hp = ih + ph - i * dh;
-            if (hp < 0 || hp % sh != 0) continue;
-            const I oh = hp / sh;
+            if (hp < 0) continue;
+            I oh = hp;   // stride 1 (the common case) needs no division
+            if (sh != 1) {
+                if (hp % sh != 0) continue;
+                oh = hp / sh;
+            }
             if (oh >= OH) continue;
             for (I j = 0; j < KW; ++j) {
                 const I wp = iw + pw - j * dw;
-                if (wp < 0 || wp % sw != 0) continue;
-                const I ow = wp / sw;
+                if (wp < 0) continue;
+                I ow = wp;
+                if (sw != 1) {
+                    if (wp % sw != 0) continue;
+                    ow = wp / sw;
+                }
                 if (ow >= OW) continue;
                 acc += cols[((c * KH + i) * KW + j) * NP + (n * OH + oh) * OW + ow];
             }
