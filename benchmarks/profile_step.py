@@ -10,9 +10,8 @@ import pstats
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from bench_train import make_step, mnist_batches  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from smalltrain.bench import make_step, mnist_batches
 
 
 def main():
@@ -25,7 +24,7 @@ def main():
     import smalltrain
     model, batch = args.config.split(":")
     xs, ys = mnist_batches(int(batch), 8)
-    step = make_step(smalltrain, model, int(batch), args.device, xs, ys)
+    step = make_step(smalltrain, model, args.device, xs, ys)
     sync = smalltrain.cuda.synchronize if args.device != "cpu" else (lambda: None)
     for _ in range(20):
         step()
