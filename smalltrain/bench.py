@@ -598,7 +598,7 @@ def add_arguments(p):
     s.add_argument("--nesterov", action="store_true", help="SGD with Nesterov momentum")
     s.add_argument("--weight-decay", type=_number(float, 0), default=0.0)
     s.add_argument("--schedule", choices=["onecycle", "constant"], default="onecycle")
-    s.add_argument("--max-lr", type=_number(float, 0, low_open=True), default=2e-2, help="OneCycleLR's peak")
+    s.add_argument("--max-lr", type=_number(float, 0, low_open=True), default=1e-2, help="OneCycleLR's peak")
     s.add_argument("--pct-start", type=_number(float, 0, 1, low_open=True), default=0.25, help="OneCycleLR's warm-up fraction")
     s.add_argument("--div-factor", type=_number(float, 0, low_open=True), default=25.0,
                    help="OneCycleLR: initial lr = max_lr / div_factor")
@@ -606,8 +606,8 @@ def add_arguments(p):
                    help="OneCycleLR: final lr = initial lr / final_div_factor")
     s.add_argument("--no-cycle-momentum", dest="cycle_momentum", action="store_false",
                    help="keep momentum (Adam's beta1) fixed instead of cycling it against the lr")
-    s.add_argument("--evals-per-epoch", type=_number(int, 1), default=2)
-    s.add_argument("--eval-start", type=_number(float, 0), default=2.5,
+    s.add_argument("--evals-per-epoch", type=_number(int, 1), default=4)
+    s.add_argument("--eval-start", type=_number(float, 0), default=3.0,
                    help="evaluate from this many epochs of training on (a float: 1.5 is the middle of the second "
                         "epoch); the end of the last epoch is always evaluated")
     s.add_argument("--eval-batch-size", type=_number(int, 1), default=None,
