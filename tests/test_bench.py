@@ -35,7 +35,9 @@ def test_throughput_table_on_cpu(capsys):
     for config, _, rate, us, steps, ratio in rows:
         assert config == "lenet5:16" and steps == "2"
         samples_per_s, us_per_step = float(rate.replace(",", "")), float(us.replace(",", ""))
-        assert samples_per_s > 0 and samples_per_s * us_per_step * 1e-6 == pytest.approx(16, rel=0.01)
+        # samples/s is printed rounded to an integer: allow that rounding (0.5 / rate) on top of 0.1%
+        assert samples_per_s > 0 and samples_per_s * us_per_step * 1e-6 == \
+            pytest.approx(16, rel=0.5 / samples_per_s + 1e-3)
         if HAS_TORCH:
             assert ratio.endswith("x") and float(ratio[:-1]) > 0
         else:

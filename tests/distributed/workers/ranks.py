@@ -17,7 +17,9 @@ info = {"rank": group.rank, "world": group.world_size, "env_local_rank": env_loc
         "local_rank": dist.get_local_rank(), "backend": group.backend, "hook_installed": sys.excepthook is not hook,
         "expected_backend": "nccl" if enough_gpus else "mpi"}
 import threadpoolctl  # noqa: E402
-info["blas_threads"] = sorted({i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"})
+# NumPy's BLAS, the one our ops use (other libraries in the process may bring BLAS builds of their own)
+info["blas_threads"] = sorted({i["num_threads"] for i in threadpoolctl.threadpool_info()
+                               if i["user_api"] == "blas" and "numpy" in i.get("filepath", "")})
 dist.destroy_process_group()
 info["hook_restored"] = sys.excepthook is hook and not dist.is_initialized()
 (Path(sys.argv[1]) / f"rank{group.rank}.json").write_text(json.dumps(info))
