@@ -183,6 +183,18 @@ class Tensor:
     def cuda(self, device=None):
         return self.to("cuda" if device is None else as_device(device))
 
+    def pin_memory(self):
+        """A copy of this CPU tensor in page-locked host memory (torch's name): copies from it to a GPU run at the
+        link's full speed. Needs CUDA; RuntimeError for a tensor that is not on the CPU."""
+        from .backend import pin
+        if not isinstance(self.array, np.ndarray):
+            raise RuntimeError(f"cannot pin '{self.device}' memory: only CPU tensors can be pinned")  # noqa: TRY004 - torch raises RuntimeError
+        return Tensor._wrap(pin(np.ascontiguousarray(self.array)))
+
+    def is_pinned(self):
+        from .backend import is_pinned
+        return is_pinned(self.array)
+
     def cpu(self):
         return self.to("cpu")
 

@@ -101,4 +101,34 @@ def to_device(array, device):
     with cp.cuda.Device(device.index):
         if isinstance(array, cp.ndarray) and array.device.id == device.index:
             return array
+        if isinstance(array, np.ndarray) and array.flags.c_contiguous and array.size and is_pinned(array):
+            # page-locked source: one direct copy (CuPy would stage it through its own pinned buffer first)
+            out = cp.empty(array.shape, dtype=array.dtype)
+            rt = cp.cuda.runtime
+            rt.memcpyAsync(out.data.ptr, array.ctypes.data, array.nbytes, rt.memcpyHostToDevice,
+                           cp.cuda.get_current_stream().ptr)
+            return out
         return cp.asarray(array)
+
+
+def is_pinned(array):
+    """True for a NumPy array in page-locked (pinned) host memory, as Tensor.pin_memory makes."""
+    from . import cuda
+    if not isinstance(array, np.ndarray) or not cuda.is_available():
+        return False
+    cp = cuda.cupy()
+    try:
+        attrs = cp.cuda.runtime.pointerGetAttributes(array.ctypes.data)
+    except cp.cuda.runtime.CUDARuntimeError:
+        return False
+    return attrs.type == cp.cuda.runtime.memoryTypeHost
+
+
+def pin(array):
+    """A copy of a NumPy array in page-locked host memory (needs CUDA: the pages are registered with the driver)."""
+    from . import cuda
+    cp = cuda.cupy()
+    mem = cp.cuda.alloc_pinned_memory(max(array.nbytes, 1))
+    out = np.frombuffer(mem, dtype=array.dtype, count=array.size).reshape(array.shape)
+    out[...] = array
+    return out
