@@ -41,18 +41,24 @@ def _pads(padding, stride, dilation, kernel):
     return _padding(padding, stride, dilation, kernel)
 
 
-def _validate(x, w, b, stride, padding, dilation, groups, activation):
-    op = "conv2d"
-    check_array(op, "input", x, 4)
-    check_array(op, "weight", w, 4)
+def check_affine(op, x, w, b, ndim, activation, bias_ndim=None):
+    """The checks shared by the layers with a bias + activation epilogue (conv2d here, linear.py): input and
+    weight ndim-D cupy arrays of one float dtype, the bias of that dtype, one device, a known activation."""
+    check_array(op, "input", x, ndim)
+    check_array(op, "weight", w, ndim)
     check_float(op, "input", x)
     check_dtype(op, "weight", w, x.dtype)
     if b is not None:
-        check_array(op, "bias", b)
+        check_array(op, "bias", b, bias_ndim)
         check_dtype(op, "bias", b, x.dtype)
     same_device(op, x, w, b)
     if activation not in ACTIVATIONS:
         raise ValueError(f"{op}: activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+
+
+def _validate(x, w, b, stride, padding, dilation, groups, activation):
+    op = "conv2d"
+    check_affine(op, x, w, b, 4, activation)
     stride, dilation = pair(op, "stride", stride), pair(op, "dilation", dilation)
     if min(stride) <= 0 or min(dilation) <= 0:
         raise RuntimeError(f"{op}: stride and dilation must be positive, got stride={list(stride)}, "

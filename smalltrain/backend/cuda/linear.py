@@ -8,9 +8,9 @@ and db = the row sums of g^T. Against linear-then-activation this saves a launch
 from dataclasses import dataclass
 
 from . import cupy
-from ._common import check_array, check_dtype, check_float, i32, i64, launch, ptr, same_device
+from ._common import check_array, check_dtype, i32, i64, launch, ptr
 from .blas import gemm, sum_rows
-from .conv import ACTIVATIONS
+from .conv import ACTIVATIONS, check_affine
 
 
 @dataclass
@@ -27,16 +27,7 @@ def linear_act_forward(x, w, b=None, activation=None):
     """act(x @ w^T + b) for x [M, K], w [F, K], b [F] or None (cupy float arrays of one dtype and device);
     activation None, 'relu', 'gelu' or 'gelu_tanh'. Returns (out [M, F], LinearSaved)."""
     op = "linear"
-    check_array(op, "input", x, 2)
-    check_array(op, "weight", w, 2)
-    check_float(op, "input", x)
-    check_dtype(op, "weight", w, x.dtype)
-    if b is not None:
-        check_array(op, "bias", b, 1)
-        check_dtype(op, "bias", b, x.dtype)
-    same_device(op, x, w, b)
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{op}: activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    check_affine(op, x, w, b, 2, activation, bias_ndim=1)
     m, k = x.shape
     f = w.shape[0]
     if w.shape[1] != k or (b is not None and b.shape[0] != f):
