@@ -192,15 +192,15 @@ def sum_rows(g, axis):
     cp = cupy()
     r, c = g.shape
     length = r if axis == 0 else c
+    if not g.flags.c_contiguous or g.dtype.char not in "fd" or max(r, c) > _INT_MAX:
+        return g.sum(axis=axis)
     key = (g.device.id, g.dtype.char)
     ones = _ones.get(key)
     if ones is None or ones.size < length:
-        if is_current_stream_capturing() or not g.flags.c_contiguous:
+        if is_current_stream_capturing():
             return g.sum(axis=axis)
         size = 1 << max(16, (length - 1).bit_length())
         ones = _ones[key] = cp.ones(size, dtype=g.dtype)
-    if not g.flags.c_contiguous or g.dtype.char not in "fd" or max(r, c) > _INT_MAX:
-        return g.sum(axis=axis)
     out = cp.empty(c if axis == 0 else r, dtype=g.dtype)
     if out.size == 0:
         return out
