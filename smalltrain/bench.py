@@ -32,6 +32,7 @@ import traceback
 import numpy as np
 
 from .train import MNIST_MEAN, MNIST_STD
+from .utils.data.device import take_rows
 
 # ---- models, data and the step, shared by both libraries ------------------------------------------------------
 
@@ -349,14 +350,6 @@ def device_randperm(n, device):
     cp = cupy()
     with cp.cuda.Device(dev.index):
         return Tensor._wrap(cp.random.permutation(n).astype(np.int64, copy=False))
-
-
-def take_rows(data, index):
-    """data[index] for an int64 index tensor, gathered on the device without a host read (no bounds check: the
-    index comes from a permutation of the rows), so that it can be captured inside a CUDA graph."""
-    from .backend import get_array_module
-    from .tensor import Tensor
-    return Tensor._wrap(get_array_module(data.array).take(data.array, index.array, axis=0))
 
 
 def count_correct(model, images, labels, chunk):

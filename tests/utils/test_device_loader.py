@@ -30,3 +30,10 @@ def test_bad_batch_size_is_reported():
     ds = TensorDataset(smalltrain.zeros(4, 2), smalltrain.zeros(4))
     with pytest.raises(ValueError, match="batch_size should be a positive integer"):
         DeviceDataLoader(ds, 0, "cpu")
+
+
+def test_out_of_range_sampler_index_is_reported_before_any_batch():
+    ds = TensorDataset(smalltrain.zeros(4, 2), smalltrain.zeros(4))
+    loader = DeviceDataLoader(ds, 2, "cpu", sampler=[0, 1, 2, 4])
+    with pytest.raises(IndexError, match="sampler gave index 4, but the data set has 4 samples"):
+        next(iter(loader))

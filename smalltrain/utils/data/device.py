@@ -34,8 +34,21 @@ class DeviceDataLoader:
     def __iter__(self):
         order = np.fromiter(self.sampler, dtype=np.int64) if self.sampler is not None else \
             np.arange(len(self.dataset), dtype=np.int64)
+        n = self.inputs.shape[0]
+        if order.size and (order.min() < -n or order.max() >= n):   # checked once here, not per batch on the GPU
+            bad = order[(order < -n) | (order >= n)][0]
+            raise IndexError(f"DeviceDataLoader: the sampler gave index {bad}, but the data set has {n} samples")
+        order %= n   # torch-style negative indices, made explicit for the unchecked gather
         index = creation.tensor(order, device=self.device)   # one upload per epoch
         b = self.batch_size
         for k in range(len(self)):
             rows = index[k * b:(k + 1) * b]
-            yield self.inputs[rows], self.targets[rows]
+            yield take_rows(self.inputs, rows), take_rows(self.targets, rows)
+
+
+def take_rows(data, index):
+    """data[index] for an int64 index tensor of valid rows, gathered without a bounds check (so no host read per
+    batch, and capturable in a CUDA graph); callers check the indices once where they come from."""
+    from ...backend import get_array_module
+    from ...tensor import Tensor
+    return Tensor._wrap(get_array_module(data.array).take(data.array, index.array, axis=0))
