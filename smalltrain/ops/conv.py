@@ -151,7 +151,9 @@ class Conv2d(Function):
             db = gt.reshape(o, cols_n).sum(axis=1)
         if need[1]:
             cols = ctx.cols
-            dw2 = gt[0] @ cols[0].T if groups == 1 else gt @ cols.transpose(0, 2, 1)
+            # (cols @ gt^T)^T rather than gt @ cols^T: the same product, measured 1.4-1.9x faster in OpenBLAS for
+            # these long-K, tiny-output shapes (LeNet's two convolutions)
+            dw2 = (cols[0] @ gt[0].T).T if groups == 1 else (cols @ gt.transpose(0, 2, 1)).transpose(0, 2, 1)
             cg = padded_shape[0] // groups
             dw = dw2.reshape(o, kernel[0], kernel[1], cg).transpose(0, 3, 1, 2)
         if need[0]:

@@ -298,3 +298,22 @@ def test_erf_float32_and_special_values():
     special = A.erf(np.array([np.inf, -np.inf, np.nan, 0.0, -0.0]))
     assert special[0] == 1.0 and special[1] == -1.0 and np.isnan(special[2])
     assert special[3] == 0.0 and np.signbit(special[4])
+
+
+def test_float32_gelu_cdf_and_gradient_on_a_dense_grid():
+    # the float32 CPU path (Abramowitz & Stegun 7.1.26 with the sign put back bitwise) against math.erf in float64
+    # over the whole range where Phi is not yet 0 or 1 in float32, both signs, both zeros, in a strided layout
+    x = np.linspace(-9, 9, 36002).astype(np.float32)
+    x[[0, 1]] = 0.0, -0.0
+    grid = x.reshape(2, -1).T                     # non-contiguous: the bit operations must follow any layout
+    t = st.tensor(grid, requires_grad=True)
+    y = A.gelu(t)
+    y.backward(st.ones_like(y))
+    xd = grid.astype(np.float64)
+    phi = 0.5 * (1 + np.vectorize(math.erf)(xd / math.sqrt(2)))
+    pdf = np.exp(-0.5 * xd * xd) / math.sqrt(2 * math.pi)
+    assert y.dtype == st.float32 and t.grad.dtype == st.float32
+    out = y.detach().numpy()
+    assert np.abs(out - xd * phi).max() <= 3e-6            # |x| <= 9 times ~2e-7 for erf, plus rounding
+    assert np.abs(t.grad.numpy() - (phi + xd * pdf)).max() <= 1e-6
+    assert out[0, 0] == 0.0 and t.grad.numpy()[0, 0] == 0.5 and t.grad.numpy()[1, 0] == 0.5
