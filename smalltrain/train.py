@@ -3,6 +3,7 @@
 Scripts call `fit(TrainConfig(...))`; the command is a thin layer over it.
 """
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -173,8 +174,23 @@ class Trainer:
         return {"train_loss": loss_sum / max(n_logged, 1), "train_time": elapsed,
                 "samples_per_s": seen * self.world / elapsed}
 
+    def _eval_batch(self, x, y):
+        return eval_batch(self.module, x, y)
+
+    @property
+    def eval_step(self):
+        """(summed loss, correct count) of one test batch; with --compile captured as a CUDA graph of its own
+        (an uneven last shard, having another shape, gets a second one)."""
+        if "_eval_step" not in self.__dict__:
+            step = self._eval_batch
+            if self.cfg.compile:
+                from .compile_ import compile as compile_step
+                step = compile_step(step, warn_recapture=False)
+            self._eval_step = step
+        return self._eval_step
+
     def evaluate(self):
-        return evaluate(self.module, self.test_loader, self.cfg.device, self.comm)
+        return evaluate(self.module, self.test_loader, self.cfg.device, self.comm, step=self.eval_step)
 
     def run(self):
         t0 = time.perf_counter()
@@ -221,17 +237,27 @@ class Trainer:
         self.best_accuracy, self.history = meta.get("best_accuracy", 0.0), meta.get("history", [])
 
 
+def eval_batch(model, x, y):
+    """The summed cross-entropy and the number of correct predictions of one batch, as device tensors."""
+    logits = model(x)
+    return F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(1) == y).sum()
+
+
 @no_grad()
-def evaluate(model, loader, device, comm=None):
-    """Test loss and accuracy over the whole loader (sums and counts all-reduced when distributed)."""
+def evaluate(model, loader, device, comm=None, step=None):
+    """Test loss and accuracy over the whole loader (sums and counts all-reduced when distributed).
+
+    `step(x, y)` gives one batch's (loss sum, correct count); by default `eval_batch(model, x, y)`, the trainer
+    passes a captured one with --compile. Its outputs are added up at once: a graph replay overwrites them."""
     model.eval()
+    step = step or functools.partial(eval_batch, model)
     loss_sum, correct, count = 0.0, 0, 0
     for x, y in loader:
         x, y = x.to(device), y.to(device)
-        logits = model(x)
+        batch_loss, batch_correct = step(x, y)
         # sums stay on the device until the end: one host sync per evaluation, not two per batch
-        loss_sum = F.cross_entropy(logits, y, reduction="sum").double() + loss_sum
-        correct = (logits.argmax(1) == y).sum() + correct
+        loss_sum = batch_loss.double() + loss_sum
+        correct = batch_correct + correct
         count += y.shape[0]
     loss_sum, correct = (float(v.item()) if hasattr(v, "item") else float(v) for v in (loss_sum, correct))
     if comm:
