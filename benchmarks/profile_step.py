@@ -1,6 +1,6 @@
 """Where the host time of one eager training step goes: cProfile over N steps, top functions by own time.
 
-Run: python benchmarks/profile_step.py [--device cuda] [--config lenet5:64] [--steps 200]
+Run: python benchmarks/profile_step.py [--device cuda] [--config lenet5:64] [--steps 200] [--sort tottime,cumtime]
 The GPU is synchronized once at the end, so on CUDA the profile is the Python dispatch plus launch cost.
 """
 import argparse
@@ -20,6 +20,7 @@ def main():
     p.add_argument("--config", default="lenet5:64")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--sort", default="tottime", help="pstats sort key(s), comma-separated: tottime, cumtime, ...")
     args = p.parse_args()
     import smalltrain
     model, batch = args.config.split(":")
@@ -41,7 +42,8 @@ def main():
     sync()
     prof.disable()
     print(f"{args.config} on {args.device}: {plain * 1e6:.0f} us per step without the profiler")
-    pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+    for key in args.sort.split(","):
+        pstats.Stats(prof).sort_stats(key).print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 import numpy as np
 
 from .._dtype import get_default_dtype, result_type
+from ..backend import cuda
 from ..tensor import Tensor
 
 
@@ -14,7 +15,6 @@ def xp_of(a):
     """numpy or cupy, from an array."""
     if isinstance(a, np.ndarray) or not hasattr(a, "__cuda_array_interface__"):
         return np
-    from ..backend import cuda
     return cuda.cupy()
 
 

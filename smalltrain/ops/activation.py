@@ -8,6 +8,7 @@ import numpy as np
 
 from ..autograd import grad_mode
 from ..autograd.function import Function
+from ..backend.cuda import activation as cuda_activation
 from ..tensor import Tensor
 from ._util import normalize_dim, xp_of
 from .elementwise import sigmoid, tanh  # noqa: F401  (re-exported: torch.nn.functional has both)
@@ -53,8 +54,7 @@ class _Pointwise(Function):
 
 
 def _cuda_launcher(name):
-    from ..backend.cuda import activation
-    return getattr(activation, name)
+    return getattr(cuda_activation, name)
 
 
 class Relu(_Pointwise):

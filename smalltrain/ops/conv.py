@@ -9,6 +9,7 @@ import numpy as np
 
 from ..autograd.function import Function
 from ..backend import cpu
+from ..backend.cuda import conv as cuda_conv
 from ._util import check_same_device, xp_of
 
 
@@ -106,8 +107,7 @@ class Conv2d(Function):
             if x.dtype.kind != "f":   # torch convolves integers on the CPU only
                 raise NotImplementedError(f"conv2d: the CUDA convolution supports float32 and float64 input, "
                                           f"got {x.dtype}")
-            from ..backend.cuda import conv as kernels
-            out, ctx.kernel_saved = kernels.conv2d_forward(
+            out, ctx.kernel_saved = cuda_conv.conv2d_forward(
                 x, w, None if bias is None else bias.array, stride, pads, dilation, groups, activation=activation,
                 needs_input_grad=ctx.needs_input_grad[:3])
             ctx.unbatched = unbatched
@@ -137,8 +137,7 @@ class Conv2d(Function):
     @staticmethod
     def backward(ctx, dout):
         if hasattr(ctx, "kernel_saved"):
-            from ..backend.cuda import conv as kernels
-            dx, dw, db = kernels.conv2d_backward(dout.array[None] if ctx.unbatched else dout.array, ctx.kernel_saved)
+            dx, dw, db = cuda_conv.conv2d_backward(dout.array[None] if ctx.unbatched else dout.array, ctx.kernel_saved)
             return (dx[0] if ctx.unbatched and dx is not None else dx), dw, db
         padded_shape, kernel, stride, dilation, out_hw, groups, pads, (h, wd), unbatched = ctx.geom
         g = dout.array[None] if unbatched else dout.array

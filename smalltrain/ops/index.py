@@ -3,6 +3,7 @@ import numpy as np
 
 from ..autograd import grad_mode
 from ..autograd.function import Function
+from ..backend.cuda import index as cuda_index
 from ..tensor import Tensor
 from ._util import check_same_device, normalize_dim, xp_of
 
@@ -188,8 +189,7 @@ class Gather(Function):
         ctx.on_kernel = not isinstance(a, np.ndarray) and a.dtype in _KERNEL_FLOATS and idx.dtype == np.int64
         if ctx.on_kernel:
             # the launcher checks the bounds itself, except while a CUDA graph is captured (no host read then)
-            from ..backend.cuda import index as kernels
-            return kernels.gather(a, d, idx).reshape(out_shape)
+            return cuda_index.gather(a, d, idx).reshape(out_shape)
         if idx.size:
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= a.shape[d]:
@@ -203,8 +203,7 @@ class Gather(Function):
     def backward(ctx, dout):
         g = dout.array.reshape(ctx.idx.shape)
         if ctx.on_kernel:
-            from ..backend.cuda import index as kernels
-            dx = kernels.gather_backward(g, ctx.d, ctx.idx, ctx.shape)
+            dx = cuda_index.gather_backward(g, ctx.d, ctx.idx, ctx.shape)
             return dx.reshape(ctx.in_shape), None, None
         xp = xp_of(g)
         dx = xp.zeros(ctx.shape, g.dtype)

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 
 from ..autograd.function import Function
+from ..backend.cuda import loss as cuda_loss
 from ._util import check_same_device, xp_of
 from .activation import _stable_sigmoid, expect_tensor
 
@@ -111,8 +112,7 @@ class CrossEntropy(Function):
         w = None if weight is None else weight.array.astype(a3.dtype, copy=False)
         if xp is not np and target.array.dtype == np.int64 and a3.size:
             # one fused kernel: log-softmax, the loss and the gradient backward only scales
-            from ..backend.cuda import loss as kernels
-            loss, ctx.kernel_saved = kernels.cross_entropy_forward(x.array, target.array, w, ignore_index,
+            loss, ctx.kernel_saved = cuda_loss.cross_entropy_forward(x.array, target.array, w, ignore_index,
                                                                    reduction, eps)
             return loss
         valid, w_t, idx = _targets("cross_entropy", t2, c, w, ignore_index, a3.dtype)
@@ -136,8 +136,7 @@ class CrossEntropy(Function):
     @staticmethod
     def backward(ctx, dout):
         if hasattr(ctx, "kernel_saved"):
-            from ..backend.cuda import loss as kernels
-            return kernels.cross_entropy_backward(dout.array, ctx.kernel_saved), None
+            return cuda_loss.cross_entropy_backward(dout.array, ctx.kernel_saved), None
         if not hasattr(ctx, "e"):
             return xp_of(dout.array).zeros(ctx.in_shape, dout.array.dtype), None
         e, w, eps = ctx.e, ctx.w, ctx.eps

@@ -6,6 +6,8 @@ shapes that those do not cover (1-D operands, more than one batch dim) use the a
 import numpy as np
 
 from ..autograd.function import Function
+from ..backend.cuda import blas
+from ..backend.cuda import linear as cuda_linear
 from ._util import check_same_device, xp_of
 
 
@@ -13,7 +15,6 @@ def _mm(x, y):
     """x @ y for raw arrays of one device (shapes already checked)."""
     if isinstance(x, np.ndarray):
         return x @ y
-    from ..backend.cuda import blas
     if blas.supported(x, y) and (x.ndim == 2 or y.ndim == 2 or x.shape[0] == y.shape[0] or
                                  1 in (x.shape[0], y.shape[0])):
         return blas.gemm(x, y)
@@ -24,7 +25,6 @@ def _sum_rows(g):
     """g [M, N] summed over M (a bias gradient)."""
     if isinstance(g, np.ndarray):
         return g.sum(axis=0)
-    from ..backend.cuda import blas
     return blas.sum_rows(g, 0)
 
 
@@ -129,19 +129,17 @@ class LinearAct(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, activation):
-        from ..backend.cuda import linear as kernels
         a = x.array
         lead = a.shape[:-1]
-        out, ctx.saved = kernels.linear_act_forward(a.reshape(-1, a.shape[-1]), weight.array,
+        out, ctx.saved = cuda_linear.linear_act_forward(a.reshape(-1, a.shape[-1]), weight.array,
                                                     None if bias is None else bias.array, activation)
         ctx.shape = a.shape
         return out.reshape(lead + (weight.array.shape[0],))
 
     @staticmethod
     def backward(ctx, dout):
-        from ..backend.cuda import linear as kernels
         g = dout.array
-        dx, dw, db = kernels.linear_act_backward(g.reshape(-1, g.shape[-1]), ctx.saved, ctx.needs_input_grad[:3])
+        dx, dw, db = cuda_linear.linear_act_backward(g.reshape(-1, g.shape[-1]), ctx.saved, ctx.needs_input_grad[:3])
         return (None if dx is None else dx.reshape(ctx.shape)), dw, db, None
 
 

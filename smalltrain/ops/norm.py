@@ -4,6 +4,7 @@ running statistics in eval) and layer_norm. Each backward is one closed-form pas
 import numpy as np
 
 from ..autograd.function import Function
+from ..backend.cuda import norm as cuda_norm
 from ._util import check_same_device, xp_of
 from .activation import expect_tensor
 
@@ -52,9 +53,8 @@ class BatchNorm(Function):
         a = x.array
         if _on_kernel(a, running_mean, running_var, weight, bias, training):
             # CUDA: statistics, normalization and the running-stat update in one kernel (backend/cuda/norm.py)
-            from ..backend.cuda import norm as kernels
             arrays = [None if t is None else t.array for t in (running_mean, running_var, weight, bias)]
-            y, ctx.kernel_saved = kernels.batch_norm_forward(a, *arrays, training=training, momentum=momentum,
+            y, ctx.kernel_saved = cuda_norm.batch_norm_forward(a, *arrays, training=training, momentum=momentum,
                                                              eps=eps)
             return y
         xp, c = xp_of(a), a.shape[1]
@@ -81,9 +81,8 @@ class BatchNorm(Function):
     def backward(ctx, dout):
         need = ctx.needs_input_grad
         if hasattr(ctx, "kernel_saved"):
-            from ..backend.cuda import norm as kernels
             wanted = (need[0], len(need) > 3 and need[3], len(need) > 4 and need[4])
-            dx, dw, db = kernels.batch_norm_backward(dout.array, ctx.kernel_saved, needs_input_grad=wanted)
+            dx, dw, db = cuda_norm.batch_norm_backward(dout.array, ctx.kernel_saved, needs_input_grad=wanted)
             return dx, None, None, dw, db
         g, xhat, invstd, w, axes = dout.array, ctx.xhat, ctx.invstd, ctx.w, ctx.axes
         shape = invstd.shape

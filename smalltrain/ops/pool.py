@@ -9,6 +9,7 @@ import numpy as np
 
 from ..autograd.function import Function
 from ..backend import cpu
+from ..backend.cuda import pool as cuda_pool
 from ..tensor import Tensor
 from ._util import xp_of
 
@@ -144,8 +145,7 @@ class MaxPool2d(Function):
         xp = xp_of(x)
         if xp is not np and x.dtype.kind == "f":
             # CUDA: one kernel each way (smalltrain/backend/cuda/pool.py), indices as torch's h * W + w
-            from ..backend.cuda import pool as kernels
-            out, flat, ctx.kernel_saved = kernels.max_pool2d_forward(x, k, s, p, d, ceil_mode)
+            out, flat, ctx.kernel_saved = cuda_pool.max_pool2d_forward(x, k, s, p, d, ceil_mode)
             if not return_indices:
                 return out
             flat = Tensor._wrap(flat)
@@ -179,8 +179,7 @@ class MaxPool2d(Function):
     @staticmethod
     def backward(ctx, dout, dindices=None):
         if hasattr(ctx, "kernel_saved"):
-            from ..backend.cuda import pool as kernels
-            return kernels.max_pool2d_backward(dout.array, ctx.kernel_saved)
+            return cuda_pool.max_pool2d_backward(dout.array, ctx.kernel_saved)
         x_shape, pad_shape, k, s, p, d, out_hw, unbatched, order = ctx.geom
         g = dout.array[None] if unbatched else dout.array
         xp = xp_of(g)
@@ -239,8 +238,7 @@ class AvgPool2d(Function):
         if xp is not np and x.dtype in _KERNEL_FLOATS and (divisor_override is None or (
                 isinstance(divisor_override, int) and divisor_override > 0)):
             # CUDA: one kernel each way (smalltrain/backend/cuda/pool.py); it takes only positive int divisors
-            from ..backend.cuda import pool as kernels
-            out, ctx.kernel_saved = kernels.avg_pool2d_forward(x, k, s, p, ceil_mode, count_include_pad,
+            out, ctx.kernel_saved = cuda_pool.avg_pool2d_forward(x, k, s, p, ceil_mode, count_include_pad,
                                                                divisor_override)
             return out
         x4 = x[None] if x.ndim == 3 else x
@@ -265,8 +263,7 @@ class AvgPool2d(Function):
     @staticmethod
     def backward(ctx, dout):
         if hasattr(ctx, "kernel_saved"):
-            from ..backend.cuda import pool as kernels
-            return kernels.avg_pool2d_backward(dout.array, ctx.kernel_saved)
+            return cuda_pool.avg_pool2d_backward(dout.array, ctx.kernel_saved)
         x_shape, pad_shape, k, s, p, out_hw, unbatched, order = ctx.geom
         g = dout.array[None] if unbatched else dout.array
         xp = xp_of(g)

@@ -9,12 +9,9 @@ at all (zero or not) is fixed when the graph is captured.
 """
 import numpy as np
 
+from ..backend.cuda import cupy, graphs
+from ..backend.cuda import optim as kernels
 from ..tensor import Tensor
-
-
-def _graphs():
-    from ..backend.cuda import graphs
-    return graphs
 
 
 def _sgd_values(group):
@@ -28,11 +25,9 @@ def _adam_values(group):
 def _device_hyper(opt, group, values):
     """The group's hyperparameters `values(group)` as a device float64 array, current before every eager call
     and every replay of a graph that captured this step (schedulers change lr and momentum/betas)."""
-    from ..backend.cuda import cupy
-    from ..backend.cuda.optim import set_hyper
     cache = opt.__dict__.setdefault("_device_hyper", {})
     entry = cache.get(id(group))
-    capturing = _graphs().is_current_stream_capturing()
+    capturing = graphs.is_current_stream_capturing()
     if entry is None:
         # made during a capture, its write is only recorded: mark the values unknown so the first replay writes them
         entry = cache[id(group)] = [cupy().empty(len(values(group)), dtype=np.float64), None]
@@ -40,10 +35,10 @@ def _device_hyper(opt, group, values):
     def refresh():
         now = tuple(float(v) for v in values(group))
         if entry[1] != now:
-            set_hyper(entry[0], now)
+            kernels.set_hyper(entry[0], now)
             entry[1] = now
     if capturing:
-        _graphs().on_replay(refresh)
+        graphs.on_replay(refresh)
     else:
         refresh()
     return entry[0]
@@ -74,7 +69,6 @@ def eligible(params):
 
 
 def sgd(opt, group, live):
-    from ..backend.cuda import optim as kernels
     momentum = float(group["momentum"])
     bufs, first = None, False
     if momentum != 0:
@@ -95,7 +89,6 @@ def sgd(opt, group, live):
 
 
 def adam(opt, group, live, init_state):
-    from ..backend.cuda import optim as kernels
     cp = kernels.cupy()
     flush(opt)
     for p in live:
@@ -125,7 +118,7 @@ def adam(opt, group, live, init_state):
 
     def replayed():
         entry[2] += 1
-    if not _graphs().on_replay(replayed):   # captured: nothing ran yet, each replay counts one step
+    if not graphs.on_replay(replayed):   # captured: nothing ran yet, each replay counts one step
         entry[1] = host_step + 1
         for s in st:
             s["step"].array += 1

@@ -135,11 +135,74 @@ def supported(a, b):
             and a.device.id == b.device.id)
 
 
+_MAX_PLANS = 4096
+_plans = {}   # (shapes, strides, dtype) of both operands -> the cuBLAS call's arguments (see _plan)
+
+
+def _plan(a, b):
+    """(result shape, routine name, op1, op2, n, m, k, ldb, lda, stride b, stride a, batch) for a @ b, a [(B,) m, k],
+    b [(B,) k, n], when both are usable in place; None for an empty product, k == 0, dimensions beyond int32 or an
+    operand that needs a copy (_gemm_general handles those)."""
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    ba = a.shape[0] if a.ndim == 3 else 1
+    bb = b.shape[0] if b.ndim == 3 else 1
+    batch = max(ba, bb)
+    batched = a.ndim == 3 or b.ndim == 3
+    if 0 in (m, n, k, batch) or max(m, n, k) > _INT_MAX:
+        return None
+    ops = []
+    for x, bx in ((a, ba), (b, bb)):
+        lay = _layout(x.shape[-2:], x.strides[-2:], x.itemsize)
+        if lay is None or (x.ndim == 3 and x.shape[0] > 1 and (x.strides[0] % x.itemsize or x.strides[0] < 0)):
+            return None
+        ops.append((lay[0], lay[1], x.strides[0] // x.itemsize if bx > 1 else 0))
+    (lay_a, lda, sa), (lay_b, ldb, sb) = ops
+    ch = a.dtype.char
+    name = (f"cublas{ch.upper().replace('F', 'S')}gemm_v2" if batch == 1 else
+            f"cublas{ch.upper().replace('F', 'S')}gemmStridedBatched")
+    op1 = _OP_N if lay_b == "row" else _OP_T    # column-major B^T
+    op2 = _OP_N if lay_a == "row" else _OP_T    # column-major A^T
+    return (((batch,) if batched else ()) + (m, n), name, op1, op2, n, m, k, ldb, lda, sb, sa, batch)
+
+
 def gemm(a, b, out=None, beta=0.0):
     """out = a @ b (+ beta * out), a [(B,) m, k], b [(B,) k, n]; batch dims of size 1 broadcast.
 
     Callers check `supported(a, b)` and shapes first. out, when given, must be C-contiguous of the result's shape.
+    The call's arguments are planned once per operand signature: this runs every GEMM of every step.
     """
+    key = (a.shape, a.strides, b.shape, b.strides, a.dtype.char)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plan(a, b)
+        if plan is None:
+            return _gemm_general(a, b, out, beta)
+        if len(_plans) >= _MAX_PLANS:   # a program with ever new shapes: start over rather than grow without bound
+            _plans.clear()
+        _plans[key] = plan
+    return _run(plan, a, b, out, beta)
+
+
+def _run(plan, a, b, out, beta):
+    shape, name, op1, op2, n, m, k, ldb, lda, sb, sa, batch = plan
+    if out is None:
+        out = cupy().empty(shape, dtype=a.dtype)
+    lib = _get()
+    ch = a.dtype.char
+    f = getattr(lib, name)
+    if batch == 1:
+        status = f(lib.handle(), op1, op2, n, m, k, lib.scalar(ch, 1.0), b.data.ptr, ldb, a.data.ptr, lda,
+                   lib.scalar(ch, float(beta)), out.data.ptr, n)
+    else:
+        status = f(lib.handle(), op1, op2, n, m, k, lib.scalar(ch, 1.0), b.data.ptr, ldb, sb, a.data.ptr, lda, sa,
+                   lib.scalar(ch, float(beta)), out.data.ptr, n, m * n, batch)
+    _check(status, "gemm" if batch == 1 else "gemm (strided batched)")
+    return out
+
+
+def _gemm_general(a, b, out, beta):
+    """gemm for what _plan leaves out: empty results, k == 0, dimensions beyond int32, operands to be copied."""
     cp = cupy()
     m, k = a.shape[-2:]
     n = b.shape[-1]
@@ -161,22 +224,11 @@ def gemm(a, b, out=None, beta=0.0):
     if max(m, n, k) > _INT_MAX:
         out[...] = cp.matmul(a, b) + (beta * out if beta else 0)
         return out
-    a, lay_a, lda, sa = _operand(a)
-    b, lay_b, ldb, sb = _operand(b)
-    lib = _get()
-    ch = a.dtype.char
-    h = lib.handle()
-    op1 = _OP_N if lay_b == "row" else _OP_T    # column-major B^T
-    op2 = _OP_N if lay_a == "row" else _OP_T    # column-major A^T
-    alpha, beta_p = lib.scalar(ch, 1.0), lib.scalar(ch, float(beta))
-    if batch == 1:
-        f = lib.cublasSgemm_v2 if ch == "f" else lib.cublasDgemm_v2
-        _check(f(h, op1, op2, n, m, k, alpha, b.data.ptr, ldb, a.data.ptr, lda, beta_p, out.data.ptr, n), "gemm")
-    else:
-        f = lib.cublasSgemmStridedBatched if ch == "f" else lib.cublasDgemmStridedBatched
-        _check(f(h, op1, op2, n, m, k, alpha, b.data.ptr, ldb, sb if bb > 1 else 0, a.data.ptr, lda,
-                 sa if ba > 1 else 0, beta_p, out.data.ptr, n, m * n, batch), "gemm (strided batched)")
-    return out
+    a, _, _, _ = _operand(a)
+    b, _, _, _ = _operand(b)
+    plan = _plan(a, b)   # both usable in place now
+    assert plan is not None, (a.shape, a.strides, b.shape, b.strides)
+    return _run(plan, a, b, out, beta)
 
 
 _ones = {}
