@@ -8,6 +8,7 @@ import numpy as np
 
 from ..autograd import grad_mode
 from ..autograd.function import Function
+from ..backend import cpu
 from ..backend.cuda import activation as cuda_activation
 from ..tensor import Tensor
 from ._util import normalize_dim, xp_of
@@ -49,8 +50,12 @@ class _Pointwise(Function):
         g = dout.array
         if getattr(ctx, "on_kernel", False):
             return _cuda_launcher(ctx.fn.cuda[1])(g, ctx.saved)
+        xp = xp_of(g)
+        if xp is np:   # the gradient in the layout of what forward saved, so the backward's passes run contiguous
+            ref = ctx.saved[0] if isinstance(ctx.saved, tuple) else ctx.saved
+            g = cpu.in_layout_of(g, ref) if isinstance(ref, np.ndarray) else g
         with np.errstate(all="ignore"):
-            return ctx.fn.bwd(xp_of(g), g, ctx.saved, *ctx.params)
+            return ctx.fn.bwd(xp, g, ctx.saved, *ctx.params)
 
 
 def _cuda_launcher(name):
@@ -70,10 +75,13 @@ class Relu(_Pointwise):
     # torch's threshold_backward(grad, result, 0): blocked where result <= 0, so a NaN input passes its gradient
     @staticmethod
     def bwd(xp, g, y):
-        keep = ~(y <= 0)   # NaN compares False, so it keeps its gradient
-        if xp is np and np.isfinite(g).all():
-            return g * keep   # a multiply is several times faster than NumPy's where (inf * 0 would be NaN)
-        return xp.where(keep, g, 0)
+        if xp is np and np.isfinite(g).all():   # (inf * 0 would be NaN where torch gives 0)
+            # y = max(x, 0) is >= 0 or NaN, so y != 0 is exactly "not y <= 0" (a NaN keeps its gradient). A float
+            # mask times g: np.where branches per element and a bool operand is cast per element, each ~2x slower
+            keep = (y != 0).astype(g.dtype)
+            keep *= g
+            return keep
+        return xp.where(~(y <= 0), g, 0)
 
 
 class Hardtanh(_Pointwise):

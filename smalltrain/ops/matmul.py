@@ -115,7 +115,14 @@ class Linear(Function):
         g, a, w = dout.array, ctx.a, ctx.w
         need = ctx.needs_input_grad
         g2 = g.reshape(-1, g.shape[-1])
-        dx = _mm(g2, w).reshape(g.shape[:-1] + (w.shape[1],)) if need[0] else None
+        dx = None
+        if need[0]:
+            if a.ndim == 2 and isinstance(a, np.ndarray) and a.flags.f_contiguous and not a.flags.c_contiguous:
+                # x came as a transposed view (a flattened batch-inner conv output): dx in that layout too, so
+                # the reshape back and the activation's backward stay copy-free (w^T g^T is the same product)
+                dx = _mm(w.T, g2.T).T
+            else:
+                dx = _mm(g2, w).reshape(g.shape[:-1] + (w.shape[1],))
         dw = db = None
         if need[1]:
             dw = _mm(g2.T, a.reshape(-1, a.shape[-1]))

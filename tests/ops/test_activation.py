@@ -317,3 +317,17 @@ def test_float32_gelu_cdf_and_gradient_on_a_dense_grid():
     assert np.abs(out - xd * phi).max() <= 3e-6            # |x| <= 9 times ~2e-7 for erf, plus rounding
     assert np.abs(t.grad.numpy() - (phi + xd * pdf)).max() <= 1e-6
     assert out[0, 0] == 0.0 and t.grad.numpy()[0, 0] == 0.5 and t.grad.numpy()[1, 0] == 0.5
+
+
+def test_activation_gradient_in_another_layout_than_the_saved_input():
+    # the gradient arrives in [N, C, H, W] order while the activation kept the batch-inner layout of conv2d:
+    # it is brought into that layout once (cpu.in_layout_of); the values are those of torch either way
+    rng = np.random.default_rng(3)
+    x = np.ascontiguousarray(rng.standard_normal((4, 6, 7, 32)).astype(np.float32)).transpose(3, 0, 1, 2)
+    g = rng.standard_normal((32, 4, 6, 7)).astype(np.float32)
+    for name in ("relu", "gelu"):
+        t = st.tensor(x).detach().requires_grad_(True)
+        getattr(A, name)(t).backward(st.tensor(g))
+        tt = torch.tensor(np.ascontiguousarray(x), requires_grad=True)
+        getattr(TF, name)(tt).backward(torch.tensor(g))
+        np.testing.assert_allclose(t.grad.numpy(), tt.grad.numpy(), rtol=1e-6, atol=1e-6)

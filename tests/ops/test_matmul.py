@@ -76,3 +76,24 @@ def test_gradcheck(shapes, rng):
 def test_gradcheck_linear(rng):
     x, w, b = (st.tensor(rng.uniform(-1, 1, s), requires_grad=True) for s in ((2, 2, 3), (4, 3), (4,)))
     assert gradcheck(linear, (x, w, b))
+
+
+def test_linear_on_a_transposed_input_keeps_its_layout_in_the_gradient(rng):
+    # a flattened batch-inner activation reaches linear as an F-ordered [N, features] view; its gradient comes
+    # back in that layout (so the reshape back stays a view) and equals torch's
+    base = rng.standard_normal((300, 5)).astype(np.float32)       # [features, N] in memory
+    w = rng.standard_normal((7, 300)).astype(np.float32)
+    g = rng.standard_normal((5, 7)).astype(np.float32)
+    leaf = st.tensor(base, requires_grad=True)
+    x = leaf.t()                                   # [N, features], F-ordered
+    seen = []
+    x.register_hook(lambda grad: seen.append(grad.detach().numpy()))
+    wt = st.tensor(w, requires_grad=True)
+    linear(x, wt).backward(st.tensor(g))
+    tx, tw = torch.tensor(base).t().requires_grad_(True), torch.tensor(w, requires_grad=True)
+    torch.nn.functional.linear(tx, tw).backward(torch.tensor(g))
+    dx = seen[0]
+    assert dx.flags.f_contiguous and not dx.flags.c_contiguous
+    np.testing.assert_allclose(leaf.grad.numpy(), tx.grad.numpy().T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(wt.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-5)
