@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device-machine call: the whole test suite on the GPU machine, `smalltrain bench` (throughput beside PyTorch
 # eager, then torch.compile's two modes), the speedrun (default recipe, three seeds), the trainer on CUDA (eager
-# and --compile, one epoch each) and the per-kernel GPU time of a LeNet-5 b512 step (ncu).
+# and --compile, one epoch each), the per-kernel GPU time of LeNet-5 b64/b512 and MnistCnn b64 steps (ncu) and the
+# host cost of the primitives an eager step is made of (benchmarks/host_costs.py).
 # Logs under $OUT (the device tool's output folder; ./gpu_out elsewhere). Each stage has its own time limit.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -20,6 +21,10 @@ done | tee "$OUT/speedrun.txt"
 for mode in "" "--compile"; do
   timeout 60 python3 -m smalltrain train --device cuda $mode --epochs 1 --log-every 200 --out /tmp/run$mode 2>&1 | tail -3
 done | tee "$OUT/train_cuda.txt"
-timeout 60 ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
-  python3 benchmarks/kernel_times.py --config lenet5:512 > /tmp/ncu.csv 2>/dev/null
-python3 benchmarks/kernel_times.py --summarize /tmp/ncu.csv > "$OUT/kernels_lenet5_512.txt" 2>&1; head -12 "$OUT/kernels_lenet5_512.txt"
+for config in lenet5:64 lenet5:512 cnn:64; do
+  timeout 60 ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
+    python3 benchmarks/kernel_times.py --config $config > /tmp/ncu.csv 2>/dev/null
+  python3 benchmarks/kernel_times.py --summarize /tmp/ncu.csv > "$OUT/kernels_${config/:/_}.txt" 2>&1
+  head -12 "$OUT/kernels_${config/:/_}.txt"
+done
+timeout 60 python3 benchmarks/host_costs.py > "$OUT/host_costs.txt" 2>&1

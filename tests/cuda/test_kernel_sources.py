@@ -84,3 +84,13 @@ def test_dropout_reference_mask_rate():
     mask = ref.dropout_mask(40001, 0.25, seed=3, offset=0)
     assert mask.dtype == np.uint8 and abs(1 - mask.mean() - 0.25) < 0.01
     assert not np.array_equal(mask, ref.dropout_mask(40001, 0.25, seed=3, offset=1))
+
+
+def test_every_weight_gradient_variant_is_instantiated():
+    # conv._weight_grad picks wgrad_partial_r{R}_{f32,f64} by the outputs per thread it needs
+    from smalltrain.backend.cuda import conv
+    src = loader.read_source(os.path.join(loader.KERNEL_DIR, "conv.cu"))
+    assert "wgrad_partial_r##R##_##S(" in src
+    for r in conv._WGRAD_R:
+        assert f"ST_WGRAD(T, S, {r})" in src, r
+    assert conv._WGRAD_THREADS * conv._WGRAD_R[-1] >= 8192   # what _direct admits: o * (k + 1) <= that product

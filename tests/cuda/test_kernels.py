@@ -18,6 +18,7 @@ if not smalltrain.cuda.is_available():
 
 import cuda_reference as ref  # noqa: E402
 
+from smalltrain.backend.cuda import conv as conv_kernels  # noqa: E402
 from smalltrain.backend.cuda import ops  # noqa: E402
 from smalltrain.testing import assert_close  # noqa: E402
 
@@ -42,6 +43,11 @@ CONV_CASES = [  # x shape, out channels, kernel, stride, padding, dilation, grou
     ((1, 2, 7, 8), 3, (3, 3), 1, "same", 2, 1, "gelu_tanh", False),
     ((3, 1, 28, 28), 6, (5, 5), 1, 0, 1, 1, "relu", True),
     ((2, 3, 8, 7), 5, (2, 3), (3, 2), (1, 0, 2, 1), 1, 1, None, True),
+    # the direct path's limits: 8 outputs per thread (32 * 251 of them), padding before the first image's rows,
+    # more position tiles than blocks (each block sums several), MnistCnn's second layer
+    ((3, 10, 12, 12), 32, (5, 5), 1, 2, 1, 1, "gelu", True),
+    ((256, 1, 28, 28), 6, (5, 5), 1, 0, 1, 1, "gelu", True),
+    ((4, 16, 26, 26), 32, (3, 3), 1, 0, 1, 1, "relu", True),
 ]
 
 
@@ -63,15 +69,24 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
+@pytest.mark.parametrize("path", ["direct", "im2col"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv2d(case, dtype, rng):
+def test_conv2d(case, dtype, path, rng, monkeypatch):
     shape, o, kernel, stride, padding, dilation, groups, activation, bias = case
+    if path == "im2col":
+        monkeypatch.setattr(conv_kernels, "DIRECT_MAX_K", 0)
     x = rng.standard_normal(shape).astype(dtype)
     w = (rng.standard_normal((o, shape[1] // groups) + kernel) * 0.5).astype(dtype)
     b = rng.standard_normal(o).astype(dtype) if bias else None
     out, saved = ops.conv2d_forward(g(x), g(w), None if b is None else g(b), stride, padding, dilation, groups,
                                     activation)
+    # groups == 1 and C*KH*KW <= 256 take the direct kernels (they keep x, not cols) when their shared-memory
+    # tiles fit (all these cases in float32; not 32 x 250 in float64), everything else im2col
+    fits = conv_kernels._direct(shape, (o, shape[1] // groups) + kernel, saved.out_hw, groups,
+                                np.dtype(dtype).itemsize)
+    assert path == "im2col" or fits == (groups == 1) or dtype == np.float64   # float32: every groups == 1 case
+    assert (saved.x is not None) == (path == "direct" and fits), (saved.x is None, saved.cols is None)
     geom = (_pair(stride), _pads(padding, kernel, _pair(dilation)), _pair(dilation), groups)
     pre, _ = ref.conv2d(x, w, b, *geom)
     tol = ref.tol(dtype)

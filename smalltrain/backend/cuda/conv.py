@@ -1,19 +1,39 @@
 """CUDA 2-D convolution: im2col / col2im kernels (kernels/conv.cu), cuBLAS GEMMs (blas.py, capturable) over the whole
 batch, and a fused epilogue (transpose to [N, O, OH, OW], bias, optional relu / gelu).
+
+Small convolutions (groups == 1, C*KH*KW <= DIRECT_MAX_K, work <= DIRECT_MAX_MACS: LeNet-5's) skip the cols matrix:
+the forward is one direct kernel with the bias and activation fused, the weight and bias gradients are one tiled
+kernel plus a fixed-order reduction. That is 1 launch instead of 3-4 for the forward and 2 instead of 4 for dw and
+db, and no C*KH*KW-times-the-input matrix written and read back. The input gradient still goes through a GEMM and
+col2im.
 """
 import operator
 from dataclasses import dataclass
 
 from . import cupy
-from ._common import check_array, check_dtype, check_float, contiguous, i32, i64, launch, pair, ptr, same_device
+from ._common import check_array, check_dtype, check_float, contiguous, get, i32, i64, launch, pair, ptr, same_device
 from .blas import gemm, sum_rows
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
+# groups == 1 convolutions with C*KH*KW up to DIRECT_MAX_K and at most DIRECT_MAX_MACS multiply-adds
+# (O * C*KH*KW * N*OH*OW) run the direct kernels; tests set DIRECT_MAX_K to 0 to compare the im2col + GEMM path
+# on the same inputs. The work bound is where cuBLAS's GEMM over the cols matrix starts to win on the H200:
+# LeNet-5's layers at batch 512 (44M and 79M) run faster direct, MnistCnn's second layer at batch 64 (170M) not
+DIRECT_MAX_K = 256
+DIRECT_MAX_MACS = 1 << 27
+_DIRECT_OB = 8                # output channels per thread of direct_fwd (ST_DIRECT_OB in conv.cu)
+_WGRAD_THREADS = 1024
+_WGRAD_R = (1, 2, 4, 8)       # outputs per thread the weight-gradient kernel is compiled for
+_SMEM_BYTES = 48 * 1024       # the default per-block limit (no opt-in needed)
+_FITS32 = 1 << 30
+_sm_counts = {}
+
 
 @dataclass
 class Conv2dSaved:
-    """What conv2d_backward needs. cols: the im2col matrix [C*KH*KW, N*OH*OW] (kept only for the weight gradient);
+    """What conv2d_backward needs. cols: the im2col matrix [C*KH*KW, N*OH*OW] (kept only for the weight gradient,
+    None on the direct path, which keeps x instead);
     weight (a reference to the parameter, no copy); y: the GEMM result [O, N*OH*OW] before bias (kept only when an
     activation was fused, to recompute its derivative); bias; the geometry; needs = (input, weight, bias) grads."""
     x_shape: tuple
@@ -28,6 +48,7 @@ class Conv2dSaved:
     out_hw: tuple
     activation: object
     needs: tuple
+    x: object = None   # the input (a reference), kept instead of cols by the direct path for the weight gradient
 
 
 def _pads(padding, stride, dilation, kernel):
@@ -129,20 +150,97 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
         x, w, b = contiguous(x), contiguous(w), contiguous(b)
         n = x.shape[0]
         o, cg, kh, kw = w.shape
-        cols = im2col(x, (kh, kw), stride, pads, dilation, out_hw)
         p = out_hw[0] * out_hw[1]
-        if groups == 1:
-            y = gemm(w.reshape(o, cg * kh * kw), cols)
-        else:
-            y = gemm(w.reshape(groups, o // groups, cg * kh * kw), cols.reshape(groups, cg * kh * kw, n * p))
-        y = contiguous(y.reshape(o, n * p))
-        out = cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
         act = ACTIVATIONS[activation]
-        launch("conv", "bias_act_fwd", x.dtype, out.size, (y, ptr(b), out, i64(n), i64(o), i64(p), i32(act)))
+        out = cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
+        direct = _direct(x.shape, w.shape, out_hw, groups, x.dtype.itemsize)
+        if direct:
+            cols = None
+            y = cp.empty((o, n * p), dtype=x.dtype) if act else None
+            threads = n * -(-o // _DIRECT_OB) * p            # one per (image, block of channels, position)
+            grid = min(-(-threads // 256), 8 * _sm_count())   # each block first stages all the weights
+            get("conv", "direct_fwd", x.dtype)(
+                (grid,), (256,), (x, w, ptr(b), out, ptr(y)) + _int_args(x.shape, w.shape, out_hw, stride, pads,
+                                                                        dilation) + (i32(act),),
+                shared_mem=_direct_smem(o, cg * kh * kw, x.dtype.itemsize))
+        else:
+            cols = im2col(x, (kh, kw), stride, pads, dilation, out_hw)
+            if groups == 1:
+                y = gemm(w.reshape(o, cg * kh * kw), cols)
+            else:
+                y = gemm(w.reshape(groups, o // groups, cg * kh * kw), cols.reshape(groups, cg * kh * kw, n * p))
+            y = contiguous(y.reshape(o, n * p))
+            launch("conv", "bias_act_fwd", x.dtype, out.size, (y, ptr(b), out, i64(n), i64(o), i64(p), i32(act)))
     needs = tuple(bool(v) for v in needs_input_grad) + (True,) * (3 - len(needs_input_grad))
     saved = Conv2dSaved(tuple(x.shape), w, b, cols if needs[1] else None,
-                        y if act else None, stride, pads, dilation, groups, out_hw, activation, needs[:3])
+                        y if act else None, stride, pads, dilation, groups, out_hw, activation, needs[:3],
+                        x if direct and needs[1] else None)
     return out, saved
+
+
+def _direct(x_shape, w_shape, out_hw, groups, itemsize):
+    """Whether the direct kernels take this convolution (see the module docstring): groups == 1, a small
+    C*KH*KW, bounded work, tiles that fit in shared memory, a non-empty batch and 32-bit indices."""
+    n, c, h, w = x_shape
+    o, cg, kh, kw = w_shape
+    k, np_ = cg * kh * kw, n * out_hw[0] * out_hw[1]
+    return (groups == 1 and 0 < k <= DIRECT_MAX_K and np_ > 0 and o * k * np_ <= DIRECT_MAX_MACS
+            and o * (k + 1) <= _WGRAD_THREADS * _WGRAD_R[-1]
+            and n * c * h * w < _FITS32 and o * np_ < _FITS32 and _tile(o, k, itemsize) is not None
+            and _direct_smem(o, k, itemsize) <= _SMEM_BYTES)
+
+
+def _direct_smem(o, k, itemsize):
+    return k * -(-o // _DIRECT_OB) * _DIRECT_OB * itemsize   # the weights as [K][O rounded up to _DIRECT_OB]
+
+
+def _tile(o, k, itemsize):
+    """Positions per weight-gradient tile: the largest of 128, 64, 32 whose shared memory fits in one block."""
+    for tq in (128, 64, 32):
+        if _wgrad_smem(o, k, tq, itemsize) <= _SMEM_BYTES:
+            return tq
+    return None
+
+
+def _wgrad_smem(o, k, tq, itemsize):
+    return (o + k) * (tq + 1) * itemsize + (3 * k + 3 * tq) * 4   # g and cols tiles, then the int offset tables
+
+
+def _int_args(x_shape, w_shape, out_hw, stride, pads, dilation):
+    n, c, h, w = x_shape
+    return tuple(i32(v) for v in (n, c, h, w, w_shape[0], w_shape[2], w_shape[3], out_hw[0], out_hw[1], stride[0],
+                                  stride[1], pads[0], pads[2], dilation[0], dilation[1]))
+
+
+def _sm_count():
+    dev = cupy().cuda.Device()
+    count = _sm_counts.get(dev.id)
+    if count is None:
+        count = _sm_counts[dev.id] = dev.attributes["MultiProcessorCount"]
+    return count
+
+
+def _weight_grad(x, g, saved, with_bias):
+    """(dw [O, C, KH, KW], db [O] or None) of the direct path from the input x and g [O, N*OH*OW] (the output
+    gradient after the activation's derivative): wgrad_partial over S blocks of position tiles, then
+    wgrad_reduce over the S partial rows in a fixed order."""
+    cp = cupy()
+    o, cg, kh, kw = saved.weight.shape
+    k, m = cg * kh * kw, o * (cg * kh * kw + 1)
+    tq = _tile(o, k, g.dtype.itemsize)
+    tiles = -(-g.shape[1] // tq)
+    blocks = min(tiles, 4 * _sm_count())
+    threads = min(_WGRAD_THREADS, max(256, -(-m // 32) * 32))   # at least 256 to build the tiles
+    r = next(v for v in _WGRAD_R if v * threads >= m)
+    partial = cp.empty((blocks, m), dtype=g.dtype)
+    args = (x, g, partial) + _int_args(x.shape, saved.weight.shape, saved.out_hw, saved.stride, saved.pads,
+                                       saved.dilation) + (i32(tq), i32(with_bias))
+    get("conv", f"wgrad_partial_r{r}", g.dtype)((blocks,), (threads,), args,
+                                                shared_mem=_wgrad_smem(o, k, tq, g.dtype.itemsize))
+    dw = cp.empty((o, cg, kh, kw), dtype=g.dtype)
+    db = cp.empty((o,), dtype=g.dtype) if with_bias else None
+    launch("conv", "wgrad_reduce", g.dtype, 32 * m, (partial, dw, ptr(db), i32(blocks), i32(o), i32(k)))  # a warp each
+    return dw, db
 
 
 def conv2d_backward(dout, saved):
@@ -150,7 +248,8 @@ def conv2d_backward(dout, saved):
 
     Each is None where saved.needs says it is not needed (db also when there was no bias). The activation's
     derivative is applied first (fused with the [N, O] -> [O, N] transpose), then db = sum over N, OH, OW,
-    dw = g @ cols^T and dx = col2im(w^T @ g), all GEMMs over the whole batch.
+    dw = g @ cols^T (on the direct path both from x by _weight_grad) and dx = col2im(w^T @ g), all over the
+    whole batch.
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -172,9 +271,13 @@ def conv2d_backward(dout, saved):
         g = cp.empty((o, n * p), dtype=dtype)
         launch("conv", "bias_act_bwd", dtype, g.size, (dout, ptr(saved.y), ptr(saved.bias), g, i64(n), i64(o),
                                                        i64(p), i32(ACTIVATIONS[saved.activation])))
-        db = sum_rows(g, 1) if need_b and saved.bias is not None else None
-        dw = dx = None
-        if need_w:
+        want_b = need_b and saved.bias is not None
+        dw = dx = db = None
+        if need_w and saved.x is not None:
+            dw, db = _weight_grad(saved.x, g, saved, want_b)
+        elif want_b:
+            db = sum_rows(g, 1)
+        if need_w and saved.x is None:
             cols = saved.cols
             if g_ == 1:
                 dw = gemm(g, cols.T)

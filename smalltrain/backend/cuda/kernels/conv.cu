@@ -6,6 +6,17 @@
 //            kernel offsets, one thread per input element: no atomics, deterministic).
 //   bias_act_fwd: the GEMM result y [O, N, P] (P = OH*OW) -> out [N, O, P] = act(y + b[o]) (transpose, bias and
 //            activation fused in one pass). bias_act_bwd: dout [N, O, P] -> g [O, N, P] = dout * act'(y + b[o]).
+//   direct_fwd: the whole forward without a cols matrix, for groups == 1 and a small C*KH*KW: one thread per
+//            position and block of 8 output channels of out [N, O, OH, OW] = act(sum_k w[o, k] x(...) + b[o]), the
+//            weights in shared memory; with an activation it also writes the sum before bias, y [O, N, P], which
+//            bias_act_bwd reads.
+//   wgrad_partial / wgrad_reduce: dw [O, C*KH*KW] = g @ cols^T and db [O] = g @ 1 without a cols matrix, g [O, N*P]
+//            the output gradient after the activation's derivative. Each block walks tiles of TQ positions
+//            (n, oh, ow): it builds the tile's cols columns and g columns in shared memory from x and g, and each
+//            thread accumulates R of the O*(K+1) outputs (k == K is the bias) over its block's tiles; partial [S, M]
+//            holds one row per block and wgrad_reduce sums the S rows in a fixed order, a warp per output
+//            (deterministic, no atomics).
+//            32-bit indices: the launcher takes this path only when every index fits.
 //   ph, pw are the top and left padding; bottom/right padding only enters through OH, OW.
 #include "common.cuh"
 
@@ -94,6 +105,159 @@ __device__ void bias_act_bwd(const T* __restrict__ dout, const T* __restrict__ y
     }
 }
 
+
+#define ST_DIRECT_OB 8   // output channels per thread in direct_fwd: each x value loaded serves 8 of them
+
+template <typename T>
+__device__ void direct_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                           T* __restrict__ out, T* __restrict__ y, int N, int C, int H, int W, int O, int KH, int KW,
+                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int act) {
+    // the weights in shared memory as [K][OP] (OP = O rounded up to ST_DIRECT_OB, zero-padded), so that a thread's
+    // ST_DIRECT_OB channels of one tap are adjacent and every lane of a warp reads the same ones (a broadcast)
+    extern __shared__ unsigned char st_smem[];
+    T* ws = reinterpret_cast<T*>(st_smem);
+    const int P = OH * OW, K = C * KH * KW, OB = (O + ST_DIRECT_OB - 1) / ST_DIRECT_OB, OP = OB * ST_DIRECT_OB;
+    for (int e = threadIdx.x; e < K * OP; e += blockDim.x) {
+        const int k = e / OP, o = e - k * OP;
+        ws[e] = o < O ? w[o * K + k] : T(0);
+    }
+    __syncthreads();
+    // one thread per (n, channel block, position), positions fastest: loads of x and stores stay coalesced
+    GRID_STRIDE_I(int, t, N * OB * P) {
+        const int p = t % P, nb = t / P, ob = nb % OB, n = nb / OB, oh = p / OW, ow = p - oh * OW;
+        const int h0 = oh * sh - ph, w0 = ow * sw - pw, o0 = ob * ST_DIRECT_OB;
+        const T* xn = x + n * C * H * W;
+        T acc[ST_DIRECT_OB];
+#pragma unroll
+        for (int u = 0; u < ST_DIRECT_OB; ++u) acc[u] = T(0);
+        int k = 0;
+        for (int c = 0; c < C; ++c) {
+            const T* plane = xn + c * H * W;
+            for (int i = 0; i < KH; ++i) {
+                const int ih = h0 + i * dh;
+                if (ih < 0 || ih >= H) { k += KW; continue; }
+                const T* row = plane + ih * W;
+                for (int j = 0; j < KW; ++j, ++k) {
+                    const int iw = w0 + j * dw;
+                    if (iw < 0 || iw >= W) continue;
+                    const T xv = row[iw];
+                    const T* wk = ws + k * OP + o0;
+#pragma unroll
+                    for (int u = 0; u < ST_DIRECT_OB; ++u) acc[u] += wk[u] * xv;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ST_DIRECT_OB; ++u) {
+            const int o = o0 + u;
+            if (o >= O) break;
+            T v = acc[u];
+            if (y != nullptr) y[(o * N + n) * P + p] = v;
+            if (b != nullptr) v += b[o];
+            out[(n * O + o) * P + p] = act_fwd(v, act);
+        }
+    }
+}
+
+template <typename T, int R>
+__device__ void wgrad_partial(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ partial, int N,
+                              int C, int H, int W, int O, int KH, int KW, int OH, int OW, int sh, int sw, int ph,
+                              int pw, int dh, int dw, int TQ, int with_bias) {
+    extern __shared__ unsigned char st_smem[];
+    const int P = OH * OW, NP = N * P, KK = KH * KW, K = C * KK, KB = K + 1, M = O * KB, TS = TQ + 1;
+    T* gs = reinterpret_cast<T*>(st_smem);             // [O][TS]: the tile's g columns (row stride TQ + 1: no
+    T* cs = gs + O * TS;                                // [K][TS]: its cols columns      bank conflicts across k)
+    int* koff = reinterpret_cast<int*>(cs + K * TS);    // [K]: c*H*W + i*dh*W + j*dw, the offset of row k in x
+    int* kih = koff + K;                                // [K]: i*dh
+    int* kiw = kih + K;                                 // [K]: j*dw
+    int* qbase = kiw + K;                               // [TQ]: n*C*H*W + h0*W + w0 of each position
+    int* qh = qbase + TQ;                               // [TQ]: h0
+    int* qw = qh + TQ;                                  // [TQ]: w0
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        const int c = k / KK, r = k - c * KK, i = r / KW, j = r - i * KW;
+        kih[k] = i * dh;
+        kiw[k] = j * dw;
+        koff[k] = c * H * W + i * dh * W + j * dw;
+    }
+    T acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = T(0);
+    for (int q0 = blockIdx.x * TQ; q0 < NP; q0 += gridDim.x * TQ) {
+        __syncthreads();   // the previous tile is consumed (and koff is written, the first time)
+        for (int qq = threadIdx.x; qq < TQ; qq += blockDim.x) {
+            const int q = q0 + qq;
+            if (q < NP) {
+                const int n = q / P, p = q - n * P, oh = p / OW, ow = p - oh * OW;
+                qh[qq] = oh * sh - ph;
+                qw[qq] = ow * sw - pw;
+                qbase[qq] = n * C * H * W + qh[qq] * W + qw[qq];
+            } else {   // past the end: a row far above the input, so every tap reads as padding (0)
+                qh[qq] = -(1 << 29);
+                qw[qq] = 0;
+                qbase[qq] = 0;
+            }
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < O * TQ; e += blockDim.x) {
+            const int o = e / TQ, qq = e - o * TQ, q = q0 + qq;
+            gs[o * TS + qq] = q < NP ? g[o * NP + q] : T(0);
+        }
+        for (int e = threadIdx.x; e < K * TQ; e += blockDim.x) {
+            const int k = e / TQ, qq = e - k * TQ;
+            const int ih = qh[qq] + kih[k], iw = qw[qq] + kiw[k];
+            cs[k * TS + qq] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[qbase[qq] + koff[k]] : T(0);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int m = threadIdx.x + r * blockDim.x;
+            if (m < M) {
+                const int o = m / KB, k = m - o * KB;
+                const T* gr = gs + o * TS;
+                T a = acc[r];
+                if (k < K) {
+                    const T* cr = cs + k * TS;
+                    for (int qq = 0; qq < TQ; ++qq) a += gr[qq] * cr[qq];
+                } else if (with_bias) {
+                    for (int qq = 0; qq < TQ; ++qq) a += gr[qq];
+                }
+                acc[r] = a;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int m = threadIdx.x + r * blockDim.x;
+        if (m < M) partial[blockIdx.x * M + m] = acc[r];
+    }
+}
+
+template <typename T>
+__device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db, int S, int O,
+                             int K) {
+    // one warp per output: lane l sums rows l, l + 32, ... in order, then a fixed shuffle tree (deterministic)
+    const int KB = K + 1, M = O * KB, lane = threadIdx.x & 31;
+    const int warps = (blockDim.x >> 5) * gridDim.x;
+    for (int m = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; m < M; m += warps) {
+        T acc = T(0);
+        for (int s = lane; s < S; s += 32) acc += partial[s * M + m];
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            const int o = m / KB, k = m - o * KB;
+            if (k < K) dw[o * K + k] = acc;
+            else if (db != nullptr) db[o] = acc;
+        }
+    }
+}
+
+#define ST_WGRAD(T, S, R)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(1024)                                                             \
+    wgrad_partial_r##R##_##S(const T* x, const T* g, T* partial, int N, int C, int H, int W, int O, int KH,        \
+                             int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int TQ,       \
+                             int with_bias) {                                                                      \
+        wgrad_partial<T, R>(x, g, partial, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, TQ, with_bias);  \
+    }
+
 #define ST_CONV(T, S)                                                                                              \
     extern "C" __global__ void im2col_##S(const T* x, T* cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH,  \
                                           i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
@@ -117,7 +281,17 @@ __device__ void bias_act_bwd(const T* __restrict__ dout, const T* __restrict__ y
                                                 int act) {                                                         \
         if (st_fits32(N * O * P)) bias_act_bwd<T, int>(dout, y, b, g, N, O, P, act);                               \
         else bias_act_bwd<T, i64>(dout, y, b, g, N, O, P, act);                                                    \
-    }
+    }                                                                                                              \
+    extern "C" __global__ void direct_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, int N, int C,      \
+                                              int H, int W, int O, int KH, int KW, int OH, int OW, int sh, int sw, \
+                                              int ph, int pw, int dh, int dw, int act) {                           \
+        direct_fwd<T>(x, w, b, out, y, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);                \
+    }                                                                                                              \
+    extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
+        wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
+    }                                                                                                              \
+    ST_WGRAD(T, S, 1) ST_WGRAD(T, S, 2) ST_WGRAD(T, S, 4) ST_WGRAD(T, S, 8)
 ST_CONV(float, f32)
 ST_CONV(double, f64)
 #undef ST_CONV
+#undef ST_WGRAD
