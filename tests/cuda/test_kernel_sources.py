@@ -86,7 +86,7 @@ def test_dropout_reference_mask_rate():
     assert not np.array_equal(mask, ref.dropout_mask(40001, 0.25, seed=3, offset=1))
 
 
-def test_every_weight_gradient_variant_is_instantiated():
+def test_every_direct_convolution_variant_is_instantiated():
     # conv._weight_grad picks wgrad_partial_r{R}_{f32,f64} by the outputs per thread it needs
     from smalltrain.backend.cuda import conv
     src = loader.read_source(os.path.join(loader.KERNEL_DIR, "conv.cu"))
@@ -94,3 +94,5 @@ def test_every_weight_gradient_variant_is_instantiated():
     for r in conv._WGRAD_R:
         assert f"ST_WGRAD(T, S, {r})" in src, r
     assert conv._WGRAD_THREADS * conv._WGRAD_R[-1] >= 8192   # what _direct admits: o * (k + 1) <= that product
+    for ob in conv._DIRECT_OB:   # direct_fwd_ob{OB}_{f32,f64}, chosen by _direct_ob
+        assert f"ST_DIRECT(T, S, {ob})" in src, ob

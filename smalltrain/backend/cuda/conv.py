@@ -22,7 +22,7 @@ ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 # LeNet-5's layers at batch 512 (44M and 79M) run faster direct, MnistCnn's second layer at batch 64 (170M) not
 DIRECT_MAX_K = 256
 DIRECT_MAX_MACS = 1 << 27
-_DIRECT_OB = 8                # output channels per thread of direct_fwd (ST_DIRECT_OB in conv.cu)
+_DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
 _WGRAD_THREADS = 1024
 _WGRAD_R = (1, 2, 4, 8)       # outputs per thread the weight-gradient kernel is compiled for
 _SMEM_BYTES = 48 * 1024       # the default per-block limit (no opt-in needed)
@@ -157,12 +157,13 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
         if direct:
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if act else None
-            threads = n * -(-o // _DIRECT_OB) * p            # one per (image, block of channels, position)
+            ob = _direct_ob(n * p, o)
+            threads = n * -(-o // ob) * p                     # one per (image, block of channels, position)
             grid = min(-(-threads // 256), 8 * _sm_count())   # each block first stages all the weights
-            get("conv", "direct_fwd", x.dtype)(
+            get("conv", f"direct_fwd_ob{ob}", x.dtype)(
                 (grid,), (256,), (x, w, ptr(b), out, ptr(y)) + _int_args(x.shape, w.shape, out_hw, stride, pads,
                                                                         dilation) + (i32(act),),
-                shared_mem=_direct_smem(o, cg * kh * kw, x.dtype.itemsize))
+                shared_mem=_direct_smem(o, cg * kh * kw, x.dtype.itemsize, ob))
         else:
             cols = im2col(x, (kh, kw), stride, pads, dilation, out_hw)
             if groups == 1:
@@ -190,8 +191,14 @@ def _direct(x_shape, w_shape, out_hw, groups, itemsize):
             and _direct_smem(o, k, itemsize) <= _SMEM_BYTES)
 
 
-def _direct_smem(o, k, itemsize):
-    return k * -(-o // _DIRECT_OB) * _DIRECT_OB * itemsize   # the weights as [K][O rounded up to _DIRECT_OB]
+def _direct_ob(positions, o):
+    """Output channels per thread of direct_fwd: 8, unless that leaves fewer than ~2 threads per core of the GPU
+    (LeNet-5's second layer at batch 64: 8,192 threads, latency-bound), then 2."""
+    return 8 if positions * -(-o // 8) >= 2 * 128 * _sm_count() else 2
+
+
+def _direct_smem(o, k, itemsize, ob=_DIRECT_OB[-1]):
+    return k * -(-o // ob) * ob * itemsize   # the weights as [K][O rounded up to ob]
 
 
 def _tile(o, k, itemsize):

@@ -7,7 +7,7 @@
 //   bias_act_fwd: the GEMM result y [O, N, P] (P = OH*OW) -> out [N, O, P] = act(y + b[o]) (transpose, bias and
 //            activation fused in one pass). bias_act_bwd: dout [N, O, P] -> g [O, N, P] = dout * act'(y + b[o]).
 //   direct_fwd: the whole forward without a cols matrix, for groups == 1 and a small C*KH*KW: one thread per
-//            position and block of 8 output channels of out [N, O, OH, OW] = act(sum_k w[o, k] x(...) + b[o]), the
+//            position and block of OB (8, or 2 for small batches) output channels of out [N, O, OH, OW] = act(sum_k w[o, k] x(...) + b[o]), the
 //            weights in shared memory; with an activation it also writes the sum before bias, y [O, N, P], which
 //            bias_act_bwd reads.
 //   wgrad_partial / wgrad_reduce: dw [O, C*KH*KW] = g @ cols^T and db [O] = g @ 1 without a cols matrix, g [O, N*P]
@@ -106,30 +106,30 @@ __device__ void bias_act_bwd(const T* __restrict__ dout, const T* __restrict__ y
 }
 
 
-#define ST_DIRECT_OB 8   // output channels per thread in direct_fwd: each x value loaded serves 8 of them
-
-template <typename T>
+// OB output channels per thread in direct_fwd: each x value loaded serves OB of them (8; 2 when a batch is small
+// and 8 would leave too few threads to hide the loads' latency)
+template <typename T, int OB>
 __device__ void direct_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                            T* __restrict__ out, T* __restrict__ y, int N, int C, int H, int W, int O, int KH, int KW,
                            int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int act) {
-    // the weights in shared memory as [K][OP] (OP = O rounded up to ST_DIRECT_OB, zero-padded), so that a thread's
-    // ST_DIRECT_OB channels of one tap are adjacent and every lane of a warp reads the same ones (a broadcast)
+    // the weights in shared memory as [K][OP] (OP = O rounded up to OB, zero-padded), so that a thread's OB
+    // channels of one tap are adjacent and every lane of a warp reads the same ones (a broadcast)
     extern __shared__ unsigned char st_smem[];
     T* ws = reinterpret_cast<T*>(st_smem);
-    const int P = OH * OW, K = C * KH * KW, OB = (O + ST_DIRECT_OB - 1) / ST_DIRECT_OB, OP = OB * ST_DIRECT_OB;
+    const int P = OH * OW, K = C * KH * KW, NB = (O + OB - 1) / OB, OP = NB * OB;
     for (int e = threadIdx.x; e < K * OP; e += blockDim.x) {
         const int k = e / OP, o = e - k * OP;
         ws[e] = o < O ? w[o * K + k] : T(0);
     }
     __syncthreads();
     // one thread per (n, channel block, position), positions fastest: loads of x and stores stay coalesced
-    GRID_STRIDE_I(int, t, N * OB * P) {
-        const int p = t % P, nb = t / P, ob = nb % OB, n = nb / OB, oh = p / OW, ow = p - oh * OW;
-        const int h0 = oh * sh - ph, w0 = ow * sw - pw, o0 = ob * ST_DIRECT_OB;
+    GRID_STRIDE_I(int, t, N * NB * P) {
+        const int p = t % P, nb = t / P, ob = nb % NB, n = nb / NB, oh = p / OW, ow = p - oh * OW;
+        const int h0 = oh * sh - ph, w0 = ow * sw - pw, o0 = ob * OB;
         const T* xn = x + n * C * H * W;
-        T acc[ST_DIRECT_OB];
+        T acc[OB];
 #pragma unroll
-        for (int u = 0; u < ST_DIRECT_OB; ++u) acc[u] = T(0);
+        for (int u = 0; u < OB; ++u) acc[u] = T(0);
         int k = 0;
         for (int c = 0; c < C; ++c) {
             const T* plane = xn + c * H * W;
@@ -143,12 +143,12 @@ __device__ void direct_fwd(const T* __restrict__ x, const T* __restrict__ w, con
                     const T xv = row[iw];
                     const T* wk = ws + k * OP + o0;
 #pragma unroll
-                    for (int u = 0; u < ST_DIRECT_OB; ++u) acc[u] += wk[u] * xv;
+                    for (int u = 0; u < OB; ++u) acc[u] += wk[u] * xv;
                 }
             }
         }
 #pragma unroll
-        for (int u = 0; u < ST_DIRECT_OB; ++u) {
+        for (int u = 0; u < OB; ++u) {
             const int o = o0 + u;
             if (o >= O) break;
             T v = acc[u];
@@ -250,6 +250,13 @@ __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, 
     }
 }
 
+#define ST_DIRECT(T, S, OB)                                                                                        \
+    extern "C" __global__ void direct_fwd_ob##OB##_##S(const T* x, const T* w, const T* b, T* out, T* y, int N,    \
+                                                       int C, int H, int W, int O, int KH, int KW, int OH, int OW, \
+                                                       int sh, int sw, int ph, int pw, int dh, int dw, int act) {  \
+        direct_fwd<T, OB>(x, w, b, out, y, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);            \
+    }
+
 #define ST_WGRAD(T, S, R)                                                                                          \
     extern "C" __global__ void __launch_bounds__(1024)                                                             \
     wgrad_partial_r##R##_##S(const T* x, const T* g, T* partial, int N, int C, int H, int W, int O, int KH,        \
@@ -282,11 +289,7 @@ __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, 
         if (st_fits32(N * O * P)) bias_act_bwd<T, int>(dout, y, b, g, N, O, P, act);                               \
         else bias_act_bwd<T, i64>(dout, y, b, g, N, O, P, act);                                                    \
     }                                                                                                              \
-    extern "C" __global__ void direct_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, int N, int C,      \
-                                              int H, int W, int O, int KH, int KW, int OH, int OW, int sh, int sw, \
-                                              int ph, int pw, int dh, int dw, int act) {                           \
-        direct_fwd<T>(x, w, b, out, y, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);                \
-    }                                                                                                              \
+    ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8)                                                                          \
     extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
         wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
     }                                                                                                              \
@@ -295,3 +298,4 @@ ST_CONV(float, f32)
 ST_CONV(double, f64)
 #undef ST_CONV
 #undef ST_WGRAD
+#undef ST_DIRECT
