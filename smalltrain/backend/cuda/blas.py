@@ -139,16 +139,21 @@ _MAX_PLANS = 4096
 _plans = {}   # (shapes, strides, dtype) of both operands -> the cuBLAS call's arguments (see _plan)
 
 
-def _plan(a, b):
-    """(result shape, routine name, op1, op2, n, m, k, ldb, lda, stride b, stride a, batch) for a @ b, a [(B,) m, k],
-    b [(B,) k, n], when both are usable in place; None for an empty product, k == 0, dimensions beyond int32 or an
-    operand that needs a copy (_gemm_general handles those)."""
+def _dims(a, b):
+    """(m, k, n, batch of a, batch of b, batch, result shape) of a @ b, a [(B,) m, k], b [(B,) k, n]."""
     m, k = a.shape[-2:]
     n = b.shape[-1]
     ba = a.shape[0] if a.ndim == 3 else 1
     bb = b.shape[0] if b.ndim == 3 else 1
     batch = max(ba, bb)
-    batched = a.ndim == 3 or b.ndim == 3
+    return m, k, n, ba, bb, batch, ((batch,) if a.ndim == 3 or b.ndim == 3 else ()) + (m, n)
+
+
+def _plan(a, b):
+    """(result shape, routine name, op1, op2, n, m, k, ldb, lda, stride b, stride a, batch) for a @ b, a [(B,) m, k],
+    b [(B,) k, n], when both are usable in place; None for an empty product, k == 0, dimensions beyond int32 or an
+    operand that needs a copy (_gemm_general handles those)."""
+    m, k, n, ba, bb, batch, shape = _dims(a, b)
     if 0 in (m, n, k, batch) or max(m, n, k) > _INT_MAX:
         return None
     ops = []
@@ -163,7 +168,7 @@ def _plan(a, b):
             f"cublas{ch.upper().replace('F', 'S')}gemmStridedBatched")
     op1 = _OP_N if lay_b == "row" else _OP_T    # column-major B^T
     op2 = _OP_N if lay_a == "row" else _OP_T    # column-major A^T
-    return (((batch,) if batched else ()) + (m, n), name, op1, op2, n, m, k, ldb, lda, sb, sa, batch)
+    return (shape, name, op1, op2, n, m, k, ldb, lda, sb, sa, batch)
 
 
 def gemm(a, b, out=None, beta=0.0):
@@ -204,13 +209,7 @@ def _run(plan, a, b, out, beta):
 def _gemm_general(a, b, out, beta):
     """gemm for what _plan leaves out: empty results, k == 0, dimensions beyond int32, operands to be copied."""
     cp = cupy()
-    m, k = a.shape[-2:]
-    n = b.shape[-1]
-    ba = a.shape[0] if a.ndim == 3 else 1
-    bb = b.shape[0] if b.ndim == 3 else 1
-    batch = max(ba, bb)
-    batched = a.ndim == 3 or b.ndim == 3
-    shape = ((batch,) if batched else ()) + (m, n)
+    m, k, n, _, _, _, shape = _dims(a, b)
     if out is None:
         out = cp.empty(shape, dtype=a.dtype)
     if out.size == 0:
