@@ -279,18 +279,18 @@ def conv2d_backward(dout, saved):
         launch("conv", "bias_act_bwd", dtype, g.size, (dout, ptr(saved.y), ptr(saved.bias), g, i64(n), i64(o),
                                                        i64(p), i32(ACTIVATIONS[saved.activation])))
         want_b = need_b and saved.bias is not None
-        dw = dx = db = None
-        if need_w and saved.x is not None:
+        dw = dx = None
+        if need_w and saved.x is not None:   # the direct path: dw and db from x in one kernel and its reduction
             dw, db = _weight_grad(saved.x, g, saved, want_b)
-        elif want_b:
-            db = sum_rows(g, 1)
-        if need_w and saved.x is None:
-            cols = saved.cols
-            if g_ == 1:
-                dw = gemm(g, cols.T)
-            else:
-                dw = gemm(g.reshape(g_, o // g_, n * p), cols.reshape(g_, k, n * p).transpose(0, 2, 1))
-            dw = dw.reshape(o, cg, kh, kw)
+        else:
+            db = sum_rows(g, 1) if want_b else None
+            if need_w:
+                cols = saved.cols
+                if g_ == 1:
+                    dw = gemm(g, cols.T)
+                else:
+                    dw = gemm(g.reshape(g_, o // g_, n * p), cols.reshape(g_, k, n * p).transpose(0, 2, 1))
+                dw = dw.reshape(o, cg, kh, kw)
         if need_x:
             if g_ == 1:
                 dcols = gemm(w.reshape(o, k).T, g)
