@@ -3,28 +3,33 @@
 # eager, then torch.compile's two modes), the speedrun (default recipe, three seeds), the trainer on CUDA (eager
 # and --compile, one epoch each), the per-kernel GPU time of LeNet-5 b64/b512 and MnistCnn b64 steps (ncu) and the
 # host cost of the primitives an eager step is made of (benchmarks/host_costs.py).
-# Logs under $OUT (the device tool's output folder; ./gpu_out elsewhere). Each stage has its own time limit.
+# Logs under $OUT (the device tool's output folder; ./gpu_out elsewhere). Each stage has its own time limit;
+# STAGES picks stages (e.g. STAGES="tests bench ncu") so that one session's device time can be split over calls.
 set -u
+STAGES=" ${STAGES:-tests bench compile speedrun train ncu host} "
+stage() { [[ $STAGES == *" $1 "* ]]; }
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUPY_TF32=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | head -1)
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import cupy, torch, numpy; print('cupy', cupy.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"; } 2>&1 | tee "$OUT/env.txt"
-timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider -n 8 --durations=10 tests > "$OUT/pytest.log" 2>&1
-grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20; tail -1 "$OUT/pytest.log"
-timeout ${T_BENCH:-100} python3 -m smalltrain bench --device cuda --no-torch-compile 2>&1 | tail -12 | tee "$OUT/bench.txt"
-timeout ${T_COMPILE:-200} python3 -m smalltrain bench --device cuda --modes torch-compile torch-reduce-overhead 2>&1 \
+if stage tests; then
+  timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider -n 8 --durations=10 tests > "$OUT/pytest.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20; tail -1 "$OUT/pytest.log"
+fi
+stage bench && timeout ${T_BENCH:-100} python3 -m smalltrain bench --device cuda --no-torch-compile 2>&1 | tail -12 | tee "$OUT/bench.txt"
+stage compile && timeout ${T_COMPILE:-200} python3 -m smalltrain bench --device cuda --modes torch-compile torch-reduce-overhead 2>&1 \
   | tail -8 | tee "$OUT/bench_torch_compile.txt"
-for seed in 0 1 2; do
+stage speedrun && for seed in 0 1 2; do
   timeout 40 python3 -m smalltrain bench --speedrun --seed $seed 2>&1 | grep -E "^(speedrun|warm-up|eval|reached|did not)"
 done | tee "$OUT/speedrun.txt"
-for mode in "" "--compile"; do
+stage train && for mode in "" "--compile"; do
   timeout 60 python3 -m smalltrain train --device cuda $mode --epochs 1 --log-every 200 --out /tmp/run$mode 2>&1 | tail -3
 done | tee "$OUT/train_cuda.txt"
-for config in lenet5:64 lenet5:512 cnn:64; do
+stage ncu && for config in lenet5:64 lenet5:512 cnn:64; do
   timeout 60 ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
     python3 benchmarks/kernel_times.py --config $config > /tmp/ncu.csv 2>/dev/null
   python3 benchmarks/kernel_times.py --summarize /tmp/ncu.csv > "$OUT/kernels_${config/:/_}.txt" 2>&1
   head -12 "$OUT/kernels_${config/:/_}.txt"
 done
-timeout 60 python3 benchmarks/host_costs.py > "$OUT/host_costs.txt" 2>&1
+stage host && timeout 60 python3 benchmarks/host_costs.py > "$OUT/host_costs.txt" 2>&1

@@ -82,6 +82,7 @@ def test_gemm_is_captured_and_replayed_in_a_cuda_graph():
     g = cp.asarray(rng.standard_normal((32, 8)).astype(np.float32))
     blas.gemm(a, b)        # warm-up outside the capture: handle creation
     blas.sum_rows(g, 0)
+    cp.cuda.Device().synchronize()  # the non-blocking stream below does not wait for the null-stream work above
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()

@@ -330,6 +330,7 @@ def test_cross_entropy_replays_as_a_cuda_graph(rng):
     t = g(rng.integers(0, 10, 33))
     loss, saved = ops.cross_entropy_forward(x, t)  # eager warm-up: every kernel compiled before capture
     ops.cross_entropy_backward(cp.ones((), cp.float32), saved)
+    cp.cuda.Device().synchronize()  # the non-blocking stream below does not wait for the warm-up's null-stream work
     stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
     with stream, cp.cuda.using_allocator(pool.malloc):
         stream.begin_capture()

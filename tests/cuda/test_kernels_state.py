@@ -215,6 +215,8 @@ def test_adam_step_replays_as_a_cuda_graph(rng):
     m, v = [cp.zeros_like(p) for p in gp], [cp.zeros_like(p) for p in gp]
     step = cp.zeros(1, cp.float32)
     rs = [[p.astype(np.float64), np.zeros(p.shape), np.zeros(p.shape), None] for p in params]
+    # a non-blocking stream does not wait for the null stream: the zeros above must have landed first
+    cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     graph = None
     with stream:
