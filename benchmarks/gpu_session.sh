@@ -5,6 +5,7 @@
 # host cost of the primitives an eager step is made of (benchmarks/host_costs.py).
 # Logs under $OUT (the device tool's output folder; ./gpu_out elsewhere). Each stage has its own time limit;
 # STAGES picks stages (e.g. STAGES="tests bench ncu") so that one session's device time can be split over calls.
+# TESTS narrows the test stage to some paths (default: the whole suite).
 set -u
 STAGES=" ${STAGES:-tests bench compile speedrun train ncu host} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
@@ -14,8 +15,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | head -1)
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import cupy, torch, numpy; print('cupy', cupy.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 if stage tests; then
-  timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider -n 8 --durations=10 tests > "$OUT/pytest.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20; tail -1 "$OUT/pytest.log"
+  # -v: every result is a line as it comes, so the failures are in the log even if the time limit cuts the run
+  timeout ${T_TESTS:-300} python3 -m pytest -v -p no:cacheprovider -n 8 --durations=10 ${TESTS:-tests} > "$OUT/pytest.log" 2>&1
+  grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/pytest.log" | sort -u | head -20; tail -1 "$OUT/pytest.log"
 fi
 stage bench && timeout ${T_BENCH:-100} python3 -m smalltrain bench --device cuda --no-torch-compile 2>&1 | tail -12 | tee "$OUT/bench.txt"
 stage compile && timeout ${T_COMPILE:-200} python3 -m smalltrain bench --device cuda --modes torch-compile torch-reduce-overhead 2>&1 \
@@ -27,7 +29,8 @@ stage train && for mode in "" "--compile"; do
   timeout 60 python3 -m smalltrain train --device cuda $mode --epochs 1 --log-every 200 --out /tmp/run$mode 2>&1 | tail -3
 done | tee "$OUT/train_cuda.txt"
 stage ncu && for config in lenet5:64 lenet5:512 cnn:64; do
-  timeout 60 ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
+  # warm caches (--cache-control none), as in a replay where the step's few MB stay in L2
+  timeout 60 ncu --clock-control none --cache-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
     python3 benchmarks/kernel_times.py --config $config > /tmp/ncu.csv 2>/dev/null
   python3 benchmarks/kernel_times.py --summarize /tmp/ncu.csv > "$OUT/kernels_${config/:/_}.txt" 2>&1
   head -12 "$OUT/kernels_${config/:/_}.txt"

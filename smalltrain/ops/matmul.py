@@ -150,14 +150,20 @@ class LinearAct(Function):
         return (None if dx is None else dx.reshape(ctx.shape)), dw, db, None
 
 
+def _fused_linear(x, weight):
+    """Whether LinearAct takes linear(x, weight): CUDA float input of the weight's dtype and a matching last dim (the
+    plain op raises the clear errors otherwise)."""
+    a, w = x.array, weight.array
+    return (x.is_cuda and a.ndim > 0 and a.dtype.kind == "f" and w.ndim == 2 and a.shape[-1] == w.shape[-1]
+            and a.dtype == w.dtype)
+
+
 def linear_act(input, weight, bias=None, activation=None):  # noqa: A002
     """activation(linear(input, weight, bias)), activation None, 'relu', 'gelu' or 'gelu_tanh': fused on CUDA
-    (one epilogue kernel each way instead of a bias add and an activation op), composed on the CPU."""
+    (the bias and activation inside the layer's kernels each way), composed on the CPU."""
     from .activation import apply_named
-    x = input
-    if not x.is_cuda or x.array.ndim == 0 or x.array.dtype.kind != "f" or x.array.shape[-1] != weight.array.shape[-1] \
-            or weight.array.ndim != 2 or x.array.dtype != weight.array.dtype:
-        return apply_named(linear(input, weight, bias), activation)   # the plain op raises the clear errors
+    if not _fused_linear(input, weight):
+        return apply_named(Linear.apply(input, weight, bias), activation)
     check_same_device("linear", input, weight, bias)
     return LinearAct.apply(input, weight, bias, activation)
 
@@ -179,6 +185,10 @@ def bmm(a, b):
 
 
 def linear(input, weight, bias=None):  # noqa: A002
+    """x @ W^T + b. On CUDA the fused layer of backend/cuda/linear.py (one launch each way for small layers)."""
+    if _fused_linear(input, weight):
+        check_same_device("linear", input, weight, bias)
+        return LinearAct.apply(input, weight, bias, None)
     return Linear.apply(input, weight, bias)
 
 

@@ -19,6 +19,7 @@ if not smalltrain.cuda.is_available():
 import cuda_reference as ref  # noqa: E402
 
 from smalltrain.backend.cuda import conv as conv_kernels  # noqa: E402
+from smalltrain.backend.cuda import linear as linear_kernels  # noqa: E402
 from smalltrain.backend.cuda import ops  # noqa: E402
 from smalltrain.testing import assert_close  # noqa: E402
 
@@ -48,6 +49,8 @@ CONV_CASES = [  # x shape, out channels, kernel, stride, padding, dilation, grou
     ((3, 10, 12, 12), 32, (5, 5), 1, 2, 1, 1, "gelu", True),
     ((256, 1, 28, 28), 6, (5, 5), 1, 0, 1, 1, "gelu", True),
     ((4, 16, 26, 26), 32, (3, 3), 1, 0, 1, 1, "relu", True),
+    # more images than the direct kernels stage one by one (8 per SM): their grid-stride layout
+    ((1100, 2, 6, 5), 3, (3, 2), 1, (1, 0), 1, 1, "gelu", True),
 ]
 
 
@@ -69,13 +72,20 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-@pytest.mark.parametrize("path", ["direct", "im2col"])
+@pytest.mark.parametrize("path", ["direct", "im2col", "direct_dx"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CONV_CASES)
 def test_conv2d(case, dtype, path, rng, monkeypatch):
+    """direct: every kernel of the direct path where it fits; im2col: none of them; direct_dx: the forward and dw
+    through im2col + GEMM, dx by the direct gather kernel (larger convolutions than the direct forward takes)."""
     shape, o, kernel, stride, padding, dilation, groups, activation, bias = case
     if path == "im2col":
         monkeypatch.setattr(conv_kernels, "DIRECT_MAX_K", 0)
+    took_dx = []
+    if path == "direct_dx":
+        monkeypatch.setattr(conv_kernels, "DIRECT_MAX_MACS", 0)
+        real = conv_kernels._direct_dx
+        monkeypatch.setattr(conv_kernels, "_direct_dx", lambda *a: took_dx.append(real(*a)) or took_dx[-1])
     x = rng.standard_normal(shape).astype(dtype)
     w = (rng.standard_normal((o, shape[1] // groups) + kernel) * 0.5).astype(dtype)
     b = rng.standard_normal(o).astype(dtype) if bias else None
@@ -85,7 +95,7 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
     # tiles fit (all these cases in float32; not 32 x 250 in float64), everything else im2col
     fits = conv_kernels._direct(shape, (o, shape[1] // groups) + kernel, saved.out_hw, groups,
                                 np.dtype(dtype).itemsize)
-    assert path == "im2col" or fits == (groups == 1) or dtype == np.float64   # float32: every groups == 1 case
+    assert path != "direct" or fits == (groups == 1) or dtype == np.float64   # float32: every groups == 1 case
     assert (saved.x is not None) == (path == "direct" and fits), (saved.x is None, saved.cols is None)
     geom = (_pair(stride), _pads(padding, kernel, _pair(dilation)), _pair(dilation), groups)
     pre, _ = ref.conv2d(x, w, b, *geom)
@@ -96,11 +106,64 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
     dx, dw, db = ops.conv2d_backward(g(dout), saved)
     rdx, rdw, rdb = ref.conv2d_grads(x, w, ref.act_grad(dout, pre, activation), *geom)
     assert_close(dx, rdx, tol, name="dx")
+    if path == "direct_dx":   # float32 groups == 1: the gather kernel took dx (its weights fit in shared memory)
+        assert (took_dx[0] is not None) == (groups == 1) or dtype == np.float64
     assert_close(dw, rdw, tol, name="dw")
     if bias:
         assert_close(db, rdb, tol, name="db")
     else:
         assert db is None
+
+
+# --- linear (small tiled kernels / cuBLAS + epilogue) --------------------------------------------------------------
+
+LINEAR_CASES = [  # M, K, F, activation, bias, needs (input, weight, bias)
+    (64, 256, 120, "gelu", True, (True, True, True)),     # LeNet-5's first fully connected layer
+    (33, 65, 31, "relu", True, (True, True, True)),       # partial tiles on every side
+    (1, 7, 3, "gelu_tanh", False, (True, True, False)),
+    (40, 50, 10, None, True, (False, True, True)),        # the first layer: no dx
+    (20, 30, 9, "gelu", True, (True, False, True)),       # frozen weight: db only (the tile of column K)
+    (64, 3000, 10, None, True, (True, True, True)),       # a reduction past SMALL_MAX_L forward: cuBLAS there
+]
+
+
+@pytest.mark.parametrize("path", ["small", "cublas", "small_fwd", "small_bwd"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", LINEAR_CASES)
+def test_linear_act(case, dtype, path, rng, monkeypatch):
+    m, k, f, activation, bias, needs = case
+    x = rng.standard_normal((m, k)).astype(dtype)
+    w = (rng.standard_normal((f, k)) / np.sqrt(k)).astype(dtype)
+    b = rng.standard_normal(f).astype(dtype) if bias else None
+    if path in ("cublas", "small_bwd"):
+        monkeypatch.setattr(linear_kernels, "SMALL_MAX_L", 0)
+    out, saved = ops.linear_act_forward(g(x), g(w), None if b is None else g(b), activation)
+    monkeypatch.setattr(linear_kernels, "SMALL_MAX_L", 0 if path in ("cublas", "small_fwd") else 2048)
+    pre = x.astype(np.float64) @ w.astype(np.float64).T + (0 if b is None else b)
+    tol = ref.tol(dtype)
+    assert out.dtype == dtype and out.shape == (m, f)
+    assert_close(out, ref.act(pre, activation), tol, name="linear forward")
+    dout = rng.standard_normal((m, f)).astype(dtype)
+    dx, dw, db = ops.linear_act_backward(g(dout), saved, needs)
+    gpre = ref.act_grad(dout, pre, activation)
+    for name, got, want, need in (("dx", dx, gpre @ w.astype(np.float64), needs[0]),
+                                  ("dw", dw, gpre.T @ x.astype(np.float64), needs[1]),
+                                  ("db", db, gpre.sum(0), needs[2] and bias)):
+        if need:
+            assert_close(got, want, tol * max(1, np.sqrt(max(m, f)) / 8), name=name)
+        else:
+            assert got is None, name
+
+
+def test_linear_act_errors():
+    x, w = cp.ones((4, 5), cp.float32), cp.ones((3, 5), cp.float32)
+    with pytest.raises(RuntimeError, match=r"expected weight \[F, 5\]"):
+        ops.linear_act_forward(x, cp.ones((3, 4), cp.float32))
+    with pytest.raises(RuntimeError, match="dtype"):
+        ops.linear_act_forward(x, w.astype(cp.float64))
+    _, saved = ops.linear_act_forward(x, w, cp.ones(3, cp.float32), "relu")
+    with pytest.raises(RuntimeError, match=r"grad_output of shape \[4, 3\]"):
+        ops.linear_act_backward(cp.ones((4, 4), cp.float32), saved)
 
 
 def test_conv2d_saves_only_what_backward_needs(rng):

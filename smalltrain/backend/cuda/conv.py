@@ -3,9 +3,9 @@ batch, and a fused epilogue (transpose to [N, O, OH, OW], bias, optional relu / 
 
 Small convolutions (groups == 1, C*KH*KW <= DIRECT_MAX_K, work <= DIRECT_MAX_MACS: LeNet-5's) skip the cols matrix:
 the forward is one direct kernel with the bias and activation fused, the weight and bias gradients are one tiled
-kernel plus a fixed-order reduction. That is 1 launch instead of 3-4 for the forward and 2 instead of 4 for dw and
-db, and no C*KH*KW-times-the-input matrix written and read back. The input gradient still goes through a GEMM and
-col2im.
+kernel plus a fixed-order reduction, the input gradient one gather kernel. That is 1 launch instead of 3-4 for the
+forward, 2 instead of 4 for dw and db and 1 instead of 2-3 (GEMM, its split-K reduction, col2im) for dx, and no
+C*KH*KW-times-the-input matrix written and read back.
 """
 import operator
 from dataclasses import dataclass
@@ -22,6 +22,9 @@ ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 # LeNet-5's layers at batch 512 (44M and 79M) run faster direct, MnistCnn's second layer at batch 64 (170M) not
 DIRECT_MAX_K = 256
 DIRECT_MAX_MACS = 1 << 27
+# the input gradient's gather kernel has no cols matrix to write and col2im to run, which costs more than the GEMM
+# it replaces: it takes the same small-C*KH*KW convolutions up to twice the work (MnistCnn's second layer at b64)
+DIRECT_DX_MAX_MACS = 1 << 28
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
 _WGRAD_THREADS = 1024
 _WGRAD_R = (1, 2, 4, 8)       # outputs per thread the weight-gradient kernel is compiled for
@@ -158,12 +161,13 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if act else None
             ob = _direct_ob(n * p, o)
-            threads = n * -(-o // ob) * p                     # one per (image, block of channels, position)
-            grid = min(-(-threads // 256), 8 * _sm_count())   # each block first stages all the weights
+            weights = _direct_smem(o, cg * kh * kw, x.dtype.itemsize, ob)
+            image = cg * x.shape[2] * x.shape[3] * x.dtype.itemsize
+            grid, parts, smem = _direct_grid(n, -(-o // ob) * p, weights, image)
             get("conv", f"direct_fwd_ob{ob}", x.dtype)(
                 (grid,), (256,), (x, w, ptr(b), out, ptr(y)) + _int_args(x.shape, w.shape, out_hw, stride, pads,
-                                                                        dilation) + (i32(act),),
-                shared_mem=_direct_smem(o, cg * kh * kw, x.dtype.itemsize, ob))
+                                                                        dilation) + (i32(act), i32(parts)),
+                shared_mem=smem)
         else:
             cols = im2col(x, (kh, kw), stride, pads, dilation, out_hw)
             if groups == 1:
@@ -195,6 +199,52 @@ def _direct_ob(positions, o):
     """Output channels per thread of direct_fwd: 8, unless that leaves fewer than ~2 threads per core of the GPU
     (LeNet-5's second layer at batch 64: 8,192 threads, latency-bound), then 2."""
     return 8 if positions * -(-o // 8) >= 2 * 128 * _sm_count() else 2
+
+
+def _direct_cb(positions, c):
+    """Input channels per thread of direct_dx, by the same rule as _direct_ob."""
+    return 8 if positions * -(-c // 8) >= 2 * 128 * _sm_count() else 2
+
+
+def _dx_smem(o, c, kk, itemsize, cb):
+    return o * kk * -(-c // cb) * cb * itemsize   # the weights as [O*KH*KW][C rounded up to cb]
+
+
+def _direct_dx(g, saved):
+    """dx [N, C, H, W] from g [O, N*OH*OW] by direct_dx, or None where that kernel does not take the convolution
+    (groups > 1, C*KH*KW above DIRECT_MAX_K, more than DIRECT_DX_MAX_MACS multiply-adds, a weight table too large
+    for shared memory): the caller then takes the GEMM + col2im path."""
+    n, c, h, wd = saved.x_shape
+    o, _, kh, kw = saved.weight.shape
+    cb = _direct_cb(n * h * wd, c)
+    smem = _dx_smem(o, c, kh * kw, g.dtype.itemsize, cb)
+    if (saved.groups != 1 or not 0 < c * kh * kw <= DIRECT_MAX_K or n * c * h * wd * o * kh * kw > DIRECT_DX_MAX_MACS
+            or smem > _SMEM_BYTES or n * c * h * wd >= _FITS32 or g.size >= _FITS32):
+        return None
+    dx = cupy().empty(tuple(saved.x_shape), dtype=g.dtype)
+    if dx.size == 0:
+        return dx
+    p = saved.out_hw[0] * saved.out_hw[1]
+    grid, parts, smem = _direct_grid(n, -(-c // cb) * h * wd, smem, o * p * g.dtype.itemsize)
+    get("conv", f"direct_dx_cb{cb}", g.dtype)(
+        (grid,), (256,), (g, saved.weight, dx) + _int_args(saved.x_shape, saved.weight.shape, saved.out_hw,
+                                                            saved.stride, saved.pads, saved.dilation) + (i32(parts),),
+        shared_mem=smem)
+    return dx
+
+
+def _direct_grid(n, items, weight_bytes, image_bytes):
+    """(grid, parts per image, shared memory) of a direct kernel over n images of `items` thread items each.
+
+    Staged (parts >= 1, see conv.cu) when the image's input fits in shared memory beside the weights and the batch
+    is at most ~8 images per SM: parts blocks per image, enough for ~4 blocks per SM but no more than the image's
+    items fill. Else parts = 0 and a grid-stride loop over the batch (each block stages only the weights, which a
+    block per image would restage thousands of times for a large evaluation batch)."""
+    threads = n * items
+    if weight_bytes + image_bytes <= _SMEM_BYTES and n <= 8 * _sm_count():
+        parts = max(1, min(-(-4 * _sm_count() // n), -(-items // 256)))
+        return n * parts, parts, weight_bytes + image_bytes
+    return min(-(-threads // 256), 8 * _sm_count()), 0, weight_bytes
 
 
 def _direct_smem(o, k, itemsize, ob=_DIRECT_OB[-1]):
@@ -256,7 +306,7 @@ def conv2d_backward(dout, saved):
     Each is None where saved.needs says it is not needed (db also when there was no bias). The activation's
     derivative is applied first (fused with the [N, O] -> [O, N] transpose), then db = sum over N, OH, OW,
     dw = g @ cols^T (on the direct path both from x by _weight_grad) and dx = col2im(w^T @ g), all over the
-    whole batch.
+    whole batch; on the direct path dx is one gather kernel (_direct_dx).
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -292,6 +342,8 @@ def conv2d_backward(dout, saved):
                     dw = gemm(g.reshape(g_, o // g_, n * p), cols.reshape(g_, k, n * p).transpose(0, 2, 1))
                 dw = dw.reshape(o, cg, kh, kw)
         if need_x:
+            dx = _direct_dx(g, saved)
+        if need_x and dx is None:
             if g_ == 1:
                 dcols = gemm(w.reshape(o, k).T, g)
             else:

@@ -1,26 +1,55 @@
-"""CUDA linear layer with the bias and an activation fused into the GEMM's epilogue: out = act(x @ W^T + b).
+"""CUDA linear layer with the bias and an activation fused: out = act(x @ W^T + b), and its backward.
 
-The GEMM writes y^T = W @ x^T as [F, M]; the convolution's epilogue kernels (kernels/conv.cu, bias_act_* with
-N = M rows, O = F features, P = 1) then transpose it to [M, F] adding the bias and applying the activation in
-one pass, and in backward turn dout into g^T = (dout * act'(y + b))^T, from which dW = g^T @ x, dx = (g^T)^T @ W
-and db = the row sums of g^T. Against linear-then-activation this saves a launch each way and an op's dispatch.
+Small layers (every reduction at most SMALL_MAX_L long, every product at most SMALL_MAX_MACS multiply-adds, at
+most SMALL_MAX_BLOCKS output tiles: LeNet-5's fully connected layers up to batch 512) run kernels/linear.cu: the forward is one
+tiled GEMM with the bias and activation in its epilogue, the backward one launch computing dx, dw and db (db as the
+bias column of dw), g = dout * act'(y + b) formed while the tiles load. That is 1 launch instead of 2-3 forward and
+1 instead of 4-6 backward (cuBLAS adds a split-K reduction kernel to most of these shapes), which is most of the
+time of a small layer on a GPU.
+
+Larger layers go through cuBLAS: the GEMM writes y^T = W @ x^T as [F, M]; the convolution's epilogue kernels
+(kernels/conv.cu, bias_act_* with N = M rows, O = F features, P = 1) then transpose it to [M, F] adding the bias and
+applying the activation in one pass, and in backward turn dout into g^T = (dout * act'(y + b))^T, from which
+dW = g^T @ x, dx = (g^T)^T @ W and db = the row sums of g^T.
 """
 from dataclasses import dataclass
 
 from . import cupy
-from ._common import check_array, check_dtype, i32, i64, launch, ptr
+from ._common import check_array, check_dtype, contiguous, get, i32, i64, launch, ptr
 from .blas import gemm, sum_rows
 from .conv import ACTIVATIONS, check_affine
+
+# the small-layer kernels' limits; tests set them to 0 to compare the cuBLAS path on the same inputs
+SMALL_MAX_L = 2048
+SMALL_MAX_MACS = 1 << 25
+SMALL_MAX_BLOCKS = 1024   # LeNet-5's first layer backward at batch 512 has 648
+_TILE = 16            # output tile side of kernels/linear.cu (ST_LT)
+_THREADS = 256
+_FITS32 = 1 << 31
 
 
 @dataclass
 class LinearSaved:
-    """x [M, K], weight [F, K] (references), bias, yT [F, M] (the GEMM result, kept when an activation needs it)."""
+    """x [M, K], weight [F, K] (references), bias, y [M, F]: x @ W^T before the bias, kept when an activation needs
+    it (a transposed view of the cuBLAS path's [F, M] result, or the small kernel's own [M, F])."""
     x: object
     weight: object
     bias: object
-    yT: object
+    y: object
     activation: object
+
+
+def _small(reduction, blocks, m, k, f):
+    """Whether kernels/linear.cu takes a direction whose longest reduction is `reduction` and whose grid has
+    `blocks` tiles (see the docstring). A block's four groups split the reduction, so a short reduction over many
+    tiles (MnistCnn's Linear(18432, 10) backward: 10 long, 5,761 tiles) leaves most threads idle: cuBLAS then."""
+    return (0 < reduction <= SMALL_MAX_L and m * k * f <= SMALL_MAX_MACS and m > 0 and k > 0 and f > 0
+            and blocks <= SMALL_MAX_BLOCKS and (m + 1) * (k + 1) < _FITS32 and m * f < _FITS32
+            and f * (k + 1) < _FITS32)
+
+
+def _tiles(rows, cols):
+    return -(-rows // _TILE) * -(-cols // _TILE)
 
 
 def linear_act_forward(x, w, b=None, activation=None):
@@ -33,12 +62,21 @@ def linear_act_forward(x, w, b=None, activation=None):
     if w.shape[1] != k or (b is not None and b.shape[0] != f):
         raise RuntimeError(f"{op}: expected weight [F, {k}] and bias [F], got weight {list(w.shape)}"
                            f"{'' if b is None else f' and bias {list(b.shape)}'}")
+    act = ACTIVATIONS[activation]
+    cp = cupy()
     with x.device:
-        yT = gemm(w, x.T)
-        out = cupy().empty((m, f), dtype=x.dtype)
-        launch("conv", "bias_act_fwd", x.dtype, out.size, (yT, ptr(b), out, i64(m), i64(f), i64(1),
-                                                         i32(ACTIVATIONS[activation])))
-    return out, LinearSaved(x, w, b, yT if activation else None, activation)
+        if _small(k, _tiles(m, f), m, k, f):
+            x, w = contiguous(x), contiguous(w)
+            out = cp.empty((m, f), dtype=x.dtype)
+            y = cp.empty((m, f), dtype=x.dtype) if act else None
+            get("linear", "linear_fwd", x.dtype)((_tiles(m, f),), (_THREADS,), (x, w, ptr(b), out, ptr(y), i32(m),
+                                                                               i32(k), i32(f), i32(act)))
+        else:
+            yT = gemm(w, x.T)
+            out = cp.empty((m, f), dtype=x.dtype)
+            launch("conv", "bias_act_fwd", x.dtype, out.size, (yT, ptr(b), out, i64(m), i64(f), i64(1), i32(act)))
+            y = yT.T if act else None
+    return out, LinearSaved(x, w, b, y, activation)
 
 
 def linear_act_backward(dout, saved, needs=(True, True, True)):
@@ -50,12 +88,41 @@ def linear_act_backward(dout, saved, needs=(True, True, True)):
     if tuple(dout.shape) != (m, f):
         raise RuntimeError(f"{op}: expected grad_output of shape {[m, f]}, got {list(dout.shape)}")
     check_dtype(op, "grad_output", dout, x.dtype)
+    need_x, need_w = needs[0], needs[1]
+    need_b = len(needs) > 2 and needs[2] and saved.bias is not None
+    act = ACTIVATIONS[saved.activation]
+    cp = cupy()
     with dout.device:
-        dout = cupy().ascontiguousarray(dout)
-        gT = cupy().empty((f, m), dtype=x.dtype)
-        launch("conv", "bias_act_bwd", x.dtype, gT.size, (dout, ptr(saved.yT), ptr(saved.bias), gT, i64(m), i64(f),
-                                                         i64(1), i32(ACTIVATIONS[saved.activation])))
-        dx = gemm(gT.T, w) if needs[0] else None
-        dw = gemm(gT, x) if needs[1] else None
-        db = sum_rows(gT, 1) if len(needs) > 2 and needs[2] and saved.bias is not None else None
+        dout = contiguous(dout)
+        k = x.shape[1]
+        if _small(max(m, f), _tiles(m, k) + _tiles(f, k + 1), m, k, f):
+            return _small_backward(dout, saved, m, k, f, need_x, need_w, need_b, act)
+        y = saved.y
+        gT = cp.empty((f, m), dtype=x.dtype)
+        launch("conv", "bias_act_bwd", x.dtype, gT.size, (dout, ptr(None if y is None else contiguous(y.T)),
+                                                         ptr(saved.bias), gT, i64(m), i64(f), i64(1), i32(act)))
+        dx = gemm(gT.T, w) if need_x else None
+        dw = gemm(gT, x) if need_w else None
+        db = sum_rows(gT, 1) if need_b else None
+    return dx, dw, db
+
+
+def _small_backward(dout, saved, m, k, f, need_x, need_w, need_b, act):
+    """dx, dw, db in one launch of linear_bwd (blocks for dx tiles first, then dw tiles with db as column K)."""
+    cp = cupy()
+    x, w, y = saved.x, saved.weight, saved.y
+    dx = cp.empty((m, k), dtype=x.dtype) if need_x else None
+    dw = cp.empty((f, k), dtype=x.dtype) if need_w else None
+    db = cp.empty((f,), dtype=x.dtype) if need_b else None
+    blocks_dx = _tiles(m, k) if need_x else 0
+    cols = (k if need_w else 0) + (1 if need_b else 0)
+    blocks = blocks_dx + (_tiles(f, cols) if cols else 0)
+    if blocks == 0:
+        return dx, dw, db
+    item = x.dtype.itemsize
+    ysm, ysf = (y.strides[0] // item, y.strides[1] // item) if y is not None else (0, 0)
+    get("linear", "linear_bwd", x.dtype)((blocks,), (_THREADS,), (dout, ptr(y), ptr(saved.bias), contiguous(x),
+                                                                 contiguous(w), ptr(dx), ptr(dw), ptr(db), i32(m),
+                                                                 i32(k), i32(f), i32(ysm), i32(ysf), i32(act),
+                                                                 i32(blocks_dx)))
     return dx, dw, db

@@ -7,9 +7,14 @@
 //   bias_act_fwd: the GEMM result y [O, N, P] (P = OH*OW) -> out [N, O, P] = act(y + b[o]) (transpose, bias and
 //            activation fused in one pass). bias_act_bwd: dout [N, O, P] -> g [O, N, P] = dout * act'(y + b[o]).
 //   direct_fwd: the whole forward without a cols matrix, for groups == 1 and a small C*KH*KW: one thread per
-//            position and block of OB (8, or 2 for small batches) output channels of out [N, O, OH, OW] = act(sum_k w[o, k] x(...) + b[o]), the
-//            weights in shared memory; with an activation it also writes the sum before bias, y [O, N, P], which
-//            bias_act_bwd reads.
+//            position and block of OB (8, or 2 for small batches) output channels of
+//            out [N, O, OH, OW] = act(sum_k w[o, k] x(...) + b[o]), the weights (and for small batches the image,
+//            see "two layouts" below) in shared memory; with an activation it also writes the sum before bias,
+//            y [O, N, P], which bias_act_bwd reads.
+//   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
+//            and block of CB (8, or 2 for small batches) input channels, dx[n, c, h, w] = sum over (o, i, j) of
+//            g[o, n, oh, ow] * w[o, c, i, j] where oh*sh = h + ph - i*dh and ow*sw = w + pw - j*dw land on an output;
+//            the weights in shared memory as [O*KH*KW][C rounded up to CB]. A gather: no atomics, deterministic.
 //   wgrad_partial / wgrad_reduce: dw [O, C*KH*KW] = g @ cols^T and db [O] = g @ 1 without a cols matrix, g [O, N*P]
 //            the output gradient after the activation's derivative. Each block walks tiles of TQ positions
 //            (n, oh, ow): it builds the tile's cols columns and g columns in shared memory from x and g, and each
@@ -106,47 +111,68 @@ __device__ void bias_act_bwd(const T* __restrict__ dout, const T* __restrict__ y
 }
 
 
+// The direct kernels run in one of two layouts. S == 0: a grid-stride loop over every item of the batch, reading
+// the input (x, or g for dx) from global memory. S >= 1: S blocks per image, each first staging that image's input
+// in shared memory after the weights, then taking every S-th block of the image's items. Staged, the inner loop's
+// loads are shared-memory loads instead of a chain of L1/L2 round trips per tap, which is what a small batch's
+// few threads wait on; the launcher stages whenever the image fits beside the weights.
+
+// The OB channel sums of output position (h0, w0) = (oh*sh - ph, ow*sw - pw) from the image xn [C, H, W] and the
+// weights ws [K][OP] (taps in padding skipped).
+template <typename T, int OB>
+__device__ __forceinline__ void direct_point(const T* xn, const T* ws, int C, int H, int W, int KH, int KW, int OP,
+                                             int h0, int w0, int dh, int dw, int o0, T (&acc)[OB]) {
+#pragma unroll
+    for (int u = 0; u < OB; ++u) acc[u] = T(0);
+    int k = 0;
+    for (int c = 0; c < C; ++c) {
+        const T* plane = xn + c * H * W;
+        for (int i = 0; i < KH; ++i) {
+            const int ih = h0 + i * dh;
+            if (ih < 0 || ih >= H) { k += KW; continue; }
+            const T* row = plane + ih * W;
+            for (int j = 0; j < KW; ++j, ++k) {
+                const int iw = w0 + j * dw;
+                if (iw < 0 || iw >= W) continue;
+                const T xv = row[iw];
+                const T* wk = ws + k * OP + o0;
+#pragma unroll
+                for (int u = 0; u < OB; ++u) acc[u] += wk[u] * xv;
+            }
+        }
+    }
+}
+
 // OB output channels per thread in direct_fwd: each x value loaded serves OB of them (8; 2 when a batch is small
 // and 8 would leave too few threads to hide the loads' latency)
 template <typename T, int OB>
 __device__ void direct_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                            T* __restrict__ out, T* __restrict__ y, int N, int C, int H, int W, int O, int KH, int KW,
-                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int act) {
+                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int act, int S) {
     // the weights in shared memory as [K][OP] (OP = O rounded up to OB, zero-padded), so that a thread's OB
     // channels of one tap are adjacent and every lane of a warp reads the same ones (a broadcast)
     extern __shared__ unsigned char st_smem[];
     T* ws = reinterpret_cast<T*>(st_smem);
-    const int P = OH * OW, K = C * KH * KW, NB = (O + OB - 1) / OB, OP = NB * OB;
+    const int P = OH * OW, K = C * KH * KW, NB = (O + OB - 1) / OB, OP = NB * OB, CHW = C * H * W;
     for (int e = threadIdx.x; e < K * OP; e += blockDim.x) {
         const int k = e / OP, o = e - k * OP;
         ws[e] = o < O ? w[o * K + k] : T(0);
     }
+    T* xs = ws + K * OP;
+    const int n_staged = S > 0 ? blockIdx.x / S : 0;
+    if (S > 0)
+        for (int e = threadIdx.x; e < CHW; e += blockDim.x) xs[e] = x[n_staged * CHW + e];
     __syncthreads();
     // one thread per (n, channel block, position), positions fastest: loads of x and stores stay coalesced
-    GRID_STRIDE_I(int, t, N * NB * P) {
-        const int p = t % P, nb = t / P, ob = nb % NB, n = nb / NB, oh = p / OW, ow = p - oh * OW;
+    const int items = S > 0 ? NB * P : N * NB * P;
+    const int first = S > 0 ? (blockIdx.x % S) * blockDim.x + threadIdx.x : blockIdx.x * blockDim.x + threadIdx.x;
+    const int step = S > 0 ? S * blockDim.x : gridDim.x * blockDim.x;
+    for (int t = first; t < items; t += step) {
+        const int p = t % P, nb = t / P, ob = nb % NB, n = S > 0 ? n_staged : nb / NB, oh = p / OW, ow = p - oh * OW;
         const int h0 = oh * sh - ph, w0 = ow * sw - pw, o0 = ob * OB;
-        const T* xn = x + n * C * H * W;
         T acc[OB];
-#pragma unroll
-        for (int u = 0; u < OB; ++u) acc[u] = T(0);
-        int k = 0;
-        for (int c = 0; c < C; ++c) {
-            const T* plane = xn + c * H * W;
-            for (int i = 0; i < KH; ++i) {
-                const int ih = h0 + i * dh;
-                if (ih < 0 || ih >= H) { k += KW; continue; }
-                const T* row = plane + ih * W;
-                for (int j = 0; j < KW; ++j, ++k) {
-                    const int iw = w0 + j * dw;
-                    if (iw < 0 || iw >= W) continue;
-                    const T xv = row[iw];
-                    const T* wk = ws + k * OP + o0;
-#pragma unroll
-                    for (int u = 0; u < OB; ++u) acc[u] += wk[u] * xv;
-                }
-            }
-        }
+        if (S > 0) direct_point<T, OB>(xs, ws, C, H, W, KH, KW, OP, h0, w0, dh, dw, o0, acc);
+        else direct_point<T, OB>(x + n * CHW, ws, C, H, W, KH, KW, OP, h0, w0, dh, dw, o0, acc);
 #pragma unroll
         for (int u = 0; u < OB; ++u) {
             const int o = o0 + u;
@@ -155,6 +181,77 @@ __device__ void direct_fwd(const T* __restrict__ x, const T* __restrict__ w, con
             if (y != nullptr) y[(o * N + n) * P + p] = v;
             if (b != nullptr) v += b[o];
             out[(n * O + o) * P + p] = act_fwd(v, act);
+        }
+    }
+}
+
+// The CB channel sums of dx at input position (ih, iw) from gn (g of one image: element (o, oh, ow) at
+// gn[o*gstride + oh*OW + ow]) and the weights ws [O*KH*KW][CP].
+template <typename T, int CB>
+__device__ __forceinline__ void direct_dx_point(const T* gn, int gstride, const T* ws, int O, int KH, int KW,
+                                                int OH, int OW, int CP, int ih, int iw, int sh, int sw, int ph,
+                                                int pw, int dh, int dw, int c0, T (&acc)[CB]) {
+    const int KK = KH * KW;
+#pragma unroll
+    for (int u = 0; u < CB; ++u) acc[u] = T(0);
+    for (int i = 0; i < KH; ++i) {
+        const int hp = ih + ph - i * dh;
+        if (hp < 0 || hp % sh != 0) continue;
+        const int oh = hp / sh;
+        if (oh >= OH) continue;
+        for (int j = 0; j < KW; ++j) {
+            const int wp = iw + pw - j * dw;
+            if (wp < 0 || wp % sw != 0) continue;
+            const int ow = wp / sw;
+            if (ow >= OW) continue;
+            const T* gq = gn + oh * OW + ow;
+            const T* wk = ws + (i * KW + j) * CP + c0;
+            for (int o = 0; o < O; ++o, gq += gstride, wk += KK * CP) {
+                const T gv = *gq;
+#pragma unroll
+                for (int u = 0; u < CB; ++u) acc[u] += wk[u] * gv;
+            }
+        }
+    }
+}
+
+template <typename T, int CB>
+__device__ void direct_dx(const T* __restrict__ g, const T* __restrict__ w, T* __restrict__ dx, int N, int C, int H,
+                          int W, int O, int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh,
+                          int dw, int S) {
+    extern __shared__ unsigned char st_smem[];
+    T* ws = reinterpret_cast<T*>(st_smem);
+    const int KK = KH * KW, NB = (C + CB - 1) / CB, CP = NB * CB, HW = H * W, P = OH * OW, NP = N * P;
+    for (int e = threadIdx.x; e < O * KK * CP; e += blockDim.x) {
+        const int ok = e / CP, c = e - ok * CP, o = ok / KK, r = ok - o * KK;
+        ws[e] = c < C ? w[(o * C + c) * KK + r] : T(0);
+    }
+    T* gs = ws + O * KK * CP;   // staged: the image's g as [O][P]
+    const int n_staged = S > 0 ? blockIdx.x / S : 0;
+    if (S > 0)
+        for (int e = threadIdx.x; e < O * P; e += blockDim.x) {
+            const int o = e / P;
+            gs[e] = g[o * NP + n_staged * P + (e - o * P)];
+        }
+    __syncthreads();
+    // one thread per (n, channel block, h, w), positions fastest: the g loads of a warp are mostly adjacent
+    const int items = S > 0 ? NB * HW : N * NB * HW;
+    const int first = S > 0 ? (blockIdx.x % S) * blockDim.x + threadIdx.x : blockIdx.x * blockDim.x + threadIdx.x;
+    const int step = S > 0 ? S * blockDim.x : gridDim.x * blockDim.x;
+    for (int t = first; t < items; t += step) {
+        const int hw = t % HW, nb = t / HW, cb = nb % NB, n = S > 0 ? n_staged : nb / NB, ih = hw / W;
+        const int iw = hw - ih * W;
+        T acc[CB];
+        if (S > 0)
+            direct_dx_point<T, CB>(gs, P, ws, O, KH, KW, OH, OW, CP, ih, iw, sh, sw, ph, pw, dh, dw, cb * CB, acc);
+        else
+            direct_dx_point<T, CB>(g + n * P, NP, ws, O, KH, KW, OH, OW, CP, ih, iw, sh, sw, ph, pw, dh, dw, cb * CB,
+                                   acc);
+        T* out = dx + (n * C + cb * CB) * HW + hw;
+#pragma unroll
+        for (int u = 0; u < CB; ++u) {
+            if (cb * CB + u >= C) break;
+            out[u * HW] = acc[u];
         }
     }
 }
@@ -253,8 +350,16 @@ __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, 
 #define ST_DIRECT(T, S, OB)                                                                                        \
     extern "C" __global__ void direct_fwd_ob##OB##_##S(const T* x, const T* w, const T* b, T* out, T* y, int N,    \
                                                        int C, int H, int W, int O, int KH, int KW, int OH, int OW, \
-                                                       int sh, int sw, int ph, int pw, int dh, int dw, int act) {  \
-        direct_fwd<T, OB>(x, w, b, out, y, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);            \
+                                                       int sh, int sw, int ph, int pw, int dh, int dw, int act,    \
+                                                       int S) {                                                    \
+        direct_fwd<T, OB>(x, w, b, out, y, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act, S);         \
+    }
+
+#define ST_DIRECT_DX(T, S, CB)                                                                                     \
+    extern "C" __global__ void direct_dx_cb##CB##_##S(const T* g, const T* w, T* dx, int N, int C, int H, int W,    \
+                                                      int O, int KH, int KW, int OH, int OW, int sh, int sw,       \
+                                                      int ph, int pw, int dh, int dw, int S) {                     \
+        direct_dx<T, CB>(g, w, dx, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, S);                      \
     }
 
 #define ST_WGRAD(T, S, R)                                                                                          \
@@ -289,7 +394,7 @@ __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, 
         if (st_fits32(N * O * P)) bias_act_bwd<T, int>(dout, y, b, g, N, O, P, act);                               \
         else bias_act_bwd<T, i64>(dout, y, b, g, N, O, P, act);                                                    \
     }                                                                                                              \
-    ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8)                                                                          \
+    ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8) ST_DIRECT_DX(T, S, 2) ST_DIRECT_DX(T, S, 8)                              \
     extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
         wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
     }                                                                                                              \
@@ -299,3 +404,4 @@ ST_CONV(double, f64)
 #undef ST_CONV
 #undef ST_WGRAD
 #undef ST_DIRECT
+#undef ST_DIRECT_DX
