@@ -10,6 +10,7 @@ import numpy as np
 from ..autograd.function import Function
 from ..backend import cpu
 from ..backend.cuda import conv as cuda_conv
+from ..backend.cuda import pool as cuda_pool
 from ._util import check_same_device, xp_of
 
 
@@ -187,3 +188,53 @@ def conv2d_act(input, weight, bias=None, stride=1, padding=0, dilation=1, groups
     stride, pads, dilation, groups = _check(input.array, weight.array, None if bias is None else bias.array,
                                             stride, padding, dilation, groups)
     return Conv2d.apply(input, weight, bias, stride, pads, dilation, groups, activation)
+
+
+class Conv2dActPool(Function):
+    """max_pool2d(activation(conv2d(x))) on CUDA: the convolution kernels, then the pooling kernel; backward one
+    kernel for the pooling's gradient times the activation's derivative (backend/cuda/pool.py) feeding the
+    convolution's gradient kernels directly. The activated, unpooled output is not kept."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, stride, pads, dilation, groups, activation, pool):
+        k, s, p, d, ceil_mode = pool
+        out, ctx.conv_saved = cuda_conv.conv2d_forward(
+            input.array, weight.array, None if bias is None else bias.array, stride, pads, dilation, groups,
+            activation=activation, needs_input_grad=ctx.needs_input_grad[:3])
+        pooled, _, ctx.pool_saved = cuda_pool.max_pool2d_forward(out, k, s, p, d, ceil_mode)
+        return pooled
+
+    @staticmethod
+    def backward(ctx, dout):
+        saved = ctx.conv_saved
+        g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
+        return cuda_conv.conv2d_backward(None, saved, g=g)
+
+
+class _Shape:
+    """What the pooling's geometry checks read of an input: its shape (the convolution's output, not made yet)."""
+
+    def __init__(self, shape):
+        self.shape, self.ndim = tuple(shape), len(shape)
+
+
+def conv2d_act_pool(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None,  # noqa: A002
+                    kernel_size=2, pool_stride=None, pool_padding=0, pool_dilation=1, ceil_mode=False):
+    """max_pool2d(activation(conv2d(input, ...)), kernel_size, pool_stride, ...): fused on CUDA for a batched float
+    input (Conv2dActPool), composed of the separate ops otherwise. Every argument is checked before a kernel runs."""
+    from .pool import _geometry, max_pool2d
+    x = input.array
+    if not input.is_cuda or x.ndim != 4 or x.dtype.kind != "f":
+        return max_pool2d(conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation),
+                          kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)
+    check_same_device("conv2d", input, weight, bias)
+    stride, pads, dilation, groups = _check(x, weight.array, None if bias is None else bias.array, stride, padding,
+                                            dilation, groups)
+    o, _, kh, kw = weight.array.shape
+    out_hw = tuple((size + p0 + p1 - d * (k - 1) - 1) // s + 1 for size, p0, p1, d, k, s in
+                   ((x.shape[2], pads[0], pads[1], dilation[0], kh, stride[0]),
+                    (x.shape[3], pads[2], pads[3], dilation[1], kw, stride[1])))
+    k, s, p, d, _ = _geometry("max_pool2d", _Shape((x.shape[0], o) + out_hw), kernel_size, pool_stride,
+                              pool_padding, pool_dilation, ceil_mode)
+    return Conv2dActPool.apply(input, weight, bias, stride, pads, dilation, groups, activation,
+                               (k, s, p, d, bool(ceil_mode)))

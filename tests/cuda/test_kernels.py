@@ -253,6 +253,34 @@ def test_avg_pool2d(case, dtype, rng):
     assert_close(ops.avg_pool2d_backward(g(dout), saved), tx.grad, ref.tol(dtype), name="avg_pool2d dx")
 
 
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_conv_act_pool_backward(activation, dtype, rng):
+    """max_pool2d_backward_act (the pooling's gradient times the activation's derivative, in the convolution's
+    [O, N*P] layout) then conv2d_backward from that g: the gradients of pool(act(conv(x)))."""
+    x = rng.standard_normal((3, 2, 9, 10)).astype(dtype)
+    w = (rng.standard_normal((5, 2, 3, 3)) * 0.5).astype(dtype)
+    b = rng.standard_normal(5).astype(dtype)
+    out, csaved = ops.conv2d_forward(g(x), g(w), g(b), 1, 1, 1, 1, activation)
+    pooled, _, psaved = ops.max_pool2d_forward(out, 3, 2, 1)
+    dpool = rng.standard_normal(pooled.shape).astype(dtype)
+    gact = ops.max_pool2d_backward_act(g(dpool), psaved, csaved.y, csaved.bias, activation)
+    dx, dw, db = ops.conv2d_backward(None, csaved, g=gact)
+    pre, _ = ref.conv2d(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    dout = ops.max_pool2d_backward(g(dpool), psaved).get()   # checked against torch in test_max_pool2d
+    dpre = ref.act_grad(dout, pre, activation)
+    tol = ref.tol(dtype)
+    assert gact.shape == (5, 3 * 90)
+    assert_close(gact, dpre.transpose(1, 0, 2, 3).reshape(5, -1), tol, name="g")
+    rdx, rdw, rdb = ref.conv2d_grads(x, w, dpre, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    for name, got, want in (("dx", dx, rdx), ("dw", dw, rdw), ("db", db, rdb)):
+        assert_close(got, want, tol, name=name)
+    with pytest.raises(RuntimeError, match=r"y of shape \[5, 270\]"):
+        ops.max_pool2d_backward_act(g(dpool), psaved, cp.zeros((5, 9), dtype), csaved.bias, "relu")
+    with pytest.raises(RuntimeError, match=r"g of shape \[5, 270\]"):
+        ops.conv2d_backward(None, csaved, g=gact[:, :9])
+
+
 @pytest.mark.parametrize("kwargs, exc, msg", [
     ({"kernel_size": 3, "padding": 2}, RuntimeError, "half of effective kernel size"),
     ({"kernel_size": 0}, RuntimeError, "kernel_size"),

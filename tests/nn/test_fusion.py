@@ -1,11 +1,12 @@
-"""Layer + activation fusion (nn/fusion.py): fused Linear/Conv2d + ReLU/GELU equals the unfused layers."""
+"""Layer + activation fusion (nn/fusion.py): fused Linear/Conv2d + ReLU/GELU (+ MaxPool2d) equals the unfused
+layers."""
 import numpy as np
 import pytest
 
 import smalltrain as st
 from smalltrain import nn
 from smalltrain.nn import functional as F
-from smalltrain.nn.fusion import fusable, layer_act
+from smalltrain.nn.fusion import fusable, layer_act, layer_act_pool, pool_fusable
 
 cuda = pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
 ACTS = [None, "relu", "gelu", "gelu_tanh"]
@@ -75,3 +76,59 @@ def test_fusable_pairs():
     assert fusable(nn.Linear(2, 2), nn.ReLU()) and fusable(nn.Conv2d(1, 1, 1), nn.GELU(approximate="tanh"))
     assert not fusable(nn.Linear(2, 2), nn.SiLU()) and not fusable(nn.MaxPool2d(2), nn.ReLU())
     assert not fusable(nn.Conv2d(1, 1, 3, padding=1, padding_mode="reflect"), nn.ReLU())
+
+
+POOLS = [  # tiling, overlapping + padded, dilated, a partial window
+    {"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1}, {"kernel_size": 2, "stride": 1, "dilation": 2},
+    {"kernel_size": 3, "stride": 2, "ceil_mode": True}]
+
+
+def _conv_pool(pool_kwargs):
+    st.manual_seed(0)
+    return nn.Conv2d(3, 4, 3, padding=1), nn.MaxPool2d(**pool_kwargs)
+
+
+@pytest.mark.parametrize("pool_kwargs", POOLS)
+def test_cpu_conv_act_pool_composes_the_unfused_ops(pool_kwargs):
+    conv, pool = _conv_pool(pool_kwargs)
+    x = st.randn(2, 3, 9, 8)
+    a = _grads(conv, x, lambda m, v: layer_act_pool(m, v, "gelu", pool))
+    b = _grads(conv, x, lambda m, v: pool(_unfused(m, v, "gelu")))
+    for u, v in zip(a, b):
+        assert np.array_equal(u, v)
+
+
+@cuda
+@pytest.mark.parametrize("pool_kwargs", POOLS)
+@pytest.mark.parametrize("act", ACTS)
+def test_cuda_conv_act_pool_equals_unfused(act, pool_kwargs):
+    conv, pool = _conv_pool(pool_kwargs)
+    conv = conv.to("cuda")
+    x = st.randn(2, 3, 9, 8).to("cuda")
+    fused = _grads(conv, x, lambda m, v: layer_act_pool(m, v, act, pool))
+    plain = _grads(conv, x, lambda m, v: pool(_unfused(m, v, act)))
+    for name, u, v in zip(["out", "dx", "dw", "db"], fused, plain):
+        assert u.shape == v.shape, name
+        err = np.abs(u - v).max() / max(np.abs(v).max(), 1e-30)
+        assert err <= 1e-6, f"{act} {pool_kwargs} {name}: {err:.2e}"
+
+
+@cuda
+def test_sequential_fuses_conv_act_pool_unless_the_pool_is_hooked():
+    st.manual_seed(0)
+    seq = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()).to("cuda")
+    x = st.randn(3, 1, 8, 8).to("cuda")
+    fused = seq[:3](x)
+    assert "Conv2dActPool" in type(fused.grad_fn).__name__ + fused.grad_fn.name()
+    seen = []
+    seq[2].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    hooked = seq[:3](x)
+    assert seen == [(3, 2, 3, 3)] and "MaxPool" in type(hooked.grad_fn).__name__ + hooked.grad_fn.name()
+    np.testing.assert_allclose(hooked.detach().cpu().numpy(), fused.detach().cpu().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_pool_fusable():
+    assert pool_fusable(nn.Conv2d(1, 1, 3), nn.GELU(), nn.MaxPool2d(2))
+    assert not pool_fusable(nn.Conv2d(1, 1, 3), nn.GELU(), nn.MaxPool2d(2, return_indices=True))
+    assert not pool_fusable(nn.Conv2d(1, 1, 3), nn.GELU(), nn.AvgPool2d(2))
+    assert not pool_fusable(nn.Linear(2, 2), nn.ReLU(), nn.MaxPool2d(2))

@@ -11,7 +11,8 @@ import operator
 from dataclasses import dataclass
 
 from . import cupy
-from ._common import check_array, check_dtype, check_float, contiguous, get, i32, i64, launch, pair, ptr, same_device
+from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, get, i32, i64, launch, pair,
+                      ptr, same_device)
 from .blas import gemm, sum_rows
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
@@ -300,8 +301,10 @@ def _weight_grad(x, g, saved, with_bias):
     return dw, db
 
 
-def conv2d_backward(dout, saved):
-    """Gradients of conv2d_forward's output: dout [N, O, OH, OW] -> (dx, dw, db).
+def conv2d_backward(dout, saved, g=None):
+    """Gradients of conv2d_forward's output: dout [N, O, OH, OW] -> (dx, dw, db); or, with dout None, from g
+    [O, N*OH*OW], the gradient after the activation's derivative, already in the kernels' layout (a fused
+    pooling's backward computes it: pool.max_pool2d_backward_act).
 
     Each is None where saved.needs says it is not needed (db also when there was no bias). The activation's
     derivative is applied first (fused with the [N, O] -> [O, N] transpose), then db = sum over N, OH, OW,
@@ -313,21 +316,31 @@ def conv2d_backward(dout, saved):
     w = saved.weight
     o, cg, kh, kw = w.shape
     k = cg * kh * kw
-    check_array(op, "grad_output", dout, 4)
-    expected = (n, o) + tuple(saved.out_hw)
-    if tuple(dout.shape) != expected:
-        raise RuntimeError(f"{op}: expected grad_output of shape {list(expected)}, got {list(dout.shape)}")
+    g_, p = saved.groups, saved.out_hw[0] * saved.out_hw[1]
     dtype = w.dtype
-    check_dtype(op, "grad_output", dout, dtype)
-    same_device(op, dout, w)
+    if dout is None:
+        check_array(op, "g", g, 2)
+        check_shape(op, "g", g, (o, n * p))
+        check_dtype(op, "g", g, dtype)
+        if not g.flags.c_contiguous:
+            raise RuntimeError(f"{op}: expected a C-contiguous g, got strides {list(g.strides)}")
+        given = g
+    else:
+        check_array(op, "grad_output", dout, 4)
+        expected = (n, o) + tuple(saved.out_hw)
+        if tuple(dout.shape) != expected:
+            raise RuntimeError(f"{op}: expected grad_output of shape {list(expected)}, got {list(dout.shape)}")
+        check_dtype(op, "grad_output", dout, dtype)
+        given = dout
+    same_device(op, given, w)
     cp = cupy()
     need_x, need_w, need_b = saved.needs
-    g_, p = saved.groups, saved.out_hw[0] * saved.out_hw[1]
-    with dout.device:
-        dout = contiguous(dout)
-        g = cp.empty((o, n * p), dtype=dtype)
-        launch("conv", "bias_act_bwd", dtype, g.size, (dout, ptr(saved.y), ptr(saved.bias), g, i64(n), i64(o),
-                                                       i64(p), i32(ACTIVATIONS[saved.activation])))
+    with given.device:
+        if dout is not None:
+            dout = contiguous(dout)
+            g = cp.empty((o, n * p), dtype=dtype)
+            launch("conv", "bias_act_bwd", dtype, g.size, (dout, ptr(saved.y), ptr(saved.bias), g, i64(n), i64(o),
+                                                           i64(p), i32(ACTIVATIONS[saved.activation])))
         want_b = need_b and saved.bias is not None
         dw = dx = None
         if need_w and saved.x is not None:   # the direct path: dw and db from x in one kernel and its reduction

@@ -5,7 +5,8 @@ import operator
 import numpy as np
 
 from . import cupy
-from ._common import check_array, check_dtype, check_float, contiguous, i32, i64, launch, pair
+from ._common import check_array, check_dtype, check_float, contiguous, i32, i64, launch, pair, ptr
+from .conv import ACTIVATIONS
 
 
 def pool_output_size(size, kernel, pad, stride, dilation, ceil_mode):
@@ -94,6 +95,38 @@ def max_pool2d_backward(dout, saved):
         launch("pool", "max_pool2d_bwd", dtype, dx.size,
                (dout, idx, dx) + _args(b, h, w, out_hw, kernel, stride, pad) + (i64(dil[0]), i64(dil[1])))
     return dx
+
+
+def max_pool2d_backward_act(dout, saved, y, bias, activation):
+    """The output gradient of a convolution + activation whose output this pooling read (saved from
+    max_pool2d_forward on its [N, C, H, W] output): g [C, N*H*W] = max_pool2d_backward(dout) * act'(y + bias), y
+    [C, N*H*W] the convolution's sum before the bias (None without an activation). One kernel for what is
+    otherwise the pooling's backward and the convolution's bias_act_bwd (backend/cuda/conv.py takes g as is)."""
+    op = "max_pool2d_backward_act"
+    idx, x_shape, dtype, (kernel, stride, pad, dil, out_hw) = saved
+    _check_grad(op, dout, x_shape, out_hw, dtype, idx.device.id)
+    if len(x_shape) != 4:
+        raise RuntimeError(f"{op}: expected the pooling of a batched [N, C, H, W] input, got input {list(x_shape)}")
+    n, c, h, w = x_shape
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    if activation is not None:
+        check_array(op, "y", y, 2)
+        check_dtype(op, "y", y, dtype)
+        if tuple(y.shape) != (c, n * h * w) or not y.flags.c_contiguous:
+            raise RuntimeError(f"{op}: expected a C-contiguous y of shape {[c, n * h * w]}, got {list(y.shape)}")
+    if bias is not None and (tuple(bias.shape) != (c,) or bias.dtype != dtype):
+        raise RuntimeError(f"{op}: expected a {np.dtype(dtype)} bias of shape [{c}], got {bias.dtype} "
+                           f"{list(bias.shape)}")
+    cp = cupy()
+    with idx.device:
+        dout = contiguous(dout)
+        g = cp.empty((c, n * h * w), dtype=dtype)
+        launch("pool", "max_pool2d_bwd_act", dtype, g.size,
+               (dout, idx, g, ptr(y), ptr(bias), i64(n * c), i64(c), i64(h), i64(w), i64(out_hw[0]),
+                i64(out_hw[1]), i64(kernel[0]), i64(kernel[1]), i64(stride[0]), i64(stride[1]), i64(pad[0]),
+                i64(pad[1]), i64(dil[0]), i64(dil[1]), i32(ACTIVATIONS[activation])))
+    return g
 
 
 def _avg_options(op, count_include_pad, divisor_override):

@@ -81,14 +81,19 @@ class Sequential(Module):
         return [k for k in super().__dir__() if not k.isdigit()]
 
     def forward(self, input):
-        # a Linear/Conv2d directly followed by ReLU/GELU runs fused on CUDA (see nn/fusion.py)
+        # a Linear/Conv2d directly followed by ReLU/GELU (and a Conv2d's by MaxPool2d) runs fused on CUDA (see
+        # nn/fusion.py)
         from ...tensor import Tensor
-        from ..fusion import activation_name, fusable, layer_act
+        from ..fusion import activation_name, fusable, layer_act, layer_act_pool, pool_fusable
         modules = list(self._modules.values())
         i = 0
         while i < len(modules):
             m = modules[i]
-            if i + 1 < len(modules) and isinstance(input, Tensor) and input.is_cuda and fusable(m, modules[i + 1]):
+            cuda = isinstance(input, Tensor) and input.is_cuda
+            if cuda and i + 2 < len(modules) and input.ndim == 4 and pool_fusable(m, modules[i + 1], modules[i + 2]):
+                input = layer_act_pool(m, input, activation_name(modules[i + 1]), modules[i + 2])
+                i += 3
+            elif cuda and i + 1 < len(modules) and fusable(m, modules[i + 1]):
                 input = layer_act(m, input, activation_name(modules[i + 1]))
                 i += 2
             else:

@@ -5,6 +5,8 @@
 //                   maximum in row-major window order (the last NaN), int64 as torch returns them.
 //   max_pool2d_bwd: dx[b, ih, iw] = sum of dout over the outputs whose index is ih*W + iw. One thread per input
 //                   element gathers from the outputs whose window can hold it: deterministic, no atomics.
+//   max_pool2d_bwd_act: the same gather, times the derivative of the activation before the pooling, written in the
+//                   [C, N, H*W] layout of a convolution's output gradient (conv + activation + pool fused).
 //   avg_pool2d_fwd: sum over the window clipped to the input, divided by divisor_override if > 0, else by the
 //                   window size clipped to the padded input (count_include_pad) or to the input.
 //   avg_pool2d_bwd: the same divisors, gathered per input element.
@@ -36,9 +38,13 @@ __device__ void max_pool_fwd(const T* __restrict__ x, T* __restrict__ out, i64* 
     }
 }
 
+// With C > 0 the result is a convolution's output gradient instead (max_pool2d_bwd_act): the B = N*C planes are
+// (n, c), and g [C, N, H*W] = dx * act'(y + bias[c]) with y [C, N, H*W] the convolution's sum before its bias (the
+// layout conv2d_backward takes; kernels/conv.cu). That fuses the pooling's backward with the activation's.
 template <typename T, typename I>
 __device__ void max_pool_bwd(const T* __restrict__ dout, const i64* __restrict__ idx, T* __restrict__ dx, I B, I H,
-                             I W, I OH, I OW, I kh, I kw, I sh, I sw, I ph, I pw, I dh, I dw) {
+                             I W, I OH, I OW, I kh, I kw, I sh, I sw, I ph, I pw, I dh, I dw, I C = 0,
+                             const T* __restrict__ y = nullptr, const T* __restrict__ bias = nullptr, int act = 0) {
     const I ext_h = (kh - 1) * dh + 1, ext_w = (kw - 1) * dw + 1;
     GRID_STRIDE_I(I, t, B * H * W) {
         const I iw = t % W, ih = (t / W) % H, b = t / (H * W);
@@ -50,7 +56,17 @@ __device__ void max_pool_bwd(const T* __restrict__ dout, const i64* __restrict__
         for (I oh = oh0; oh < oh1; ++oh)
             for (I ow = ow0; ow < ow1; ++ow)
                 if (idx[base + oh * OW + ow] == target) acc += dout[base + oh * OW + ow];
-        dx[t] = acc;
+        if (C == 0) {
+            dx[t] = acc;
+        } else {
+            const I n = b / C, c = b - n * C, o = (c * (B / C) + n) * (H * W) + target;
+            if (act != ST_ACT_NONE) {
+                T v = y[o];
+                if (bias != nullptr) v += bias[c];
+                acc = act_bwd(acc, v, act);
+            }
+            dx[o] = acc;
+        }
     }
 }
 
@@ -130,6 +146,14 @@ __device__ void avg_pool_bwd(const T* __restrict__ dout, T* __restrict__ dx, i64
             max_pool_bwd<T, int>(dout, idx, dx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                    \
         else                                                                                                         \
             max_pool_bwd<T, i64>(dout, idx, dx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                    \
+    }                                                                                                                \
+    extern "C" __global__ void max_pool2d_bwd_act_##S(const T* dout, const i64* idx, T* g, const T* y, const T* bias, \
+                                                      i64 B, i64 C, i64 H, i64 W, i64 OH, i64 OW, i64 kh, i64 kw,    \
+                                                      i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw, int act) {     \
+        if (st_fits32(B * H * W, B * OH * OW))                                                                       \
+            max_pool_bwd<T, int>(dout, idx, g, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, C, y, bias, act);    \
+        else                                                                                                         \
+            max_pool_bwd<T, i64>(dout, idx, g, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, C, y, bias, act);    \
     }                                                                                                                \
     extern "C" __global__ void avg_pool2d_fwd_##S(const T* x, T* out, i64 B, i64 H, i64 W, i64 OH, i64 OW, i64 kh,   \
                                                   i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int cip, i64 divisor) {    \
