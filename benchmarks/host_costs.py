@@ -90,6 +90,28 @@ def main():
     print(f"host us per call (median of 7 x 2000, 200 warm-up calls excluded); cupy {cp.__version__}")
     for name, fn in rows:
         print(f"{name:48s} {per_call(fn, sync=sync):8.2f}")
+    compiled_step_rows(sync)
+
+
+def compiled_step_rows(sync):
+    """The host side of one replayed training step (bench's compiled LeNet-5 b64 step) and of its parts, timed in
+    bursts of 10 calls after a sync so that the GPU queue never fills: if the whole step's host time is below its
+    GPU time (bench's us/step), the replay is GPU-bound."""
+    import smalltrain as st
+    from smalltrain import bench
+    xs, ys = bench.mnist_batches(64, 8)
+    run = bench.make_step(st, "lenet5", "cuda", xs, ys, mode="compiled")
+    for _ in range(10):
+        run()
+    sync()
+    graph, static_args, _, _ = next(e for e in run.step.entries.values() if e != "eager")
+    src = static_args[0].array.copy()
+    rows = [("compiled LeNet-5 b64 step: whole call", run),
+            ("  graph.replay() (hooks + cudaGraphLaunch)", graph.replay),
+            ("  one static-input copy (64x1x28x28)", lambda: static_args[0].array.__setitem__(Ellipsis, src))]
+    print("host us per call, bursts of 10 calls between syncs (median of 21; 10 warm-up steps excluded)")
+    for name, fn in rows:
+        print(f"{name:48s} {per_call(fn, calls=10, repeats=21, sync=sync):8.2f}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,19 @@ def _signature(args, kwargs):
     return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
 
 
+def _copy_into(dst, src):
+    """dst[...] = src for a static input buffer (same shape, dtype and device: the signature matched). Contiguous
+    arrays take one cudaMemcpyAsync on the current stream, ~10x less host time than CuPy's elementwise copy (which
+    a replayed small step pays twice, beside a graph launch of a few microseconds)."""
+    if dst.flags.c_contiguous and src.flags.c_contiguous:
+        from .backend.cuda import cupy
+        cp = cupy()
+        cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
+                                    cp.cuda.get_current_stream().ptr)
+    else:
+        dst[...] = src
+
+
 class CompiledStep:
     """The callable `smalltrain.compile` returns; `.stats` counts captures, replays and eager calls."""
 
@@ -51,10 +64,10 @@ class CompiledStep:
         graph, static_args, static_kwargs, outputs = entry
         for a, s in zip(args, static_args):
             if isinstance(a, Tensor) and a is not s:
-                s.array[...] = a.array
+                _copy_into(s.array, a.array)
         for k, a in kwargs.items():
             if isinstance(a, Tensor) and a is not static_kwargs[k]:
-                static_kwargs[k].array[...] = a.array
+                _copy_into(static_kwargs[k].array, a.array)
         graph.replay()
         self.stats["replays"] += 1
         return outputs

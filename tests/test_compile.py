@@ -90,6 +90,26 @@ def test_new_shapes_capture_a_second_graph_with_a_warning():
 
 
 @cuda
+def test_replays_read_new_arguments_contiguous_or_not():
+    """Each replay copies its arguments into the static buffers (a device memcpy for contiguous ones, an
+    elementwise copy for views): the losses equal the eager step's on the same batches."""
+    model, step = _setup("cuda")
+    ref_model, ref_step = _setup("cuda")
+    compiled = smalltrain.compile(step)
+    xs, ys = _batches(4, 64, "cuda")
+    wide = smalltrain.tensor(np.zeros((64, 1, 28, 56), np.float32), device="cuda")
+    for i in range(8):
+        x = xs[i % 4]
+        if i % 2:   # the same values through a strided view
+            wide.array[..., ::2] = x.array
+            x = smalltrain.Tensor._wrap(wide.array[..., ::2])
+            assert not x.array.flags.c_contiguous
+        got, want = compiled(x, ys[i % 4]), ref_step(xs[i % 4], ys[i % 4])
+        np.testing.assert_allclose(float(got.item()), float(want.item()), rtol=1e-5)
+    assert compiled.stats["replays"] >= 4
+
+
+@cuda
 def test_a_host_sync_falls_back_to_eager_with_a_warning():
     model, step = _setup("cuda")
 
