@@ -9,6 +9,7 @@ the step simply runs eagerly.
 import functools
 import warnings
 
+from .backend.cuda import cupy
 from .tensor import Tensor
 
 
@@ -25,7 +26,6 @@ def _copy_into(dst, src):
     arrays take one cudaMemcpyAsync on the current stream, ~10x less host time than CuPy's elementwise copy (which
     a replayed small step pays twice, beside a graph launch of a few microseconds)."""
     if dst.flags.c_contiguous and src.flags.c_contiguous:
-        from .backend.cuda import cupy
         cp = cupy()
         cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
                                     cp.cuda.get_current_stream().ptr)

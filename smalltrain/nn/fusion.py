@@ -51,22 +51,24 @@ def layer_act(layer, x, activation):
                       activation)
 
 
-def pool_fusable(layer, act_module, pool_module):
-    """True when Conv2d `layer`, `act_module`, then MaxPool2d `pool_module` may run as one fused op."""
+def _conv_and_pool(layer, pool):
+    """An unhooked zero-padded Conv2d and an unhooked MaxPool2d without indices: the pair Conv2dActPool takes."""
     from .modules.conv import Conv2d
     from .modules.pooling import MaxPool2d
-    return (type(layer) is Conv2d and fusable(layer, act_module) and type(pool_module) is MaxPool2d
-            and not pool_module.return_indices and not _hooked(pool_module))
+    return (type(layer) is Conv2d and _fusable_layer(layer) and type(pool) is MaxPool2d and not pool.return_indices
+            and not _hooked(pool))
+
+
+def pool_fusable(layer, act_module, pool_module):
+    """True when Conv2d `layer`, `act_module`, then MaxPool2d `pool_module` may run as one fused op."""
+    return fusable(layer, act_module) and _conv_and_pool(layer, pool_module)
 
 
 def layer_act_pool(layer, x, activation, pool):
     """pool(activation(layer(x))): one fused op when x is a batched CUDA tensor, `layer` an unhooked Conv2d with
     zero padding and `pool` an unhooked MaxPool2d without indices; else the modules one by one."""
     from ..ops.conv import conv2d_act_pool
-    from .modules.conv import Conv2d
-    from .modules.pooling import MaxPool2d
-    if not (isinstance(x, Tensor) and x.is_cuda and x.ndim == 4 and type(layer) is Conv2d and _fusable_layer(layer)
-            and type(pool) is MaxPool2d and not pool.return_indices and not _hooked(pool)):
+    if not (isinstance(x, Tensor) and x.is_cuda and x.ndim == 4 and _conv_and_pool(layer, pool)):
         return pool(layer_act(layer, x, activation))
     return conv2d_act_pool(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups,
                            activation, pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)

@@ -94,6 +94,12 @@ def _check(x, w, b, stride, padding, dilation, groups):
     return stride, pads, dilation, groups
 
 
+def _out_hw(hw, kernel, stride, pads, dilation):
+    """(OH, OW) of a convolution of an (H, W) input, pads = (top, bottom, left, right) as _check returns them."""
+    return tuple((size + p0 + p1 - d * (k - 1) - 1) // s + 1
+                 for size, p0, p1, d, k, s in zip(hw, pads[0::2], pads[1::2], dilation, kernel, stride))
+
+
 class Conv2d(Function):
     """out[n, o] = sum over c in o's group, i, j of w[o, c, i, j] * xpad[n, c, oh*s + i*d, ow*s + j*d] + b[o]."""
 
@@ -117,8 +123,7 @@ class Conv2d(Function):
             raise RuntimeError("conv2d: a fused activation runs on CUDA only (conv2d_act composes it on the CPU)")
         n, _, h, wd = x.shape
         o, cg, kh, kw = w.shape
-        padded = (h + pads[0] + pads[1], wd + pads[2] + pads[3])
-        out_hw = tuple((p - d * (k - 1) - 1) // s + 1 for p, d, k, s in zip(padded, dilation, (kh, kw), stride))
+        out_hw = _out_hw((h, wd), (kh, kw), stride, pads, dilation)
         xpad = cpu.pad_batch_inner(x, pads)
         cols = cpu.im2col(xpad, (kh, kw), stride, dilation, out_hw, groups)
         # weight rows in the (kh, kw, c) order of the cols rows
@@ -230,11 +235,8 @@ def conv2d_act_pool(input, weight, bias=None, stride=1, padding=0, dilation=1, g
     check_same_device("conv2d", input, weight, bias)
     stride, pads, dilation, groups = _check(x, weight.array, None if bias is None else bias.array, stride, padding,
                                             dilation, groups)
-    o, _, kh, kw = weight.array.shape
-    out_hw = tuple((size + p0 + p1 - d * (k - 1) - 1) // s + 1 for size, p0, p1, d, k, s in
-                   ((x.shape[2], pads[0], pads[1], dilation[0], kh, stride[0]),
-                    (x.shape[3], pads[2], pads[3], dilation[1], kw, stride[1])))
-    k, s, p, d, _ = _geometry("max_pool2d", _Shape((x.shape[0], o) + out_hw), kernel_size, pool_stride,
+    out_hw = _out_hw(x.shape[2:], weight.array.shape[2:], stride, pads, dilation)
+    k, s, p, d, _ = _geometry("max_pool2d", _Shape((x.shape[0], weight.array.shape[0]) + out_hw), kernel_size, pool_stride,
                               pool_padding, pool_dilation, ceil_mode)
     return Conv2dActPool.apply(input, weight, bias, stride, pads, dilation, groups, activation,
                                (k, s, p, d, bool(ceil_mode)))

@@ -197,14 +197,10 @@ def _direct(x_shape, w_shape, out_hw, groups, itemsize):
 
 
 def _direct_ob(positions, o):
-    """Output channels per thread of direct_fwd: 8, unless that leaves fewer than ~2 threads per core of the GPU
-    (LeNet-5's second layer at batch 64: 8,192 threads, latency-bound), then 2."""
+    """Channels per thread of the direct kernels (o output channels of direct_fwd, or input channels of direct_dx,
+    over `positions` positions): 8, unless that leaves fewer than ~2 threads per core of the GPU (LeNet-5's second
+    layer at batch 64: 8,192 threads, latency-bound), then 2."""
     return 8 if positions * -(-o // 8) >= 2 * 128 * _sm_count() else 2
-
-
-def _direct_cb(positions, c):
-    """Input channels per thread of direct_dx, by the same rule as _direct_ob."""
-    return 8 if positions * -(-c // 8) >= 2 * 128 * _sm_count() else 2
 
 
 def _dx_smem(o, c, kk, itemsize, cb):
@@ -217,7 +213,7 @@ def _direct_dx(g, saved):
     for shared memory): the caller then takes the GEMM + col2im path."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
-    cb = _direct_cb(n * h * wd, c)
+    cb = _direct_ob(n * h * wd, c)   # input channels per thread, by the forward's rule
     smem = _dx_smem(o, c, kh * kw, g.dtype.itemsize, cb)
     if (saved.groups != 1 or not 0 < c * kh * kw <= DIRECT_MAX_K or n * c * h * wd * o * kh * kw > DIRECT_DX_MAX_MACS
             or smem > _SMEM_BYTES or n * c * h * wd >= _FITS32 or g.size >= _FITS32):

@@ -90,7 +90,7 @@ class Sequential(Module):
         while i < len(modules):
             m = modules[i]
             cuda = isinstance(input, Tensor) and input.is_cuda
-            if cuda and i + 2 < len(modules) and input.ndim == 4 and pool_fusable(m, modules[i + 1], modules[i + 2]):
+            if cuda and i + 2 < len(modules) and pool_fusable(m, modules[i + 1], modules[i + 2]):
                 input = layer_act_pool(m, input, activation_name(modules[i + 1]), modules[i + 2])
                 i += 3
             elif cuda and i + 1 < len(modules) and fusable(m, modules[i + 1]):
