@@ -2,12 +2,13 @@
 # One device-machine call: the whole test suite on the GPU machine, `smalltrain bench` (throughput beside PyTorch
 # eager, then torch.compile's two modes), the speedrun (default recipe, three seeds), the trainer on CUDA (eager
 # and --compile, one epoch each), the per-kernel GPU time of LeNet-5 b64/b512 and MnistCnn b64 steps (ncu) and the
-# host cost of the primitives an eager step is made of (benchmarks/host_costs.py).
+# host cost of the primitives an eager step is made of (benchmarks/host_costs.py), and a cProfile of the eager
+# step's host side (benchmarks/profile_step.py).
 # Logs under $OUT (the device tool's output folder; ./gpu_out elsewhere). Each stage has its own time limit;
 # STAGES picks stages (e.g. STAGES="tests bench ncu") so that one session's device time can be split over calls.
 # TESTS narrows the test stage to some paths (default: the whole suite).
 set -u
-STAGES=" ${STAGES:-tests bench compile speedrun train ncu host} "
+STAGES=" ${STAGES:-tests bench compile speedrun train ncu host profile} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUPY_TF32=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -36,3 +37,9 @@ stage ncu && for config in lenet5:64 lenet5:512 cnn:64; do
   head -12 "$OUT/kernels_${config/:/_}.txt"
 done
 stage host && timeout 60 python3 benchmarks/host_costs.py > "$OUT/host_costs.txt" 2>&1
+stage profile && for config in cnn:64 lenet5:64; do
+  # the host side of an eager step: cProfile's top functions by own time, then by cumulative time
+  timeout 60 python3 benchmarks/profile_step.py --device cuda --config $config --sort tottime --top 45 > "$OUT/profile_${config/:/_}.txt" 2>&1
+  timeout 60 python3 benchmarks/profile_step.py --device cuda --config $config --sort cumtime --top 60 > "$OUT/profile_cum_${config/:/_}.txt" 2>&1
+  head -5 "$OUT/profile_${config/:/_}.txt"
+done

@@ -96,3 +96,21 @@ def test_every_direct_convolution_variant_is_instantiated():
     assert conv._WGRAD_THREADS * conv._WGRAD_R[-1] >= 8192   # what _direct admits: o * (k + 1) <= that product
     for ob in conv._DIRECT_OB:   # direct_fwd_ob{OB}_{f32,f64}, chosen by _direct_ob
         assert f"ST_DIRECT(T, S, {ob})" in src, ob
+
+
+def test_direct_forward_splits_channels_only_where_a_launch_is_underfilled(monkeypatch):
+    """_direct_grid's split rule on an H200-sized GPU (132 SMs), no GPU needed: LeNet-5's second layer at batch
+    64 (8,192 two-channel items x 4 = 32k threads, < 8 warps per SM) sums its 6 input channels over 4 threads;
+    at batch 512 (filled) and for the input gradient (no split asked) one thread per item; the split is a power of
+    two no larger than the channel count; without room for the partial sums in shared memory, no split."""
+    from smalltrain.backend.cuda import conv
+    monkeypatch.setattr(conv, "_sm_count", lambda: 132)
+    weights, image = 150 * 16 * 4, 6 * 12 * 12 * 4
+    grid, parts, splits, smem = conv._direct_grid(64, 8 * 64, weights, image, (6, 2, 4))
+    assert (splits, smem) == (4, weights + image + 256 * 2 * 4)
+    assert parts == 8 and grid == 64 * 8   # 512 items over 64 threads per item group and block
+    assert conv._direct_grid(512, 2 * 64, weights, image, (6, 8, 4))[2] == 1
+    assert conv._direct_grid(64, 8 * 64, weights, image)[2] == 1
+    assert conv._direct_grid(4, 100, weights, image, (3, 8, 4))[2] == 2
+    assert conv._direct_grid(4, 100, weights, image, (1, 8, 4))[2] == 1
+    assert conv._direct_grid(4, 100, 40 * 1024, 7 * 1024, (6, 8, 4))[2] == 1   # 47 KiB + 8 KiB partial sums

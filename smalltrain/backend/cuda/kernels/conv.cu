@@ -115,17 +115,19 @@ __device__ void bias_act_bwd(const T* __restrict__ dout, const T* __restrict__ y
 // the input (x, or g for dx) from global memory. S >= 1: S blocks per image, each first staging that image's input
 // in shared memory after the weights, then taking every S-th block of the image's items. Staged, the inner loop's
 // loads are shared-memory loads instead of a chain of L1/L2 round trips per tap, which is what a small batch's
-// few threads wait on; the launcher stages whenever the image fits beside the weights.
+// few threads wait on; the launcher stages whenever the image fits beside the weights. Staged with CS > 1, each
+// item's channel sum is split over CS threads (see the split branches) to shorten each thread's serial chain.
 
 // The OB channel sums of output position (h0, w0) = (oh*sh - ph, ow*sw - pw) from the image xn [C, H, W] and the
-// weights ws [K][OP] (taps in padding skipped).
+// weights ws [K][OP] (taps in padding skipped), over the input channels c0, c0 + cstep, ... (all: 0, 1).
 template <typename T, int OB>
 __device__ __forceinline__ void direct_point(const T* xn, const T* ws, int C, int H, int W, int KH, int KW, int OP,
-                                             int h0, int w0, int dh, int dw, int o0, T (&acc)[OB]) {
+                                             int h0, int w0, int dh, int dw, int o0, int c0, int cstep,
+                                             T (&acc)[OB]) {
 #pragma unroll
     for (int u = 0; u < OB; ++u) acc[u] = T(0);
-    int k = 0;
-    for (int c = 0; c < C; ++c) {
+    for (int c = c0; c < C; c += cstep) {
+        int k = c * KH * KW;
         const T* plane = xn + c * H * W;
         for (int i = 0; i < KH; ++i) {
             const int ih = h0 + i * dh;
@@ -148,7 +150,8 @@ __device__ __forceinline__ void direct_point(const T* xn, const T* ws, int C, in
 template <typename T, int OB>
 __device__ void direct_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                            T* __restrict__ out, T* __restrict__ y, int N, int C, int H, int W, int O, int KH, int KW,
-                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int act, int S) {
+                           int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int act, int S,
+                           int CS) {
     // the weights in shared memory as [K][OP] (OP = O rounded up to OB, zero-padded), so that a thread's OB
     // channels of one tap are adjacent and every lane of a warp reads the same ones (a broadcast)
     extern __shared__ unsigned char st_smem[];
@@ -163,6 +166,38 @@ __device__ void direct_fwd(const T* __restrict__ x, const T* __restrict__ w, con
     if (S > 0)
         for (int e = threadIdx.x; e < CHW; e += blockDim.x) xs[e] = x[n_staged * CHW + e];
     __syncthreads();
+    if (S > 0 && CS > 1) {
+        // CS threads per item, each summing every CS-th input channel; the CS partial sums meet in shared memory
+        // (red [CS][IPR][OB] after the image) and the first thread adds them in order: a third to a quarter of
+        // the serial taps per thread and CS times the threads, for the few items of a small batch
+        T* red = xs + CHW;
+        const int ipr = blockDim.x / CS, cs = threadIdx.x / ipr, it = threadIdx.x - cs * ipr;
+        for (int base = (blockIdx.x % S) * ipr; base < NB * P; base += S * ipr) {   // the same trips in every thread
+            const int t = base + it, p = t % P, ob = t / P, oh = p / OW, ow = p - oh * OW, o0 = ob * OB;
+            T acc[OB] = {};
+            if (cs < CS && t < NB * P)
+                direct_point<T, OB>(xs, ws, C, H, W, KH, KW, OP, oh * sh - ph, ow * sw - pw, dh, dw, o0, cs, CS,
+                                    acc);
+            if (cs < CS)
+#pragma unroll
+                for (int u = 0; u < OB; ++u) red[(cs * ipr + it) * OB + u] = acc[u];
+            __syncthreads();
+            if (cs == 0 && t < NB * P) {
+#pragma unroll
+                for (int u = 0; u < OB; ++u) {
+                    const int o = o0 + u;
+                    if (o >= O) break;
+                    T v = red[it * OB + u];
+                    for (int r = 1; r < CS; ++r) v += red[(r * ipr + it) * OB + u];
+                    if (y != nullptr) y[(o * N + n_staged) * P + p] = v;
+                    if (b != nullptr) v += b[o];
+                    out[(n_staged * O + o) * P + p] = act_fwd(v, act);
+                }
+            }
+            __syncthreads();
+        }
+        return;
+    }
     // one thread per (n, channel block, position), positions fastest: loads of x and stores stay coalesced
     const int items = S > 0 ? NB * P : N * NB * P;
     const int first = S > 0 ? (blockIdx.x % S) * blockDim.x + threadIdx.x : blockIdx.x * blockDim.x + threadIdx.x;
@@ -171,8 +206,8 @@ __device__ void direct_fwd(const T* __restrict__ x, const T* __restrict__ w, con
         const int p = t % P, nb = t / P, ob = nb % NB, n = S > 0 ? n_staged : nb / NB, oh = p / OW, ow = p - oh * OW;
         const int h0 = oh * sh - ph, w0 = ow * sw - pw, o0 = ob * OB;
         T acc[OB];
-        if (S > 0) direct_point<T, OB>(xs, ws, C, H, W, KH, KW, OP, h0, w0, dh, dw, o0, acc);
-        else direct_point<T, OB>(x + n * CHW, ws, C, H, W, KH, KW, OP, h0, w0, dh, dw, o0, acc);
+        if (S > 0) direct_point<T, OB>(xs, ws, C, H, W, KH, KW, OP, h0, w0, dh, dw, o0, 0, 1, acc);
+        else direct_point<T, OB>(x + n * CHW, ws, C, H, W, KH, KW, OP, h0, w0, dh, dw, o0, 0, 1, acc);
 #pragma unroll
         for (int u = 0; u < OB; ++u) {
             const int o = o0 + u;
@@ -351,8 +386,8 @@ __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, 
     extern "C" __global__ void direct_fwd_ob##OB##_##S(const T* x, const T* w, const T* b, T* out, T* y, int N,    \
                                                        int C, int H, int W, int O, int KH, int KW, int OH, int OW, \
                                                        int sh, int sw, int ph, int pw, int dh, int dw, int act,    \
-                                                       int S) {                                                    \
-        direct_fwd<T, OB>(x, w, b, out, y, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act, S);         \
+                                                       int S, int CS) {                                            \
+        direct_fwd<T, OB>(x, w, b, out, y, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act, S, CS);     \
     }
 
 #define ST_DIRECT_DX(T, S, CB)                                                                                     \
