@@ -1,7 +1,7 @@
 """LeNet-5 for 28x28 MNIST: Conv2d(1,6,5), MaxPool2d(2), Conv2d(6,16,5), MaxPool2d(2), Linear 256-120-84-10."""
 from .. import nn
 from ..nn import functional as F
-from ..nn.fusion import layer_act, layer_act_pool
+from ..nn.fusion import chain_act, layer_act_pool
 
 
 class LeNet5(nn.Module):
@@ -22,14 +22,13 @@ class LeNet5(nn.Module):
         self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x):
-        # layer_act is act(layer(x)), layer_act_pool pool(act(layer(x))): fused ops on CUDA (nn/fusion.py)
+        # layer_act_pool is pool(act(layer(x))), chain_act the three linear layers with their activations: fused
+        # ops on CUDA (nn/fusion.py)
         act = self.config["activation"]
         x = layer_act_pool(self.conv1, x, act, self.pool1)
         x = layer_act_pool(self.conv2, x, act, self.pool2)
         x = x.flatten(1)
-        x = layer_act(self.fc1, x, act)
-        x = layer_act(self.fc2, x, act)
-        return self.fc3(x)
+        return chain_act(x, [(self.fc1, act), (self.fc2, act), (self.fc3, None)])
 
     def extra_repr(self):
         return f"activation={self.config['activation']!r}"

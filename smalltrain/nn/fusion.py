@@ -1,10 +1,11 @@
-"""Layer + activation fusion: Linear or Conv2d followed by ReLU or GELU runs as one fused op on CUDA, and a
-Conv2d + activation followed by MaxPool2d as one op whose backward is one kernel fewer.
+"""Layer + activation fusion: Linear or Conv2d followed by ReLU or GELU runs as one fused op on CUDA, a
+Conv2d + activation followed by MaxPool2d as one op whose backward is one kernel fewer, and a run of small Linear
+(+ activation) layers as one chain op (one launch forward, two backward).
 
 On the GPU a small model's step is bound by launches and per-op dispatch, not arithmetic: applying the bias and
 the activation inside the layer's epilogue kernel (and the activation's derivative inside its backward kernel)
-saves a launch and an autograd node per pair. `nn.Sequential` fuses such adjacent pairs by itself; models with
-their own forward call `layer_act(layer, x, activation)`. The values are those of the unfused layers (the same
+saves a launch and an autograd node per pair. `nn.Sequential` fuses such adjacent pairs and runs by itself; models
+with their own forward call `layer_act(layer, x, activation)`, `layer_act_pool(...)` and `chain_act(x, pairs)`. The values are those of the unfused layers (the same
 kernels' arithmetic); layers with hooks, non-zero padding modes, and CPU tensors take the ordinary path.
 """
 from ..tensor import Tensor
@@ -72,3 +73,31 @@ def layer_act_pool(layer, x, activation, pool):
         return pool(layer_act(layer, x, activation))
     return conv2d_act_pool(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups,
                            activation, pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
+
+
+def _chain_layer(module):
+    from .modules.linear import Linear
+    return type(module) is Linear and not _hooked(module)
+
+
+def linear_run(modules, i):
+    """The run of unhooked Linear layers, each optionally followed by a fusable activation, that starts at
+    modules[i]: ([(layer, activation name or None), ...], the index after the run)."""
+    pairs = []
+    while i < len(modules) and _chain_layer(modules[i]):
+        act = activation_name(modules[i + 1]) if i + 1 < len(modules) and fusable(modules[i], modules[i + 1]) else None
+        pairs.append((modules[i], act))
+        i += 2 if act else 1
+    return pairs, i
+
+
+def chain_act(x, pairs):
+    """act_n(layer_n(... act_1(layer_1(x)) ...)) for pairs [(Linear, activation name or None), ...]: on CUDA one
+    chain op per run of up to four layers where the chain kernels take it (ops.matmul.linear_chain), else the
+    layers one by one (fused pairs on CUDA)."""
+    from ..ops.matmul import linear_chain
+    if not (isinstance(x, Tensor) and x.is_cuda and all(_chain_layer(layer) for layer, _ in pairs)):
+        for layer, act in pairs:
+            x = layer_act(layer, x, act)
+        return x
+    return linear_chain(x, [(layer.weight, layer.bias, act) for layer, act in pairs])

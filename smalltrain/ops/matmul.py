@@ -150,6 +150,65 @@ class LinearAct(Function):
         return (None if dx is None else dx.reshape(ctx.shape)), dw, db, None
 
 
+class LinearChain(Function):
+    """act_L(... act_1(x @ W_1^T + b_1) ...) on CUDA as one launch forward and two backward (backend/cuda/linear.py:
+    linear_chain_*). Inputs: x, the activations (a tuple), then weight, bias per layer (a bias may be None)."""
+
+    @staticmethod
+    def forward(ctx, x, activations, *params):
+        a = x.array
+        layers = [(params[2 * i].array, None if params[2 * i + 1] is None else params[2 * i + 1].array, act)
+                  for i, act in enumerate(activations)]
+        out, ctx.saved = cuda_linear.linear_chain_forward(a.reshape(-1, a.shape[-1]), layers,
+                                                          save=True in ctx.needs_input_grad)
+        ctx.shape = a.shape
+        return out.reshape(a.shape[:-1] + (out.shape[-1],))
+
+    @staticmethod
+    def backward(ctx, dout):
+        g = dout.array
+        need = ctx.needs_input_grad
+        needs = [(need[2 + 2 * i], need[3 + 2 * i]) for i in range(len(ctx.saved.weights))]
+        dx, grads = cuda_linear.linear_chain_backward(g.reshape(-1, g.shape[-1]), ctx.saved, need[0], needs)
+        return (None if dx is None else dx.reshape(ctx.shape), None) + tuple(v for pair in grads for v in pair)
+
+
+def _fused_chain(x, layers):
+    """Whether LinearChain takes these [(weight, bias, activation), ...]: CUDA input, every weight 2-D of the input's
+    dtype and each layer's input width its predecessor's output width, biases matching, and a chain the kernels
+    take (cuda_linear.chain_rows). Anything else runs layer by layer (which raises the clear errors)."""
+    if not _fused_linear(x, layers[0][0]):
+        return False
+    a = x.array
+    widths = [a.shape[-1]]
+    for w, b, _ in layers:
+        wa = w.array
+        if (wa.ndim != 2 or wa.dtype != a.dtype or wa.shape[1] != widths[-1] or not w.is_cuda
+                or (b is not None and (b.array.ndim != 1 or b.array.shape[0] != wa.shape[0]
+                                       or b.array.dtype != a.dtype))):
+            return False
+        widths.append(wa.shape[0])
+    return cuda_linear.chain_rows(a.size // a.shape[-1], widths, a.dtype.itemsize) is not None
+
+
+def linear_chain(input, layers):  # noqa: A002
+    """act_L(... act_1(input @ W_1^T + b_1) ...) for layers [(weight, bias or None, activation), ...], activation
+    None, 'relu', 'gelu' or 'gelu_tanh' each: on CUDA one fused op per run of up to CHAIN_MAX_LAYERS layers where the
+    chain kernels take it; else linear_act layer by layer (the same values up to float rounding)."""
+    layers = list(layers)
+    x = input
+    step = max(cuda_linear.CHAIN_MAX_LAYERS, 1)
+    for start in range(0, len(layers), step):
+        part = layers[start:start + step]
+        if len(part) > 1 and _fused_chain(x, part):
+            check_same_device("linear", x, *(t for w, b, _ in part for t in (w, b)))
+            x = LinearChain.apply(x, tuple(act for _, _, act in part), *(t for w, b, _ in part for t in (w, b)))
+        else:
+            for w, b, act in part:
+                x = linear_act(x, w, b, act)
+    return x
+
+
 def _fused_linear(x, weight):
     """Whether LinearAct takes linear(x, weight): CUDA float input of the weight's dtype and a matching last dim (the
     plain op raises the clear errors otherwise)."""

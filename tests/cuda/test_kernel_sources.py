@@ -114,3 +114,28 @@ def test_direct_forward_splits_channels_only_where_a_launch_is_underfilled(monke
     assert conv._direct_grid(4, 100, weights, image, (3, 8, 4))[2] == 2
     assert conv._direct_grid(4, 100, weights, image, (1, 8, 4))[2] == 1
     assert conv._direct_grid(4, 100, 40 * 1024, 7 * 1024, (6, 8, 4))[2] == 1   # 47 KiB + 8 KiB partial sums
+
+
+def test_chain_rows_per_block(monkeypatch):
+    """linear.chain_rows on 132 SMs, no GPU needed: the fewest rows per block that leave <= one block per SM, fewer
+    where the two row buffers would not fit in 48 KiB of shared memory, None outside the chain kernels' limits."""
+    from smalltrain.backend.cuda import linear
+    monkeypatch.setattr(linear, "_sm_count", lambda: 132)
+    lenet = (256, 120, 84, 10)
+    assert [linear.chain_rows(m, lenet, 4) for m in (1, 64, 132, 133, 512, 1056, 5000)] == [1, 1, 1, 2, 4, 8, 8]
+    assert linear.chain_rows(512, (1024, 64, 1024), 8) == 2    # 2 x 2 x 1024 x 8 bytes = 32 KiB; 4 rows: 64 KiB
+    assert linear.chain_rows(64, (784, 256, 10), 4) == 1                 # the MLP
+    assert linear.chain_rows(64, (256, 10), 4) is None                   # one layer: linear_act
+    assert linear.chain_rows(64, (8,) * 6, 4) is None                    # five layers
+    assert linear.chain_rows(64, (1025, 10, 10), 4) is None              # too wide
+    assert linear.chain_rows(0, lenet, 4) is None
+    assert linear.chain_rows(200_000, lenet, 4) is None                  # 25,000 blocks x 41,640 weights
+
+
+def test_every_chain_variant_is_instantiated():
+    from smalltrain.backend.cuda import linear
+    src = loader.read_source(os.path.join(loader.KERNEL_DIR, "linear.cu"))
+    assert f"#define ST_CMAX {linear.CHAIN_MAX_LAYERS}" in src and f"#define ST_CTHREADS {linear._CHAIN_THREADS}" in src
+    for dtype, s in (("float", "f32"), ("double", "f64")):
+        for r in linear._CHAIN_ROWS:
+            assert f"ST_CHAIN({dtype}, {s}, {r})" in src, (s, r)

@@ -1,4 +1,4 @@
-"""CUDA launchers for conv, pooling, activations, softmax / cross-entropy and batch norm against NumPy float64
+"""CUDA launchers for conv, linear layers and chains, pooling, activations, softmax / cross-entropy and batch norm against NumPy float64
 references (tests/cuda/cuda_reference.py); torch float64 on the CPU is the oracle for pooling and for the
 gradients of cross-entropy and batch norm. Skips without CuPy or a GPU.
 
@@ -182,6 +182,75 @@ def test_linear_act_errors():
     _, saved = ops.linear_act_forward(x, w, cp.ones(3, cp.float32), "relu")
     with pytest.raises(RuntimeError, match=r"grad_output of shape \[4, 3\]"):
         ops.linear_act_backward(cp.ones((4, 4), cp.float32), saved)
+
+
+CHAIN_CASES = [  # M, widths, activations, biases, needs per layer (weight, bias), need dx
+    (64, (256, 120, 84, 10), ("gelu", "gelu", None), (True, True, True), None, True),   # LeNet-5's head, 1 row
+    (512, (256, 120, 84, 10), ("gelu", "gelu", None), (True, True, True), None, True),  # 4 rows per block
+    (2000, (17, 33, 5), ("gelu_tanh", "relu"), (False, True), None, False),             # 8 rows, no dx
+    (3, (1024, 64, 1024), ("relu", None), (True, True), ((False, True), (True, False)), True),   # widest; db only
+    (5, (7, 9, 11, 13, 3), (None, "relu", "gelu", None), (True,) * 4, ((True, True), (False, False), (True, True),
+                                                                        (False, True)), True),   # a frozen layer
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CHAIN_CASES)
+def test_linear_chain(case, dtype, rng):
+    """The chain kernels against the float64 layers one by one: output, dx and every layer's dw, db, with some
+    gradients not asked for (None back), at 1, 2, 4 and 8 rows per block (the widest chain in float64: 2 rows, the
+    shared-memory bound)."""
+    m, widths, acts, biases, needs, need_x = case
+    layers, pre, h = [], [], [rng.standard_normal((m, widths[0])).astype(dtype)]
+    for i, act in enumerate(acts):
+        w = (rng.standard_normal((widths[i + 1], widths[i])) / np.sqrt(widths[i])).astype(dtype)
+        b = rng.standard_normal(widths[i + 1]).astype(dtype) if biases[i] else None
+        layers.append((w, b, act))
+        pre.append(h[-1].astype(np.float64) @ w.astype(np.float64).T + (0 if b is None else b))
+        h.append(ref.act(pre[-1], act))
+    assert linear_kernels.chain_rows(m, widths, np.dtype(dtype).itemsize) is not None
+    out, saved = ops.linear_chain_forward(g(h[0]), [(g(w), None if b is None else g(b), a) for w, b, a in layers])
+    tol = ref.tol(dtype)
+    assert out.dtype == dtype and out.shape == (m, widths[-1])
+    assert_close(out, h[-1], tol, name="chain forward")
+    dout = rng.standard_normal((m, widths[-1])).astype(dtype)
+    dx, grads = ops.linear_chain_backward(g(dout), saved, need_x, needs)
+    gpre = ref.act_grad(dout, pre[-1], acts[-1])
+    for i in range(len(acts) - 1, -1, -1):
+        need_w, need_b = (True, True) if needs is None else needs[i]
+        dw, db = grads[i]
+        scale = tol * max(1, np.sqrt(max(m, widths[i + 1])) / 8)
+        if need_w:
+            assert_close(dw, gpre.T @ h[i].astype(np.float64), scale, name=f"dw{i}")
+        else:
+            assert dw is None
+        if need_b and biases[i]:
+            assert_close(db, gpre.sum(0), scale, name=f"db{i}")
+        else:
+            assert db is None
+        dh = gpre @ layers[i][0].astype(np.float64)
+        gpre = ref.act_grad(dh, pre[i - 1], acts[i - 1]) if i else dh
+    if need_x:
+        assert_close(dx, gpre, tol * max(1, np.sqrt(widths[1]) / 8), name="dx")
+    else:
+        assert dx is None
+
+
+def test_linear_chain_errors():
+    x = cp.ones((4, 5), cp.float32)
+    w1, w2 = cp.ones((3, 5), cp.float32), cp.ones((2, 3), cp.float32)
+    with pytest.raises(RuntimeError, match=r"layer 1 expected weight \[F, 3\]"):
+        ops.linear_chain_forward(x, [(w1, None, None), (cp.ones((2, 4), cp.float32), None, None)])
+    with pytest.raises(RuntimeError, match="dtype"):
+        ops.linear_chain_forward(x, [(w1, None, None), (w2.astype(cp.float64), None, None)])
+    with pytest.raises(ValueError, match="activation"):
+        ops.linear_chain_forward(x, [(w1, None, "tanh"), (w2, None, None)])
+    with pytest.raises(RuntimeError, match="does not fit the chain kernels"):
+        ops.linear_chain_forward(cp.ones((4, 2000), cp.float32), [(cp.ones((3, 2000), cp.float32), None, None),
+                                                                   (w2, None, None)])
+    _, saved = ops.linear_chain_forward(x, [(w1, None, "relu"), (w2, cp.ones(2, cp.float32), None)])
+    with pytest.raises(RuntimeError, match=r"grad_output of shape \[4, 2\]"):
+        ops.linear_chain_backward(cp.ones((4, 3), cp.float32), saved)
 
 
 def test_conv2d_saves_only_what_backward_needs(rng):

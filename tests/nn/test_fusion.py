@@ -1,12 +1,12 @@
-"""Layer + activation fusion (nn/fusion.py): fused Linear/Conv2d + ReLU/GELU (+ MaxPool2d) equals the unfused
-layers."""
+"""Layer + activation fusion (nn/fusion.py): fused Linear/Conv2d + ReLU/GELU (+ MaxPool2d) and chains of Linear
+(+ activation) layers equal the unfused layers."""
 import numpy as np
 import pytest
 
 import smalltrain as st
 from smalltrain import nn
 from smalltrain.nn import functional as F
-from smalltrain.nn.fusion import fusable, layer_act, layer_act_pool, pool_fusable
+from smalltrain.nn.fusion import chain_act, fusable, layer_act, layer_act_pool, linear_run, pool_fusable
 
 cuda = pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
 ACTS = [None, "relu", "gelu", "gelu_tanh"]
@@ -61,15 +61,84 @@ def test_cuda_fused_equals_unfused(act):
 @cuda
 def test_sequential_fuses_only_unhooked_pairs():
     st.manual_seed(0)
-    seq = nn.Sequential(nn.Linear(4, 3), nn.GELU(), nn.Linear(3, 2), nn.ReLU()).to("cuda")
-    x = st.randn(5, 4).to("cuda")
+    seq = nn.Sequential(nn.Conv2d(2, 3, 1), nn.GELU(), nn.Flatten(), nn.Linear(12, 2), nn.ReLU()).to("cuda")
+    x = st.randn(5, 2, 2, 2).to("cuda")
     fused = seq(x)
     assert fused.grad_fn is not None and "LinearAct" in type(fused.grad_fn).__name__ + fused.grad_fn.name()
     seen = []
-    seq[2].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    seq[3].register_forward_hook(lambda m, i, o: seen.append(o.shape))
     hooked = seq(x)
     assert seen == [(5, 2)]   # the hooked Linear ran as a module, its hook saw its own output
     np.testing.assert_allclose(hooked.detach().cpu().numpy(), fused.detach().cpu().numpy(), rtol=1e-6, atol=1e-7)
+
+
+CHAIN = [(8, 6, "relu"), (6, 5, "gelu"), (5, 3, None)]
+
+
+def _mlp():
+    st.manual_seed(0)
+    mods = []
+    for k, f, act in CHAIN:
+        mods.append(nn.Linear(k, f))
+        if act:
+            mods.append(nn.ReLU() if act == "relu" else nn.GELU())
+    return nn.Sequential(*mods)
+
+
+def _chain_grads(seq, x, fn):
+    for p in seq.parameters():
+        p.grad = None
+    x = x.detach().requires_grad_(True)
+    out = fn(seq, x)
+    (out * out).sum().backward()
+    return [out.detach().cpu().numpy(), x.grad.cpu().numpy()] + [p.grad.cpu().numpy() for p in seq.parameters()]
+
+
+def _pairs(seq):
+    layers = [m for m in seq if isinstance(m, nn.Linear)]
+    return [(layer, act) for layer, (_, _, act) in zip(layers, CHAIN)]
+
+
+def _one_by_one(seq, x):
+    for layer, act in _pairs(seq):
+        x = _unfused(layer, x, act)
+    return x
+
+
+def test_cpu_chain_composes_the_unfused_ops():
+    seq, x = _mlp(), st.randn(4, 8)
+    a = _chain_grads(seq, x, lambda m, v: chain_act(v, _pairs(m)))
+    b = _chain_grads(seq, x, _one_by_one)
+    for u, v in zip(a, b):
+        assert np.array_equal(u, v)
+
+
+@cuda
+def test_cuda_chain_equals_unfused_and_sequential_takes_it():
+    seq, x = _mlp().to("cuda"), st.randn(4, 8).to("cuda")
+    assert "LinearChain" in seq(x).grad_fn.name()
+    for fn in (lambda m, v: chain_act(v, _pairs(m)), lambda m, v: m(v)):
+        fused = _chain_grads(seq, x, fn)
+        plain = _chain_grads(seq, x, _one_by_one)
+        for name, u, v in zip(["out", "dx", "w0", "b0", "w1", "b1", "w2", "b2"], fused, plain):
+            err = np.abs(u - v).max() / max(np.abs(v).max(), 1e-30)
+            assert err <= 1e-5, f"{name}: {err:.2e}"
+
+
+@cuda
+def test_sequential_chains_stop_at_hooks_and_other_modules():
+    seq = _mlp().to("cuda")
+    x = st.randn(4, 8).to("cuda")
+    seen = []
+    seq[2].register_forward_hook(lambda m, i, o: seen.append(o.shape))   # the second Linear
+    out = seq(x)
+    assert seen == [(4, 5)] and "LinearAct" in out.grad_fn.name()   # Linear + ReLU, hooked Linear, GELU, Linear
+    seq2 = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Dropout(0.0), nn.Linear(6, 5), nn.Linear(5, 3)).to("cuda")
+    assert "LinearChain" in seq2(x).grad_fn.name()   # the last two Linears chain; the first pair stays a pair
+    pairs, after = linear_run(list(seq2), 0)
+    assert [(type(m).__name__, a) for m, a in pairs] == [("Linear", "relu")] and after == 2
+    pairs, after = linear_run(list(seq2), 3)
+    assert len(pairs) == 2 and after == 5
 
 
 def test_fusable_pairs():

@@ -1,11 +1,11 @@
 """Golden tests for smalltrain.ops.matmul against torch: 1-D/2-D/batched/broadcast batch dims for matmul, mm, bmm,
-linear; dtypes; error rows; float64 gradchecks."""
+linear; chains of linear layers; dtypes; error rows; float64 gradchecks."""
 import numpy as np
 import pytest
 import torch
 
 import smalltrain as st
-from smalltrain.ops.matmul import linear
+from smalltrain.ops.matmul import linear, linear_chain
 from smalltrain.testing import golden, golden_error, gradcheck
 
 SHAPES = [((3,), (3,)), ((3,), (3, 4)), ((2, 3), (3,)), ((2, 3), (3, 4)), ((5, 2, 3), (3, 4)), ((2, 3), (5, 3, 4)),
@@ -97,3 +97,61 @@ def test_linear_on_a_transposed_input_keeps_its_layout_in_the_gradient(rng):
     np.testing.assert_allclose(leaf.grad.numpy(), tx.grad.numpy().T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(wt.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+CHAINS = [  # leading dims, widths d0..dL, activations, biases
+    ((64,), (256, 120, 84, 10), ("gelu", "gelu", None), (True, True, True)),   # LeNet-5's head
+    ((2, 5), (33, 17, 9), ("relu", "gelu_tanh"), (True, False)),              # 3-D input, a layer without bias
+    ((300,), (20, 40, 30, 20, 10), ("relu", None, "gelu", "relu"), (False, True, True, True)),  # 4 rows a block
+    ((7,), (5, 6, 7, 8, 9, 3), ("relu",) * 5, (True,) * 5),                  # five layers: a chain of 4, then 1
+]
+
+
+def _chain_args(dims, widths, biases, rng, dtype=np.float32):
+    x = rng.uniform(-1, 1, dims + (widths[0],)).astype(dtype)
+    params = []
+    for i, bias in enumerate(biases):
+        params.append((rng.uniform(-1, 1, (widths[i + 1], widths[i])) / np.sqrt(widths[i])).astype(dtype))
+        params.append(rng.uniform(-1, 1, widths[i + 1]).astype(dtype) if bias else None)
+    return x, params
+
+
+def _torch_chain(acts):
+    def run(x, *params):
+        for i, act in enumerate(acts):
+            x = torch.nn.functional.linear(x, params[2 * i], params[2 * i + 1])
+            if act == "relu":
+                x = torch.relu(x)
+            elif act:
+                x = torch.nn.functional.gelu(x, approximate="tanh" if act == "gelu_tanh" else "none")
+        return x
+    return run
+
+
+@pytest.mark.parametrize("dims, widths, acts, biases", CHAINS, ids=str)
+def test_linear_chain(dims, widths, acts, biases, device, rng):
+    """linear_chain equals torch's layers one by one, forward and backward; on CUDA the runs of two to four layers
+    are one LinearChain op (the last of five layers a LinearAct)."""
+    x, params = _chain_args(dims, widths, biases, rng)
+    names = []
+
+    def ours(x, *params):
+        out = linear_chain(x, [(params[2 * i], params[2 * i + 1], act) for i, act in enumerate(acts)])
+        names.append(out.grad_fn.name())
+        return out
+    golden(ours, _torch_chain(acts), x, *params, device=device)
+    if device == "cuda":
+        assert names[0] == ("LinearActBackward" if len(acts) > 4 else "LinearChainBackward"), names
+
+
+def test_linear_chain_gradcheck(rng):
+    """float64 central differences through a chain (on CUDA: the chain kernels, r1 and r2 row layouts; on the CPU
+    the layers it composes)."""
+    device = "cuda" if st.cuda.is_available() else "cpu"
+    for dims in ((3,), (200,)):
+        x, params = _chain_args(dims, (6, 5, 4), (True, False), rng, np.float64)
+        ts = [st.tensor(x, device=device, requires_grad=True)]
+        ts += [None if p is None else st.tensor(p, device=device, requires_grad=True) for p in params]
+        acts = ("gelu", "gelu_tanh")
+        assert gradcheck(lambda x, w0, b0, w1: linear_chain(x, [(w0, b0, acts[0]), (w1, None, acts[1])]),
+                         tuple(ts[:4]))

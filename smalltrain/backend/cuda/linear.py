@@ -11,13 +11,18 @@ Larger layers go through cuBLAS: the GEMM writes y^T = W @ x^T as [F, M]; the co
 (kernels/conv.cu, bias_act_* with N = M rows, O = F features, P = 1) then transpose it to [M, F] adding the bias and
 applying the activation in one pass, and in backward turn dout into g^T = (dout * act'(y + b))^T, from which
 dW = g^T @ x, dx = (g^T)^T @ W and db = the row sums of g^T.
+
+Chains of small layers (up to CHAIN_MAX_LAYERS Linear + activation layers of widths up to CHAIN_MAX_WIDTH, such as
+LeNet-5's 256-120-84-10 head) run as one launch forward and two backward (kernels/linear.cu, chain_*): each block
+carries a few rows through every layer in shared memory, so the layers need no launch, no global round trip and
+no autograd node between them; the weight gradients of all layers are one grid of the same tiles linear_bwd uses.
 """
 from dataclasses import dataclass
 
 from . import cupy
 from ._common import check_array, check_dtype, contiguous, get, i32, i64, launch, ptr
 from .blas import gemm, sum_rows
-from .conv import ACTIVATIONS, check_affine
+from .conv import ACTIVATIONS, _sm_count, check_affine
 
 # the small-layer kernels' limits; tests set them to 0 to compare the cuBLAS path on the same inputs
 SMALL_MAX_L = 2048
@@ -26,6 +31,15 @@ SMALL_MAX_BLOCKS = 1024   # LeNet-5's first layer backward at batch 512 has 648
 _TILE = 16            # output tile side of kernels/linear.cu (ST_LT)
 _THREADS = 256
 _FITS32 = 1 << 31
+
+# the chain kernels' limits (kernels/linear.cu ST_CMAX, and what keeps a chain cheaper than its layers: every block
+# reads all the weights, so blocks x weights is bounded); tests set CHAIN_MAX_LAYERS to 0 to compare the layers
+CHAIN_MAX_LAYERS = 4
+CHAIN_MAX_WIDTH = 1024
+CHAIN_MAX_READS = 1 << 26
+_CHAIN_ROWS = (1, 2, 4, 8)   # rows per block the chain kernels are compiled for
+_CHAIN_THREADS = 512
+_SMEM_BYTES = 48 * 1024
 
 
 @dataclass
@@ -126,3 +140,119 @@ def _small_backward(dout, saved, m, k, f, need_x, need_w, need_b, act):
                                                                  i32(k), i32(f), i32(ysm), i32(ysf), i32(act),
                                                                  i32(blocks_dx)))
     return dx, dw, db
+
+
+@dataclass
+class ChainSaved:
+    """What a chain's backward reads: the input x [M, d0], per layer its weight, bias, activation code, z (the
+    pre-activation with the bias, where an activation needs it) and h (its output; the input of the next layer)."""
+    x: object
+    weights: list
+    biases: list
+    acts: list
+    z: list
+    h: list
+
+
+def chain_rows(m, widths, itemsize):
+    """Rows per block for a chain of these widths [d0, ..., dL] over m rows, or None where the chain kernels do not
+    take it: 2..CHAIN_MAX_LAYERS layers, widths 1..CHAIN_MAX_WIDTH, m >= 1, the rows' two [R][WMAX] buffers in
+    shared memory and blocks x weights <= CHAIN_MAX_READS. R: the fewest rows that leave at most one block per SM
+    (each block reads every weight once, whatever its rows)."""
+    layers = len(widths) - 1
+    if not (2 <= layers <= CHAIN_MAX_LAYERS and m >= 1 and all(1 <= d <= CHAIN_MAX_WIDTH for d in widths)):
+        return None
+    wmax = max(widths)
+    fitting = [r for r in _CHAIN_ROWS if 2 * r * wmax * itemsize <= _SMEM_BYTES]
+    if not fitting or m * wmax >= _FITS32:
+        return None
+    rows = next((r for r in fitting if -(-m // r) <= _sm_count()), fitting[-1])
+    weights = sum(widths[i] * widths[i + 1] for i in range(layers))
+    return rows if -(-m // rows) * weights <= CHAIN_MAX_READS else None
+
+
+def _padded(values, fill):
+    return list(values) + [fill] * (CHAIN_MAX_LAYERS - len(values))
+
+
+def _chain_params(ws, bs, zs, hs, widths, acts):
+    """The kernels' fixed parameter list (ST_CHAIN_PARAMS): 4 weights, biases, z, h; 5 widths; 4 activations."""
+    return (tuple(ptr(a) for a in _padded(ws, None) + _padded(bs, None) + _padded(zs, None) + _padded(hs, None))
+            + tuple(i32(d) for d in list(widths) + [0] * (CHAIN_MAX_LAYERS + 1 - len(widths)))
+            + tuple(i32(a) for a in _padded(acts, 0)))
+
+
+def linear_chain_forward(x, layers, save=True):
+    """act_L(... act_1(x @ w_1^T + b_1) ...) for x [M, d0] and layers [(w [d_{l+1}, d_l], b [d_{l+1}] or None,
+    activation), ...] (cupy float arrays of one dtype and device); the chain must fit (chain_rows). save: keep
+    what the backward reads. Returns (out [M, dL], ChainSaved or None)."""
+    op = "linear_chain"
+    widths = [x.shape[1] if x.ndim == 2 else -1]
+    for i, (w, b, activation) in enumerate(layers):
+        check_affine(op, x, w, b, 2, activation, bias_ndim=1)
+        if w.shape[1] != widths[-1] or (b is not None and b.shape[0] != w.shape[0]):
+            raise RuntimeError(f"{op}: layer {i} expected weight [F, {widths[-1]}] and bias [F], got weight "
+                               f"{list(w.shape)}{'' if b is None else f' and bias {list(b.shape)}'}")
+        widths.append(w.shape[0])
+    m = x.shape[0]
+    rows = chain_rows(m, widths, x.dtype.itemsize)
+    if rows is None:
+        raise RuntimeError(f"{op}: a chain of widths {widths} over {m} rows does not fit the chain kernels "
+                           f"(see chain_rows); run its layers one by one")
+    cp = cupy()
+    acts = [ACTIVATIONS[a] for _, _, a in layers]
+    with x.device:
+        x = contiguous(x)
+        ws = [contiguous(w) for w, _, _ in layers]
+        bs = [None if b is None else contiguous(b) for _, b, _ in layers]
+        out = cp.empty((m, widths[-1]), dtype=x.dtype)
+        zs = [cp.empty((m, widths[i + 1]), dtype=x.dtype) if save and acts[i] else None for i in range(len(layers))]
+        hs = [cp.empty((m, widths[i + 1]), dtype=x.dtype) if save else None for i in range(len(layers) - 1)] + [out]
+        get("linear", f"chain_fwd_r{rows}", x.dtype)(
+            (-(-m // rows),), (_CHAIN_THREADS,), (x,) + _chain_params(ws, bs, zs, hs, widths, acts)
+            + (i32(m), i32(len(layers)), i32(max(widths))), shared_mem=2 * rows * max(widths) * x.dtype.itemsize)
+    return out, (ChainSaved(x, ws, bs, acts, zs, hs) if save else None)
+
+
+def linear_chain_backward(dout, saved, need_x=True, needs=None):
+    """(dx [M, d0] or None, [(dw_l, db_l), ...]) from dout [M, dL]; needs: per layer (weight, bias) flags (default
+    all), a gradient is None where its flag is off or the layer has no bias."""
+    op = "linear_chain_backward"
+    x, ws, bs = saved.x, saved.weights, saved.biases
+    m, layers = x.shape[0], len(ws)
+    widths = [x.shape[1]] + [w.shape[0] for w in ws]
+    check_array(op, "grad_output", dout, 2)
+    if tuple(dout.shape) != (m, widths[-1]):
+        raise RuntimeError(f"{op}: expected grad_output of shape {[m, widths[-1]]}, got {list(dout.shape)}")
+    check_dtype(op, "grad_output", dout, x.dtype)
+    needs = [(True, True)] * layers if needs is None else list(needs)
+    cp = cupy()
+    rows = chain_rows(m, widths, x.dtype.itemsize)
+    with dout.device:
+        dout = contiguous(dout)
+        dx = cp.empty((m, widths[0]), dtype=x.dtype) if need_x else None
+        gs = [cp.empty((m, widths[i + 1]), dtype=x.dtype) for i in range(layers)]
+        get("linear", f"chain_bwd_rows_r{rows}", x.dtype)(
+            (-(-m // rows),), (_CHAIN_THREADS,), (dout,) + _chain_params(ws, bs, saved.z, saved.h, widths, saved.acts)
+            + tuple(ptr(g) for g in _padded(gs, None)) + (ptr(dx), i32(m), i32(layers), i32(max(widths))),
+            shared_mem=2 * rows * max(widths) * x.dtype.itemsize)
+        grads, dws, dbs, starts, total = [], [], [], [], 0
+        for i in range(layers):
+            need_w, need_b = needs[i][0], needs[i][1] and bs[i] is not None
+            dw = cp.empty(ws[i].shape, dtype=x.dtype) if need_w else None
+            db = cp.empty(bs[i].shape, dtype=x.dtype) if need_b else None
+            grads.append((dw, db))
+            dws.append(dw)
+            dbs.append(db)
+            starts.append(total)
+            cols = (widths[i] if need_w else 0) + (1 if need_b else 0)
+            total += _tiles(widths[i + 1], cols) if cols else 0
+        if total:
+            ins = [x] + saved.h[:-1]
+            starts = _padded(starts[1:], total)[:CHAIN_MAX_LAYERS - 1]
+            get("linear", "chain_wgrad", x.dtype)(
+                (total,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
+                                              + _padded(dws, None) + _padded(dbs, None))
+                + tuple(i32(d) for d in widths + [0] * (CHAIN_MAX_LAYERS + 1 - len(widths)))
+                + tuple(i32(t) for t in starts) + (i32(m),))
+    return dx, grads

@@ -8,7 +8,8 @@ from .activation import gelu_backward, gelu_forward, relu_backward, relu_forward
 from .conv import Conv2dSaved, col2im, conv2d_backward, conv2d_forward, im2col
 from .dropout import dropout_backward, dropout_forward, dropout_mask, dropout_state
 from .index import gather, gather_backward, scatter_add
-from .linear import LinearSaved, linear_act_backward, linear_act_forward
+from .linear import (ChainSaved, LinearSaved, linear_act_backward, linear_act_forward, linear_chain_backward,
+                     linear_chain_forward)
 from .loss import (CrossEntropySaved, cross_entropy_backward, cross_entropy_forward, log_softmax_backward,
                    log_softmax_forward, softmax_backward, softmax_forward)
 from .norm import batch_norm_backward, batch_norm_forward
@@ -25,4 +26,5 @@ __all__ = ["conv2d_forward", "conv2d_backward", "Conv2dSaved", "im2col", "col2im
            "dropout_state", "dropout_forward", "dropout_backward", "dropout_mask",
            "gather", "gather_backward", "scatter_add",
            "linear_act_forward", "linear_act_backward", "LinearSaved",
+           "linear_chain_forward", "linear_chain_backward", "ChainSaved",
            "sgd_step", "adam_step"]

@@ -81,16 +81,20 @@ class Sequential(Module):
         return [k for k in super().__dir__() if not k.isdigit()]
 
     def forward(self, input):
-        # a Linear/Conv2d directly followed by ReLU/GELU (and a Conv2d's by MaxPool2d) runs fused on CUDA (see
-        # nn/fusion.py)
+        # a Linear/Conv2d directly followed by ReLU/GELU (and a Conv2d's by MaxPool2d) runs fused on CUDA, and so
+        # does a run of two or more Linear (+ activation) layers (see nn/fusion.py)
         from ...tensor import Tensor
-        from ..fusion import activation_name, fusable, layer_act, layer_act_pool, pool_fusable
+        from ..fusion import activation_name, chain_act, fusable, layer_act, layer_act_pool, linear_run, pool_fusable
         modules = list(self._modules.values())
         i = 0
         while i < len(modules):
             m = modules[i]
             cuda = isinstance(input, Tensor) and input.is_cuda
-            if cuda and i + 2 < len(modules) and pool_fusable(m, modules[i + 1], modules[i + 2]):
+            pairs, after = linear_run(modules, i) if cuda else ((), i)
+            if len(pairs) > 1:
+                input = chain_act(input, pairs)
+                i = after
+            elif cuda and i + 2 < len(modules) and pool_fusable(m, modules[i + 1], modules[i + 2]):
                 input = layer_act_pool(m, input, activation_name(modules[i + 1]), modules[i + 2])
                 i += 3
             elif cuda and i + 1 < len(modules) and fusable(m, modules[i + 1]):

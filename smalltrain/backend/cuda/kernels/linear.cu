@@ -113,6 +113,30 @@ __device__ void tile_gemm(const Operand<T>& A, const Operand<T>& Bt, int i0, int
     }
 }
 
+// Tile `bid` of [dw | db] [F, K + 1] = gt [F, M] @ [x | 1] [M, K + 1] (x [M, K] row-major; db as the bias
+// column K). Without dw (frozen weight) only the tiles of column K are counted, without db column K is left out:
+// dw_tiles(F, K, ...) tiles in all.
+template <typename T>
+__device__ void dw_tile(const Operand<T>& gt, const T* __restrict__ x, T* __restrict__ dw, T* __restrict__ db,
+                        int M, int K, int F, int bid) {
+    const int KB = db != nullptr ? K + 1 : K, first = dw != nullptr ? 0 : K;
+    const int tiles_j = (KB - first + ST_LT - 1) / ST_LT;
+    const int i0 = (bid / tiles_j) * ST_LT, j0 = first + (bid % tiles_j) * ST_LT;
+    Operand<T> xt = plain(x, 1, K, K, M);
+    if (db != nullptr) xt.ones = K;
+    T acc[4];
+    tile_gemm<T>(gt, xt, i0, j0, M, acc);
+    const int j = j0 + threadIdx.x % ST_LT;
+    if (threadIdx.x >= ST_LGROUP || j >= KB) return;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int i = i0 + threadIdx.x / ST_LT + 4 * r;
+        if (i >= F) break;
+        if (j < K) dw[i * K + j] = acc[r];   // j < K only when dw is wanted (first == 0)
+        else db[i] = acc[r];
+    }
+}
+
 template <typename T>
 __device__ void linear_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                            T* __restrict__ out, T* __restrict__ y, int M, int K, int F, int act) {
@@ -137,9 +161,9 @@ template <typename T>
 __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, const T* __restrict__ b,
                            const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ dx, T* __restrict__ dw,
                            T* __restrict__ db, int M, int K, int F, int ysm, int ysf, int act, int blocks_dx) {
-    T acc[4];
-    const int tx = threadIdx.x % ST_LT, ty = threadIdx.x / ST_LT;   // used by group 0 (threadIdx.x < ST_LGROUP)
     if ((int)blockIdx.x < blocks_dx) {   // dx [M, K] = g [M, F] @ w [F, K]
+        T acc[4];
+        const int tx = threadIdx.x % ST_LT, ty = threadIdx.x / ST_LT;   // used by group 0 (threadIdx.x < 64)
         const int tiles_j = (K + ST_LT - 1) / ST_LT;
         const int i0 = (blockIdx.x / tiles_j) * ST_LT, j0 = (blockIdx.x % tiles_j) * ST_LT;
         const Operand<T> g{dout, F, 1, M, F, -1, y, ysm, ysf, b, 0, act};
@@ -152,24 +176,198 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
             if (i < M) dx[i * K + j] = acc[r];
         }
     } else {   // [dw | db] [F, K + 1] = g^T [F, M] @ [x | 1] [M, K + 1]
-        // without dw only the tile of column K (db) is launched
-        const int bid = blockIdx.x - blocks_dx, KB = db != nullptr ? K + 1 : K, first = dw != nullptr ? 0 : K;
-        const int tiles_j = (KB - first + ST_LT - 1) / ST_LT;
-        const int i0 = (bid / tiles_j) * ST_LT, j0 = first + (bid % tiles_j) * ST_LT;
         const Operand<T> gt{dout, 1, F, F, M, -1, y, ysf, ysm, b, 1, act};
-        Operand<T> xt = plain(x, 1, K, K, M);
-        if (db != nullptr) xt.ones = K;
-        tile_gemm<T>(gt, xt, i0, j0, M, acc);
-        const int j = j0 + tx;
-        if (threadIdx.x >= ST_LGROUP || j >= KB) return;
+        dw_tile<T>(gt, x, dw, db, M, K, F, blockIdx.x - blocks_dx);
+    }
+}
+
+// ---- chains of small layers: act_L(... act_1(x @ w_1^T + b_1) ...) as one launch forward, two backward ----
+// A chain is up to ST_CMAX layers of widths d_0 (the input) .. d_L, each at most a few hundred (LeNet-5's
+// 256-120-84-10). Layer l (0-based) has w_l [d_{l+1}, d_l], bias b_l or null, activation code a_l, and writes
+// z_l (its pre-activation, bias included; null when no activation needs it) and h_l (its output; for the last
+// layer the chain's output).
+//   chain_fwd: each block takes R rows through every layer in shared memory (two [R][WMAX] buffers in turn),
+//              a warp computing ST_CJW outputs at a time for all R rows (lanes over the reduction, weights read
+//              coalesced, a butterfly sum), so the layers need no launch between them.
+//   chain_bwd_rows: the same blocks walk the layers backward: g_{L-1} = dout * act'(z), then for each layer
+//              dh = g @ w (one thread per input, the weights read along their rows) times the previous layer's
+//              act'; writes every layer's g_l [M, d_{l+1}] and, if asked, dx = the first layer's dh.
+//   chain_wgrad: [dw_l | db_l] = g_l^T @ [h_{l-1} | 1] (h_{-1} = x) for every layer in one grid of dw_tile tiles.
+// Fixed summation orders everywhere (deterministic). The launcher checks the shapes and that the chain fits.
+#define ST_CMAX 4
+#define ST_CTHREADS 512
+#define ST_CJW 4      // outputs a warp sums at once: independent loads in flight
+
+template <typename T>
+struct ChainLayer {
+    const T* w;
+    const T* b;
+    T* z;
+    T* h;
+    int k, f, act;
+};
+
+#define ST_CHAIN_PARAMS(T)                                                                                         \
+    const T *w0, const T *w1, const T *w2, const T *w3, const T *b0, const T *b1, const T *b2, const T *b3,        \
+        T *z0, T *z1, T *z2, T *z3, T *h0, T *h1, T *h2, T *h3, int d0, int d1, int d2, int d3, int d4, int a0,   \
+        int a1, int a2, int a3
+#define ST_CHAIN_ARGS w0, w1, w2, w3, b0, b1, b2, b3, z0, z1, z2, z3, h0, h1, h2, h3, d0, d1, d2, d3, d4, a0, a1, a2, a3
+#define ST_CHAIN_LAYERS(T)                                                                                         \
+    const ChainLayer<T> layers[ST_CMAX] = {{w0, b0, z0, h0, d0, d1, a0}, {w1, b1, z1, h1, d1, d2, a1},             \
+                                           {w2, b2, z2, h2, d2, d3, a2}, {w3, b3, z3, h3, d3, d4, a3}}
+
+template <typename T>
+__device__ __forceinline__ T warp_sum_all(T v) {   // every lane gets the sum (butterfly: a fixed order)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int i = i0 + ty + 4 * r;
-            if (i >= F) break;
-            if (j < K) dw[i * K + j] = acc[r];   // j < K only when dw is wanted (first == 0)
-            else db[i] = acc[r];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T, int R>
+__device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, int L, int WMAX) {
+    ST_CHAIN_LAYERS(T);
+    extern __shared__ unsigned char st_smem[];
+    T* buf[2] = {reinterpret_cast<T*>(st_smem), reinterpret_cast<T*>(st_smem) + R * WMAX};
+    const int r0 = blockIdx.x * R, nr = min(R, M - r0);
+    for (int e = threadIdx.x; e < R * d0; e += blockDim.x) {
+        const int r = e / d0, k = e - r * d0;
+        buf[0][r * WMAX + k] = r < nr ? x[(r0 + r) * d0 + k] : T(0);
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+    for (int l = 0; l < ST_CMAX; ++l) {
+        if (l >= L) break;
+        const ChainLayer<T> c = layers[l];
+        const T* in = buf[l & 1];
+        T* out = buf[(l + 1) & 1];
+        for (int j0 = warp * ST_CJW; j0 < c.f; j0 += nwarps * ST_CJW) {
+            T acc[ST_CJW][R];
+#pragma unroll
+            for (int u = 0; u < ST_CJW; ++u)
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[u][r] = T(0);
+#pragma unroll 4
+            for (int k = lane; k < c.k; k += 32) {   // unrolled: 16 weight loads in flight per lane
+                T wv[ST_CJW];
+#pragma unroll
+                for (int u = 0; u < ST_CJW; ++u) wv[u] = j0 + u < c.f ? c.w[(j0 + u) * c.k + k] : T(0);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const T a = in[r * WMAX + k];
+#pragma unroll
+                    for (int u = 0; u < ST_CJW; ++u) acc[u][r] += a * wv[u];
+                }
+            }
+            // lane u*R + r keeps output (row r, j0 + u): R * ST_CJW <= 32
+            T v = T(0);
+#pragma unroll
+            for (int u = 0; u < ST_CJW; ++u)
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const T sum = warp_sum_all(acc[u][r]);
+                    if (lane == u * R + r) v = sum;
+                }
+            const int u = lane / R, r = lane - u * R, j = j0 + u;
+            if (u < ST_CJW && j < c.f) {
+                if (c.b != nullptr) v += c.b[j];
+                const T hv = act_fwd(v, c.act);
+                out[r * WMAX + j] = hv;
+                if (r < nr) {
+                    if (c.z != nullptr) c.z[(r0 + r) * c.f + j] = v;
+                    if (c.h != nullptr) c.h[(r0 + r) * c.f + j] = hv;
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T, int R>
+__device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3,
+                               T* __restrict__ dx, int M, int L, int WMAX) {
+    ST_CHAIN_LAYERS(T);
+    T* const gs[ST_CMAX] = {g0, g1, g2, g3};
+    extern __shared__ unsigned char st_smem[];
+    T* buf[2] = {reinterpret_cast<T*>(st_smem), reinterpret_cast<T*>(st_smem) + R * WMAX};
+    const int r0 = blockIdx.x * R, nr = min(R, M - r0);
+    {   // the last layer's g = dout * act'(z)
+        const ChainLayer<T> c = layers[0];
+        int f = c.f, act = c.act;
+        const T* z = c.z;
+        T* g = gs[0];
+#pragma unroll
+        for (int l = 1; l < ST_CMAX; ++l)
+            if (l < L) f = layers[l].f, act = layers[l].act, z = layers[l].z, g = gs[l];
+        for (int e = threadIdx.x; e < R * f; e += blockDim.x) {
+            const int r = e / f, j = e - r * f;
+            T v = T(0);
+            if (r < nr) {
+                v = dout[(r0 + r) * f + j];
+                if (act != ST_ACT_NONE) v = act_bwd(v, z[(r0 + r) * f + j], act);
+                g[(r0 + r) * f + j] = v;
+            }
+            ((L - 1) & 1 ? buf[1] : buf[0])[r * WMAX + j] = v;   // (not buf[(L - 1) & 1]: a stack array)
         }
     }
+    __syncthreads();
+#pragma unroll
+    for (int l = ST_CMAX - 1; l >= 0; --l) {   // layer l's g (in buf[l & 1]) -> dh of its input
+        if (l >= L) continue;
+        if (l == 0 && dx == nullptr) break;
+        const ChainLayer<T> c = layers[l];
+        const T* in = buf[l & 1];
+        T* out = buf[(l + 1) & 1];
+        const ChainLayer<T> prev = layers[l > 0 ? l - 1 : 0];
+        for (int k = threadIdx.x; k < c.k; k += blockDim.x) {
+            T acc[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] = T(0);
+#pragma unroll 16
+            for (int j = 0; j < c.f; ++j) {   // unrolled: the weight loads (L2 latency) overlap
+                const T wv = c.w[j * c.k + k];
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r] += in[r * WMAX + j] * wv;
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (r >= nr) break;
+                const int row = r0 + r;
+                if (l == 0) {
+                    dx[row * c.k + k] = acc[r];
+                } else {
+                    const T v = prev.act != ST_ACT_NONE ? act_bwd(acc[r], prev.z[row * c.k + k], prev.act) : acc[r];
+                    out[r * WMAX + k] = v;
+                    gs[l - 1][row * c.k + k] = v;
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// blocks [t_l, t_{l+1}) are layer l's dw_tile tiles (t0 = 0); x_l is layer l's input (x, then h_0, h_1, ...)
+template <typename T>
+__device__ void chain_wgrad(const T* g0, const T* g1, const T* g2, const T* g3, const T* x0, const T* x1,
+                            const T* x2, const T* x3, T* dw0, T* dw1, T* dw2, T* dw3, T* db0, T* db1, T* db2, T* db3,
+                            int d0, int d1, int d2, int d3, int d4, int t1, int t2, int t3, int M) {
+    const T* gs[ST_CMAX] = {g0, g1, g2, g3};
+    const T* xs[ST_CMAX] = {x0, x1, x2, x3};
+    T* dws[ST_CMAX] = {dw0, dw1, dw2, dw3};
+    T* dbs[ST_CMAX] = {db0, db1, db2, db3};
+    const int ds[ST_CMAX + 1] = {d0, d1, d2, d3, d4}, ts[ST_CMAX] = {0, t1, t2, t3};
+    int l = 0;
+#pragma unroll
+    for (int i = 1; i < ST_CMAX; ++i)
+        if ((int)blockIdx.x >= ts[i]) l = i;
+    // the same selection written out, so that the arrays stay in registers (no dynamic indexing)
+    const T *g = gs[0], *xl = xs[0];
+    T *dw = dws[0], *db = dbs[0];
+    int k = ds[0], f = ds[1], t = 0;
+#pragma unroll
+    for (int i = 1; i < ST_CMAX; ++i)
+        if (l == i) g = gs[i], xl = xs[i], dw = dws[i], db = dbs[i], k = ds[i], f = ds[i + 1], t = ts[i];
+    dw_tile<T>(plain(g, 1, f, f, M), xl, dw, db, M, k, f, blockIdx.x - t);
 }
 
 #define ST_LINEAR(T, S)                                                                                            \
@@ -181,7 +379,35 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
     linear_bwd_##S(const T* dout, const T* y, const T* b, const T* x, const T* w, T* dx, T* dw, T* db, int M,      \
                    int K, int F, int ysm, int ysf, int act, int blocks_dx) {                                       \
         linear_bwd<T>(dout, y, b, x, w, dx, dw, db, M, K, F, ysm, ysf, act, blocks_dx);                            \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(ST_LTHREADS)                                                      \
+    chain_wgrad_##S(const T* g0, const T* g1, const T* g2, const T* g3, const T* x0, const T* x1, const T* x2,     \
+                    const T* x3, T* dw0, T* dw1, T* dw2, T* dw3, T* db0, T* db1, T* db2, T* db3, int d0, int d1,   \
+                    int d2, int d3, int d4, int t1, int t2, int t3, int M) {                                       \
+        chain_wgrad<T>(g0, g1, g2, g3, x0, x1, x2, x3, dw0, dw1, dw2, dw3, db0, db1, db2, db3, d0, d1, d2, d3, d4, \
+                       t1, t2, t3, M);                                                                             \
     }
 ST_LINEAR(float, f32)
 ST_LINEAR(double, f64)
 #undef ST_LINEAR
+
+// chain_fwd_r{R} and chain_bwd_rows_r{R}: R rows per block (the launcher picks R from the batch)
+#define ST_CHAIN(T, S, R)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
+    chain_fwd_r##R##_##S(const T* x, ST_CHAIN_PARAMS(T), int M, int L, int WMAX) {                                 \
+        chain_fwd<T, R>(x, ST_CHAIN_ARGS, M, L, WMAX);                                                             \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
+    chain_bwd_rows_r##R##_##S(const T* dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3, T* dx, int M, int L,  \
+                              int WMAX) {                                                                          \
+        chain_bwd_rows<T, R>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX);                                 \
+    }
+ST_CHAIN(float, f32, 1)
+ST_CHAIN(float, f32, 2)
+ST_CHAIN(float, f32, 4)
+ST_CHAIN(float, f32, 8)
+ST_CHAIN(double, f64, 1)
+ST_CHAIN(double, f64, 2)
+ST_CHAIN(double, f64, 4)
+ST_CHAIN(double, f64, 8)
+#undef ST_CHAIN
