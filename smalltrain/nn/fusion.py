@@ -8,12 +8,21 @@ saves a launch and an autograd node per pair. `nn.Sequential` fuses such adjacen
 with their own forward call `layer_act(layer, x, activation)`, `layer_act_pool(...)` and `chain_act(x, pairs)`. The values are those of the unfused layers (the same
 kernels' arithmetic); layers with hooks, non-zero padding modes, and CPU tensors take the ordinary path.
 """
+from ..ops.activation import apply_named
+from ..ops.conv import conv2d_act, conv2d_act_pool
+from ..ops.matmul import linear_act, linear_chain
 from ..tensor import Tensor
+from .modules.activation import GELU, ReLU
+from .modules.conv import Conv2d
+from .modules.linear import Linear
+from .modules.pooling import MaxPool2d
+
+# (imported at module level: these checks run for every layer of every forward on CUDA, where an import statement
+# inside a function costs ~1-2 us each time)
 
 
 def activation_name(module):
     """'relu', 'gelu' or 'gelu_tanh' for a fusable activation module, else None."""
-    from .modules.activation import GELU, ReLU
     if type(module) is ReLU:
         return "relu"
     if type(module) is GELU:
@@ -26,8 +35,6 @@ def _hooked(module):
 
 
 def _fusable_layer(layer):
-    from .modules.conv import Conv2d
-    from .modules.linear import Linear
     if _hooked(layer):
         return False
     return type(layer) is Linear or (type(layer) is Conv2d and layer.padding_mode == "zeros")
@@ -40,12 +47,8 @@ def fusable(layer, act_module):
 
 def layer_act(layer, x, activation):
     """activation(layer(x)) for activation None, 'relu', 'gelu' or 'gelu_tanh'; fused when x is on CUDA."""
-    from ..ops.activation import apply_named
     if not (isinstance(x, Tensor) and x.is_cuda and _fusable_layer(layer)):
         return apply_named(layer(x), activation)
-    from ..ops.conv import conv2d_act
-    from ..ops.matmul import linear_act
-    from .modules.linear import Linear
     if type(layer) is Linear:
         return linear_act(x, layer.weight, layer.bias, activation)
     return conv2d_act(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups,
@@ -54,8 +57,6 @@ def layer_act(layer, x, activation):
 
 def _conv_and_pool(layer, pool):
     """An unhooked zero-padded Conv2d and an unhooked MaxPool2d without indices: the pair Conv2dActPool takes."""
-    from .modules.conv import Conv2d
-    from .modules.pooling import MaxPool2d
     return (type(layer) is Conv2d and _fusable_layer(layer) and type(pool) is MaxPool2d and not pool.return_indices
             and not _hooked(pool))
 
@@ -68,7 +69,6 @@ def pool_fusable(layer, act_module, pool_module):
 def layer_act_pool(layer, x, activation, pool):
     """pool(activation(layer(x))): one fused op when x is a batched CUDA tensor, `layer` an unhooked Conv2d with
     zero padding and `pool` an unhooked MaxPool2d without indices; else the modules one by one."""
-    from ..ops.conv import conv2d_act_pool
     if not (isinstance(x, Tensor) and x.is_cuda and x.ndim == 4 and _conv_and_pool(layer, pool)):
         return pool(layer_act(layer, x, activation))
     return conv2d_act_pool(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups,
@@ -76,7 +76,6 @@ def layer_act_pool(layer, x, activation, pool):
 
 
 def _chain_layer(module):
-    from .modules.linear import Linear
     return type(module) is Linear and not _hooked(module)
 
 
@@ -95,7 +94,6 @@ def chain_act(x, pairs):
     """act_n(layer_n(... act_1(layer_1(x)) ...)) for pairs [(Linear, activation name or None), ...]: on CUDA one
     chain op per run of up to four layers where the chain kernels take it (ops.matmul.linear_chain), else the
     layers one by one (fused pairs on CUDA)."""
-    from ..ops.matmul import linear_chain
     if not (isinstance(x, Tensor) and x.is_cuda and all(_chain_layer(layer) for layer, _ in pairs)):
         for layer, act in pairs:
             x = layer_act(layer, x, act)

@@ -12,6 +12,8 @@ from ..backend import cpu
 from ..backend.cuda import conv as cuda_conv
 from ..backend.cuda import pool as cuda_pool
 from ._util import check_same_device, xp_of
+from .activation import apply_named
+from .pool import _geometry, max_pool2d
 
 
 def _shape(a):
@@ -186,7 +188,6 @@ def conv2d_act(input, weight, bias=None, stride=1, padding=0, dilation=1, groups
     """activation(conv2d(...)) with activation None, 'relu', 'gelu' or 'gelu_tanh'; on CUDA the bias and the
     activation run in the convolution's epilogue kernel (and its derivative in the backward's), on the CPU it is
     conv2d followed by the activation op. Same values either way, up to float32 rounding."""
-    from .activation import apply_named
     if not input.is_cuda or activation is None:
         return apply_named(conv2d(input, weight, bias, stride, padding, dilation, groups), activation)
     check_same_device("conv2d", input, weight, bias)
@@ -227,7 +228,6 @@ def conv2d_act_pool(input, weight, bias=None, stride=1, padding=0, dilation=1, g
                     kernel_size=2, pool_stride=None, pool_padding=0, pool_dilation=1, ceil_mode=False):
     """max_pool2d(activation(conv2d(input, ...)), kernel_size, pool_stride, ...): fused on CUDA for a batched float
     input (Conv2dActPool), composed of the separate ops otherwise. Every argument is checked before a kernel runs."""
-    from .pool import _geometry, max_pool2d
     x = input.array
     if not input.is_cuda or x.ndim != 4 or x.dtype.kind != "f":
         return max_pool2d(conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation),

@@ -9,6 +9,7 @@ from ..autograd.function import Function
 from ..backend.cuda import blas
 from ..backend.cuda import linear as cuda_linear
 from ._util import check_same_device, xp_of
+from .activation import apply_named
 
 
 def _mm(x, y):
@@ -220,7 +221,6 @@ def _fused_linear(x, weight):
 def linear_act(input, weight, bias=None, activation=None):  # noqa: A002
     """activation(linear(input, weight, bias)), activation None, 'relu', 'gelu' or 'gelu_tanh': fused on CUDA
     (the bias and activation inside the layer's kernels each way), composed on the CPU."""
-    from .activation import apply_named
     if not _fused_linear(input, weight):
         return apply_named(Linear.apply(input, weight, bias), activation)
     check_same_device("linear", input, weight, bias)

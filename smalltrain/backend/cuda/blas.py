@@ -13,6 +13,7 @@ import ctypes
 import os
 
 from . import cupy
+from .graphs import is_current_stream_capturing
 
 _OP_N, _OP_T = 0, 1
 _TF32_TENSOR_OP_MATH = 3
@@ -239,7 +240,6 @@ def sum_rows(g, axis):
     The ones vector is made outside graph capture (a capture records its fill without running it); during
     a capture with no vector large enough yet, this falls back to the array library's reduction.
     """
-    from .graphs import is_current_stream_capturing
     cp = cupy()
     r, c = g.shape
     length = r if axis == 0 else c

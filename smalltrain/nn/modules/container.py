@@ -4,7 +4,19 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from itertools import chain, islice
 
+from ...tensor import Tensor
 from ..module import Module, _addindent
+
+_FUSION = []
+
+
+def _fusion():
+    """nn/fusion.py, imported once on first use (it imports the layer modules, which come after this one); an
+    import statement in Sequential.forward would cost ~2 us per call."""
+    if not _FUSION:
+        from .. import fusion
+        _FUSION.append(fusion)
+    return _FUSION[0]
 
 
 def _check_index(idx, size):
@@ -83,22 +95,21 @@ class Sequential(Module):
     def forward(self, input):
         # a Linear/Conv2d directly followed by ReLU/GELU (and a Conv2d's by MaxPool2d) runs fused on CUDA, and so
         # does a run of two or more Linear (+ activation) layers (see nn/fusion.py)
-        from ...tensor import Tensor
-        from ..fusion import activation_name, chain_act, fusable, layer_act, layer_act_pool, linear_run, pool_fusable
+        fusion = _fusion()
         modules = list(self._modules.values())
         i = 0
         while i < len(modules):
             m = modules[i]
             cuda = isinstance(input, Tensor) and input.is_cuda
-            pairs, after = linear_run(modules, i) if cuda else ((), i)
+            pairs, after = fusion.linear_run(modules, i) if cuda else ((), i)
             if len(pairs) > 1:
-                input = chain_act(input, pairs)
+                input = fusion.chain_act(input, pairs)
                 i = after
-            elif cuda and i + 2 < len(modules) and pool_fusable(m, modules[i + 1], modules[i + 2]):
-                input = layer_act_pool(m, input, activation_name(modules[i + 1]), modules[i + 2])
+            elif cuda and i + 2 < len(modules) and fusion.pool_fusable(m, modules[i + 1], modules[i + 2]):
+                input = fusion.layer_act_pool(m, input, fusion.activation_name(modules[i + 1]), modules[i + 2])
                 i += 3
-            elif cuda and i + 1 < len(modules) and fusable(m, modules[i + 1]):
-                input = layer_act(m, input, activation_name(modules[i + 1]))
+            elif cuda and i + 1 < len(modules) and fusion.fusable(m, modules[i + 1]):
+                input = fusion.layer_act(m, input, fusion.activation_name(modules[i + 1]))
                 i += 2
             else:
                 input = m(input)
