@@ -1,6 +1,7 @@
 """CUDA gather and scatter-add along one dim (kernels/index.cu), torch.gather / torch.scatter_add semantics; the
 index may be smaller than the input in the other dims (the kernels then work on a sliced contiguous copy)."""
 
+import math
 import numpy as np
 
 from . import cupy
@@ -39,7 +40,7 @@ def _region(x_shape, index_shape, dim):
 
 
 def _sizes(shape, dim, j):
-    return int(np.prod(shape[:dim])), shape[dim], j, int(np.prod(shape[dim + 1:]))
+    return math.prod(shape[:dim]), shape[dim], j, math.prod(shape[dim + 1:])
 
 
 def gather(x, dim, index, check_bounds=None):

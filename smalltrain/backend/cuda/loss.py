@@ -1,6 +1,7 @@
 """CUDA softmax / log_softmax over one dim and fused cross-entropy (kernels/loss.cu): one warp per row; cross-entropy
 computes the loss and the gradient of the unreduced loss in one pass, so its backward is one scaling kernel."""
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +16,7 @@ def _softmax_forward(op, x, dim, log):
     check_float(op, "input", x)
     d = dim_index(op, dim, x.ndim)
     shape = x.shape if x.ndim else (1,)
-    outer, c, inner = int(np.prod(shape[:d])), shape[d], int(np.prod(shape[d + 1:]))
+    outer, c, inner = math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])
     with x.device:
         x = contiguous(x)
         out = cupy().empty_like(x)
@@ -35,7 +36,7 @@ def _softmax_backward(op, dout, saved, log):
         raise RuntimeError(f"{op}: expected grad_output of shape {list(out.shape)}, got {list(dout.shape)}")
     same_device(op, dout, out)
     shape = out.shape if out.ndim else (1,)
-    outer, c, inner = int(np.prod(shape[:d])), shape[d], int(np.prod(shape[d + 1:]))
+    outer, c, inner = math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])
     with out.device:
         dout = contiguous(dout)
         dx = cupy().empty_like(out)
@@ -139,7 +140,7 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     c = _ce_validate(x, target, weight, reduction, float(label_smoothing))
     cp = cupy()
     shape = x.shape if x.ndim > 1 else (1,) + x.shape
-    outer, inner = shape[0], int(np.prod(shape[2:]))
+    outer, inner = shape[0], math.prod(shape[2:])
     with x.device:
         x, target, weight = contiguous(x), contiguous(target), contiguous(weight)
         # one reduction kernel and one host read (the first bad value is looked up only on failure)
@@ -180,7 +181,7 @@ def cross_entropy_backward(dout, saved):
     if tuple(dout.shape) != tuple(want):
         raise RuntimeError(f"{op}: expected grad_output of shape {list(want)}, got {list(dout.shape)}")
     shape = grad.shape if grad.ndim > 1 else (1,) + grad.shape
-    outer, c, inner = shape[0], shape[1], int(np.prod(shape[2:]))
+    outer, c, inner = shape[0], shape[1], math.prod(shape[2:])
     with grad.device:
         if saved.reduction == "none":
             scale, stride = contiguous(dout).reshape(-1), 1

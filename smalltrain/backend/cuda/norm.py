@@ -1,5 +1,6 @@
 """CUDA batch normalization (kernels/norm.cu): training forward with batch statistics and the running-stat update
 fused in, eval forward with running statistics, and one backward kernel for both; x is [N, C, *]."""
+import math
 import numpy as np
 
 from . import cupy
@@ -31,7 +32,7 @@ def _validate(x, running_mean, running_var, weight, bias, training):
     m = x.size // c if c else 0
     if training and m <= 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
-    return c, int(np.prod(x.shape[2:]))
+    return c, math.prod(x.shape[2:])
 
 
 def batch_norm_forward(x, running_mean, running_var, weight=None, bias=None, training=True, momentum=0.1, eps=1e-5):
@@ -76,7 +77,7 @@ def batch_norm_backward(dout, saved, needs_input_grad=(True, True, True)):
     need_x, need_w, need_b = (tuple(bool(v) for v in needs_input_grad) + (True,) * 3)[:3]
     cp = cupy()
     n, c = x.shape[:2]
-    s = int(np.prod(x.shape[2:]))
+    s = math.prod(x.shape[2:])
     with x.device:
         dout = contiguous(dout)
         dx = cp.empty_like(x) if need_x else None

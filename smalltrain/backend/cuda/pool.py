@@ -1,5 +1,6 @@
 """CUDA max and average 2-D pooling launchers (kernels/pool.cu), torch's semantics: padding, dilation (max),
 ceil_mode, count_include_pad, divisor_override; max pooling returns torch's flat h*W + w argmax indices."""
+import math
 import operator
 
 import numpy as np
@@ -72,7 +73,7 @@ def max_pool2d_forward(x, kernel_size, stride=None, padding=0, dilation=1, ceil_
     with x.device:
         x = contiguous(x)
         h, w = x.shape[-2:]
-        b = int(np.prod(x.shape[:-2]))
+        b = math.prod(x.shape[:-2])
         out = cp.empty(x.shape[:-2] + out_hw, dtype=x.dtype)
         idx = cp.empty(out.shape, dtype=cp.int64)
         launch("pool", "max_pool2d_fwd", x.dtype, out.size,
@@ -90,7 +91,7 @@ def max_pool2d_backward(dout, saved):
     with idx.device:
         dout = contiguous(dout)
         h, w = x_shape[-2:]
-        b = int(np.prod(x_shape[:-2]))
+        b = math.prod(x_shape[:-2])
         dx = cp.empty(x_shape, dtype=dtype)
         launch("pool", "max_pool2d_bwd", dtype, dx.size,
                (dout, idx, dx) + _args(b, h, w, out_hw, kernel, stride, pad) + (i64(dil[0]), i64(dil[1])))
@@ -154,7 +155,7 @@ def avg_pool2d_forward(x, kernel_size, stride=None, padding=0, ceil_mode=False, 
     with x.device:
         x = contiguous(x)
         h, w = x.shape[-2:]
-        b = int(np.prod(x.shape[:-2]))
+        b = math.prod(x.shape[:-2])
         out = cp.empty(x.shape[:-2] + out_hw, dtype=x.dtype)
         launch("pool", "avg_pool2d_fwd", x.dtype, out.size,
                (x, out) + _args(b, h, w, out_hw, kernel, stride, pad) + (i32(cip), i64(divisor)))
@@ -170,7 +171,7 @@ def avg_pool2d_backward(dout, saved):
     with dout.device:
         dout = contiguous(dout)
         h, w = x_shape[-2:]
-        b = int(np.prod(x_shape[:-2]))
+        b = math.prod(x_shape[:-2])
         dx = cp.empty(x_shape, dtype=dtype)
         launch("pool", "avg_pool2d_bwd", dtype, dx.size,
                (dout, dx) + _args(b, h, w, out_hw, kernel, stride, pad) + (i32(cip), i64(divisor)))
