@@ -6,7 +6,7 @@
 # step's host side (benchmarks/profile_step.py).
 # Logs under $OUT (the device tool's output folder; ./gpu_out elsewhere). Each stage has its own time limit;
 # STAGES picks stages (e.g. STAGES="tests bench ncu") so that one session's device time can be split over calls.
-# TESTS narrows the test stage to some paths (default: the whole suite).
+# TESTS narrows the test stage to some paths (default: the whole suite), NCU_CONFIGS the ncu stage's model:batch list.
 set -u
 STAGES=" ${STAGES:-tests bench compile speedrun train ncu host profile} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
@@ -29,7 +29,7 @@ done | tee "$OUT/speedrun.txt"
 stage train && for mode in "" "--compile"; do
   timeout 60 python3 -m smalltrain train --device cuda $mode --epochs 1 --log-every 200 --out /tmp/run$mode 2>&1 | tail -3
 done | tee "$OUT/train_cuda.txt"
-stage ncu && for config in lenet5:64 lenet5:512 cnn:64; do
+stage ncu && for config in ${NCU_CONFIGS:-lenet5:64 lenet5:512 cnn:64}; do
   # warm caches (--cache-control none), as in a replay where the step's few MB stay in L2
   timeout 60 ncu --clock-control none --cache-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
     python3 benchmarks/kernel_times.py --config $config > /tmp/ncu.csv 2>/dev/null

@@ -116,8 +116,9 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape, o", [((64, 6, 12, 12), 16), ((3, 10, 12, 12), 8), ((2, 3, 8, 7), 5)])
-def test_direct_forward_split_over_channels(shape, o, dtype, rng, monkeypatch):
+@pytest.mark.parametrize("shape, o, kernel", [((64, 6, 12, 12), 16, (5, 5)), ((3, 10, 12, 12), 8, (3, 3)),
+                                              ((2, 3, 8, 7), 5, (2, 3))])
+def test_direct_forward_split_over_channels(shape, o, kernel, dtype, rng, monkeypatch):
     """The staged direct forward with each item's input channels summed by several threads (LeNet-5's second
     layer at batch 64, 10 channels over 4 threads, 3 over 2): the split is taken and the values are right. The
     launch is planned for an H200's 132 SMs whatever the GPU, so that the same cases split everywhere."""
@@ -125,7 +126,7 @@ def test_direct_forward_split_over_channels(shape, o, dtype, rng, monkeypatch):
     real, splits = conv_kernels._direct_grid, []
     monkeypatch.setattr(conv_kernels, "_direct_grid", lambda *a: splits.append(real(*a)[2]) or real(*a))
     x = rng.standard_normal(shape).astype(dtype)
-    w = (rng.standard_normal((o, shape[1], 5, 5) if shape[2] > 8 else (o, shape[1], 2, 3)) * 0.5).astype(dtype)
+    w = (rng.standard_normal((o, shape[1]) + kernel) * 0.5).astype(dtype)
     b = rng.standard_normal(o).astype(dtype)
     out, _ = ops.conv2d_forward(g(x), g(w), g(b), 1, 0, 1, 1, "gelu")
     assert splits and splits[0] > 1, splits

@@ -195,8 +195,12 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
 //   chain_wgrad: [dw_l | db_l] = g_l^T @ [h_{l-1} | 1] (h_{-1} = x) for every layer in one grid of dw_tile tiles.
 // Fixed summation orders everywhere (deterministic). The launcher checks the shapes and that the chain fits.
 #define ST_CMAX 4
+#ifndef ST_CTHREADS   // (overridable for benchmarks/chain_variants.py)
 #define ST_CTHREADS 512
+#endif
+#ifndef ST_CJW
 #define ST_CJW 4      // outputs a warp sums at once: independent loads in flight
+#endif
 
 template <typename T>
 struct ChainLayer {
