@@ -5,8 +5,9 @@ Conv2d + activation followed by MaxPool2d as one op whose backward is one kernel
 On the GPU a small model's step is bound by launches and per-op dispatch, not arithmetic: applying the bias and
 the activation inside the layer's epilogue kernel (and the activation's derivative inside its backward kernel)
 saves a launch and an autograd node per pair. `nn.Sequential` fuses such adjacent pairs and runs by itself; models
-with their own forward call `layer_act(layer, x, activation)`, `layer_act_pool(...)` and `chain_act(x, pairs)`. The values are those of the unfused layers (the same
-kernels' arithmetic); layers with hooks, non-zero padding modes, and CPU tensors take the ordinary path.
+with their own forward call `layer_act(layer, x, activation)`, `layer_act_pool(...)` and `chain_act(x, pairs)`.
+The values are those of the unfused layers up to float rounding (the chain sums in another order); layers with
+hooks, non-zero padding modes, and CPU tensors take the ordinary path.
 """
 from ..ops.activation import apply_named
 from ..ops.conv import conv2d_act, conv2d_act_pool

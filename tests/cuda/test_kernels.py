@@ -1,6 +1,6 @@
-"""CUDA launchers for conv, linear layers and chains, pooling, activations, softmax / cross-entropy and batch norm against NumPy float64
-references (tests/cuda/cuda_reference.py); torch float64 on the CPU is the oracle for pooling and for the
-gradients of cross-entropy and batch norm. Skips without CuPy or a GPU.
+"""CUDA launchers for conv, linear layers and chains, pooling, activations, softmax / cross-entropy and batch norm
+against NumPy float64 references (tests/cuda/cuda_reference.py); torch float64 on the CPU is the oracle for pooling
+and for the gradients of cross-entropy and batch norm. Skips without CuPy or a GPU.
 
 float32 tolerance: max|err| <= 1e-5 * max(1, max|ref|). The convolution GEMMs must run in full float32:
 CuPy uses TF32 only when CUPY_TF32=1, and test_tf32_is_off fails if it is set.

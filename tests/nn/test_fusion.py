@@ -85,15 +85,6 @@ def _mlp():
     return nn.Sequential(*mods)
 
 
-def _chain_grads(seq, x, fn):
-    for p in seq.parameters():
-        p.grad = None
-    x = x.detach().requires_grad_(True)
-    out = fn(seq, x)
-    (out * out).sum().backward()
-    return [out.detach().cpu().numpy(), x.grad.cpu().numpy()] + [p.grad.cpu().numpy() for p in seq.parameters()]
-
-
 def _pairs(seq):
     layers = [m for m in seq if isinstance(m, nn.Linear)]
     return [(layer, act) for layer, (_, _, act) in zip(layers, CHAIN)]
@@ -107,8 +98,8 @@ def _one_by_one(seq, x):
 
 def test_cpu_chain_composes_the_unfused_ops():
     seq, x = _mlp(), st.randn(4, 8)
-    a = _chain_grads(seq, x, lambda m, v: chain_act(v, _pairs(m)))
-    b = _chain_grads(seq, x, _one_by_one)
+    a = _grads(seq, x, lambda m, v: chain_act(v, _pairs(m)))
+    b = _grads(seq, x, _one_by_one)
     for u, v in zip(a, b):
         assert np.array_equal(u, v)
 
@@ -118,8 +109,8 @@ def test_cuda_chain_equals_unfused_and_sequential_takes_it():
     seq, x = _mlp().to("cuda"), st.randn(4, 8).to("cuda")
     assert "LinearChain" in seq(x).grad_fn.name()
     for fn in (lambda m, v: chain_act(v, _pairs(m)), lambda m, v: m(v)):
-        fused = _chain_grads(seq, x, fn)
-        plain = _chain_grads(seq, x, _one_by_one)
+        fused = _grads(seq, x, fn)
+        plain = _grads(seq, x, _one_by_one)
         for name, u, v in zip(["out", "dx", "w0", "b0", "w1", "b1", "w2", "b2"], fused, plain):
             err = np.abs(u - v).max() / max(np.abs(v).max(), 1e-30)
             assert err <= 1e-5, f"{name}: {err:.2e}"
