@@ -236,7 +236,7 @@ def conv2d_act_pool(input, weight, bias=None, stride=1, padding=0, dilation=1, g
     stride, pads, dilation, groups = _check(x, weight.array, None if bias is None else bias.array, stride, padding,
                                             dilation, groups)
     out_hw = _out_hw(x.shape[2:], weight.array.shape[2:], stride, pads, dilation)
-    k, s, p, d, _ = _geometry("max_pool2d", _Shape((x.shape[0], weight.array.shape[0]) + out_hw), kernel_size, pool_stride,
-                              pool_padding, pool_dilation, ceil_mode)
+    k, s, p, d, _ = _geometry("max_pool2d", _Shape((x.shape[0], weight.array.shape[0]) + out_hw), kernel_size,
+                              pool_stride, pool_padding, pool_dilation, ceil_mode)
     return Conv2dActPool.apply(input, weight, bias, stride, pads, dilation, groups, activation,
                                (k, s, p, d, bool(ceil_mode)))

@@ -66,6 +66,13 @@ def _tiles(rows, cols):
     return -(-rows // _TILE) * -(-cols // _TILE)
 
 
+def _dw_tiles(f, k, need_w, need_b):
+    """Tiles of [dw | db] [F, K + 1] that kernels/linear.cu's dw_tile covers: column K (db) only without dw, no
+    column K without db."""
+    cols = (k if need_w else 0) + (1 if need_b else 0)
+    return _tiles(f, cols) if cols else 0
+
+
 def linear_act_forward(x, w, b=None, activation=None):
     """act(x @ w^T + b) for x [M, K], w [F, K], b [F] or None (cupy float arrays of one dtype and device);
     activation None, 'relu', 'gelu' or 'gelu_tanh'. Returns (out [M, F], LinearSaved)."""
@@ -129,8 +136,7 @@ def _small_backward(dout, saved, m, k, f, need_x, need_w, need_b, act):
     dw = cp.empty((f, k), dtype=x.dtype) if need_w else None
     db = cp.empty((f,), dtype=x.dtype) if need_b else None
     blocks_dx = _tiles(m, k) if need_x else 0
-    cols = (k if need_w else 0) + (1 if need_b else 0)
-    blocks = blocks_dx + (_tiles(f, cols) if cols else 0)
+    blocks = blocks_dx + _dw_tiles(f, k, need_w, need_b)
     if blocks == 0:
         return dx, dw, db
     item = x.dtype.itemsize
@@ -163,7 +169,7 @@ def chain_rows(m, widths, itemsize):
     if not (2 <= layers <= CHAIN_MAX_LAYERS and m >= 1 and all(1 <= d <= CHAIN_MAX_WIDTH for d in widths)):
         return None
     wmax = max(widths)
-    fitting = [r for r in _CHAIN_ROWS if 2 * r * wmax * itemsize <= _SMEM_BYTES]
+    fitting = [r for r in _CHAIN_ROWS if _chain_smem(r, widths, itemsize) <= _SMEM_BYTES]
     if not fitting or m * wmax >= _FITS32:
         return None
     rows = next((r for r in fitting if -(-m // r) <= _sm_count()), fitting[-1])
@@ -171,15 +177,23 @@ def chain_rows(m, widths, itemsize):
     return rows if -(-m // rows) * weights <= CHAIN_MAX_READS else None
 
 
+def _chain_smem(rows, widths, itemsize):
+    return 2 * rows * max(widths) * itemsize   # the chain kernels' two [R][WMAX] row buffers
+
+
 def _padded(values, fill):
     return list(values) + [fill] * (CHAIN_MAX_LAYERS - len(values))
+
+
+def _width_args(widths):
+    """d0 .. d4 as the kernels take them (0 past the chain's last layer)."""
+    return tuple(i32(d) for d in list(widths) + [0] * (CHAIN_MAX_LAYERS + 1 - len(widths)))
 
 
 def _chain_params(ws, bs, zs, hs, widths, acts):
     """The kernels' fixed parameter list (ST_CHAIN_PARAMS): 4 weights, biases, z, h; 5 widths; 4 activations."""
     return (tuple(ptr(a) for a in _padded(ws, None) + _padded(bs, None) + _padded(zs, None) + _padded(hs, None))
-            + tuple(i32(d) for d in list(widths) + [0] * (CHAIN_MAX_LAYERS + 1 - len(widths)))
-            + tuple(i32(a) for a in _padded(acts, 0)))
+            + _width_args(widths) + tuple(i32(a) for a in _padded(acts, 0)))
 
 
 def linear_chain_forward(x, layers, save=True):
@@ -210,7 +224,7 @@ def linear_chain_forward(x, layers, save=True):
         hs = [cp.empty((m, widths[i + 1]), dtype=x.dtype) if save else None for i in range(len(layers) - 1)] + [out]
         get("linear", f"chain_fwd_r{rows}", x.dtype)(
             (-(-m // rows),), (_CHAIN_THREADS,), (x,) + _chain_params(ws, bs, zs, hs, widths, acts)
-            + (i32(m), i32(len(layers)), i32(max(widths))), shared_mem=2 * rows * max(widths) * x.dtype.itemsize)
+            + (i32(m), i32(len(layers)), i32(max(widths))), shared_mem=_chain_smem(rows, widths, x.dtype.itemsize))
     return out, (ChainSaved(x, ws, bs, acts, zs, hs) if save else None)
 
 
@@ -235,24 +249,20 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None):
         get("linear", f"chain_bwd_rows_r{rows}", x.dtype)(
             (-(-m // rows),), (_CHAIN_THREADS,), (dout,) + _chain_params(ws, bs, saved.z, saved.h, widths, saved.acts)
             + tuple(ptr(g) for g in _padded(gs, None)) + (ptr(dx), i32(m), i32(layers), i32(max(widths))),
-            shared_mem=2 * rows * max(widths) * x.dtype.itemsize)
-        grads, dws, dbs, starts, total = [], [], [], [], 0
+            shared_mem=_chain_smem(rows, widths, x.dtype.itemsize))
+        grads, starts, total = [], [], 0
         for i in range(layers):
             need_w, need_b = needs[i][0], needs[i][1] and bs[i] is not None
-            dw = cp.empty(ws[i].shape, dtype=x.dtype) if need_w else None
-            db = cp.empty(bs[i].shape, dtype=x.dtype) if need_b else None
-            grads.append((dw, db))
-            dws.append(dw)
-            dbs.append(db)
+            grads.append((cp.empty(ws[i].shape, dtype=x.dtype) if need_w else None,
+                          cp.empty(bs[i].shape, dtype=x.dtype) if need_b else None))
             starts.append(total)
-            cols = (widths[i] if need_w else 0) + (1 if need_b else 0)
-            total += _tiles(widths[i + 1], cols) if cols else 0
+            total += _dw_tiles(widths[i + 1], widths[i], need_w, need_b)
         if total:
             ins = [x] + saved.h[:-1]
             starts = _padded(starts[1:], total)[:CHAIN_MAX_LAYERS - 1]
+            dws, dbs = [dw for dw, _ in grads], [db for _, db in grads]
             get("linear", "chain_wgrad", x.dtype)(
                 (total,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
                                               + _padded(dws, None) + _padded(dbs, None))
-                + tuple(i32(d) for d in widths + [0] * (CHAIN_MAX_LAYERS + 1 - len(widths)))
-                + tuple(i32(t) for t in starts) + (i32(m),))
+                + _width_args(widths) + tuple(i32(t) for t in starts) + (i32(m),))
     return dx, grads

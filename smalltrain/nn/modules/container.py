@@ -93,8 +93,8 @@ class Sequential(Module):
         return [k for k in super().__dir__() if not k.isdigit()]
 
     def forward(self, input):
-        # a Linear/Conv2d directly followed by ReLU/GELU (and a Conv2d's by MaxPool2d) runs fused on CUDA, and so
-        # does a run of two or more Linear (+ activation) layers (see nn/fusion.py)
+        # on CUDA a run of Linear (+ ReLU/GELU) layers runs as one chain op (a single one as a fused layer), a
+        # Conv2d + ReLU/GELU (+ MaxPool2d) as one fused op (see nn/fusion.py)
         fusion = _fusion()
         modules = list(self._modules.values())
         i = 0
@@ -102,7 +102,7 @@ class Sequential(Module):
             m = modules[i]
             cuda = isinstance(input, Tensor) and input.is_cuda
             pairs, after = fusion.linear_run(modules, i) if cuda else ((), i)
-            if len(pairs) > 1:
+            if pairs:   # Linear layers (+ activations): one chain op for a run, one fused layer for a single one
                 input = fusion.chain_act(input, pairs)
                 i = after
             elif cuda and i + 2 < len(modules) and fusion.pool_fusable(m, modules[i + 1], modules[i + 2]):
