@@ -116,6 +116,14 @@ def test_direct_forward_splits_channels_only_where_a_launch_is_underfilled(monke
     assert conv._direct_grid(4, 100, 40 * 1024, 7 * 1024, (6, 8, 4))[2] == 1   # 47 KiB + 8 KiB partial sums
 
 
+def test_every_implicit_gemm_variant_is_instantiated():
+    from smalltrain.backend.cuda import conv
+    src = loader.read_source(os.path.join(loader.KERNEL_DIR, "conv.cu"))
+    assert f"#define ST_IGKMAX {conv.IGEMM_MAX_K}\n" in src
+    for bo, bq in conv._IGEMM_BQ.items():   # BQ = 4 positions x 256 / (BO / 4) threads
+        assert f"ST_IGEMM(T, S, {bo})" in src and bq == 4 * 256 // (bo // 4), bo
+
+
 def test_chain_rows_per_block(monkeypatch):
     """linear.chain_rows on 132 SMs, no GPU needed: the fewest rows per block that leave <= one block per SM, fewer
     where the two row buffers would not fit in 48 KiB of shared memory, None outside the chain kernels' limits."""
@@ -130,6 +138,28 @@ def test_chain_rows_per_block(monkeypatch):
     assert linear.chain_rows(64, (1025, 10, 10), 4) is None              # too wide
     assert linear.chain_rows(0, lenet, 4) is None
     assert linear.chain_rows(200_000, lenet, 4) is None                  # 25,000 blocks x 41,640 weights
+
+
+def test_wide_layer_rule_and_chunks(monkeypatch):
+    """linear._wide and wide_chunks on 132 SMs, no GPU needed: F <= WIDE_MAX_F; whole 256-column slices per chunk,
+    as few chunks as give about 2 blocks per SM (chunks x row groups of 32 rows), every column in a chunk."""
+    from smalltrain.backend.cuda import linear
+    monkeypatch.setattr(linear, "_sm_count", lambda: 132)
+    src = loader.read_source(os.path.join(loader.KERNEL_DIR, "linear.cu"))
+    for name, value in (("ST_WF", linear.WIDE_MAX_F), ("ST_WROWS", linear._WIDE_ROWS), ("ST_WK", linear._WIDE_SLICE),
+                        ("ST_WBC", linear._WIDE_COLS), ("ST_WTHREADS", linear._THREADS)):
+        assert f"#define {name} {value}\n" in src, name
+    assert linear._wide(64, 18432, 10) and linear._wide(1, 1, 16)
+    assert not linear._wide(64, 18432, 17) and not linear._wide(0, 10, 10) and not linear._wide(64, 0, 10)
+    assert not linear._wide(32 * 65535 + 1, 10, 10)                      # row groups past the grid's y limit
+    assert not linear._wide(2 ** 16, 2 ** 15, 10)                        # x's indices past 32 bits
+    assert linear.wide_chunks(64, 18432) == (72, 256)                    # 2 row groups x 72 chunks: 144 blocks
+    assert linear.wide_chunks(512, 18432) == (15, 1280)                  # 16 groups: 17 wanted, 5 slices each
+    assert linear.wide_chunks(64, 100) == (1, 256)
+    assert linear.wide_chunks(100_000, 18432) == (1, 18432)              # 3,125 groups fill the GPU alone
+    for m, k in ((64, 18432), (512, 18432), (70, 1000), (600, 5000), (3, 63)):
+        chunks, kchunk = linear.wide_chunks(m, k)
+        assert kchunk % 256 == 0 and (chunks - 1) * kchunk < k <= chunks * kchunk, (m, k)
 
 
 def test_every_chain_variant_is_instantiated():

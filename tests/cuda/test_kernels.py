@@ -51,6 +51,11 @@ CONV_CASES = [  # x shape, out channels, kernel, stride, padding, dilation, grou
     ((4, 16, 26, 26), 32, (3, 3), 1, 0, 1, 1, "relu", True),
     # more images than the direct kernels stage one by one (8 per SM): their grid-stride layout
     ((1100, 2, 6, 5), 3, (3, 2), 1, (1, 0), 1, 1, "gelu", True),
+    # past the direct kernels' C*KH*KW (the implicit GEMM's reduction slices, 16 and 32 channel tiles), and past
+    # the implicit GEMM's tap table (im2col)
+    ((2, 40, 9, 8), 40, (3, 3), (2, 1), (1, 2), (1, 2), 1, "gelu", True),
+    ((3, 30, 7, 7), 6, (3, 3), 1, "same", 1, 1, "relu", False),
+    ((1, 130, 5, 5), 3, (3, 3), 1, 0, 1, 1, None, True),
 ]
 
 
@@ -72,17 +77,25 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-@pytest.mark.parametrize("path", ["direct", "im2col", "direct_dx"])
+@pytest.mark.parametrize("path", ["direct", "im2col", "direct_bwd", "igemm"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CONV_CASES)
 def test_conv2d(case, dtype, path, rng, monkeypatch):
-    """direct: every kernel of the direct path where it fits; im2col: none of them; direct_dx: the forward and dw
-    through im2col + GEMM, dx by the direct gather kernel (larger convolutions than the direct forward takes)."""
+    """direct: every kernel of the direct path where it fits, the implicit-GEMM forward where not; im2col: none of
+    them; direct_bwd: the forward through im2col + GEMM, dx by the direct gather kernel (larger convolutions than
+    the direct forward takes), dw by cuBLAS; igemm: the forward by the implicit GEMM, the backward as direct_bwd
+    with the cols matrix made from x."""
     shape, o, kernel, stride, padding, dilation, groups, activation, bias = case
     if path == "im2col":
         monkeypatch.setattr(conv_kernels, "DIRECT_MAX_K", 0)
+    if path in ("im2col", "direct_bwd"):
+        monkeypatch.setattr(conv_kernels, "IGEMM_MAX_K", 0)
+    launched = []
+    real_get = conv_kernels.get
+    monkeypatch.setattr(conv_kernels, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
+                                                                                                        *a))
     took_dx = []
-    if path == "direct_dx":
+    if path in ("direct_bwd", "igemm"):
         monkeypatch.setattr(conv_kernels, "DIRECT_MAX_MACS", 0)
         real = conv_kernels._direct_dx
         monkeypatch.setattr(conv_kernels, "_direct_dx", lambda *a: took_dx.append(real(*a)) or took_dx[-1])
@@ -93,10 +106,21 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
                                     activation)
     # groups == 1 and C*KH*KW <= 256 take the direct kernels (they keep x, not cols) when their shared-memory
     # tiles fit (all these cases in float32; not 32 x 250 in float64), everything else im2col
-    fits = conv_kernels._direct(shape, (o, shape[1] // groups) + kernel, saved.out_hw, groups,
-                                np.dtype(dtype).itemsize)
-    assert path != "direct" or fits == (groups == 1) or dtype == np.float64   # float32: every groups == 1 case
-    assert (saved.x is not None) == (path == "direct" and fits), (saved.x is None, saved.cols is None)
+    w_shape, itemsize = (o, shape[1] // groups) + kernel, np.dtype(dtype).itemsize
+    fits = conv_kernels._direct(shape, w_shape, saved.out_hw, groups, itemsize)
+    wgrad_fits = conv_kernels._direct_wgrad(shape, w_shape, saved.out_hw, groups, itemsize)
+    small = groups == 1 and shape[1] * kernel[0] * kernel[1] <= 256   # C*KH*KW within DIRECT_MAX_K
+    # float32: every small case fits (the direct forward's work limit is 0 on the direct_bwd and igemm paths)
+    assert path != "direct" or fits == small or dtype == np.float64
+    assert path == "im2col" or wgrad_fits == (small and path == "direct") or dtype == np.float64
+    # the implicit GEMM takes the forward where the direct kernel does not and its tap table fits
+    igemm = (path == "igemm" or (path == "direct" and not fits)) and conv_kernels._igemm(
+        shape, w_shape, saved.out_hw, groups, _pair(dilation))
+    assert any(name.startswith("igemm_fwd") for name in launched) == igemm, launched
+    assert path != "igemm" or igemm == (groups == 1 and shape[1] * kernel[0] * kernel[1] <= 1024)
+    # x is kept where no cols matrix was made or the tiled weight gradient reads it, else cols
+    assert (saved.x is not None) == (wgrad_fits or igemm), (saved.x is None, saved.cols is None)
+    assert (saved.cols is None) == (saved.x is not None)
     geom = (_pair(stride), _pads(padding, kernel, _pair(dilation)), _pair(dilation), groups)
     pre, _ = ref.conv2d(x, w, b, *geom)
     tol = ref.tol(dtype)
@@ -106,8 +130,8 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
     dx, dw, db = ops.conv2d_backward(g(dout), saved)
     rdx, rdw, rdb = ref.conv2d_grads(x, w, ref.act_grad(dout, pre, activation), *geom)
     assert_close(dx, rdx, tol, name="dx")
-    if path == "direct_dx":   # float32 groups == 1: the gather kernel took dx (its weights fit in shared memory)
-        assert (took_dx[0] is not None) == (groups == 1) or dtype == np.float64
+    if path in ("direct_bwd", "igemm"):   # float32: the gather kernel took dx of the small cases
+        assert (took_dx[0] is not None) == small or dtype == np.float64
     assert_close(dw, rdw, tol, name="dw")
     if bias:
         assert_close(db, rdb, tol, name="db")
@@ -134,7 +158,7 @@ def test_direct_forward_split_over_channels(shape, o, kernel, dtype, rng, monkey
     assert_close(out, ref.act(pre, "gelu"), ref.tol(dtype), name="conv2d forward")
 
 
-# --- linear (small tiled kernels / cuBLAS + epilogue) --------------------------------------------------------------
+# --- linear (small tiled kernels / wide kernels / cuBLAS + epilogue) ------------------------------------------------
 
 LINEAR_CASES = [  # M, K, F, activation, bias, needs (input, weight, bias)
     (64, 256, 120, "gelu", True, (True, True, True)),     # LeNet-5's first fully connected layer
@@ -142,11 +166,28 @@ LINEAR_CASES = [  # M, K, F, activation, bias, needs (input, weight, bias)
     (1, 7, 3, "gelu_tanh", False, (True, True, False)),
     (40, 50, 10, None, True, (False, True, True)),        # the first layer: no dx
     (20, 30, 9, "gelu", True, (True, False, True)),       # frozen weight: db only (the tile of column K)
-    (64, 3000, 10, None, True, (True, True, True)),       # a reduction past SMALL_MAX_L forward: cuBLAS there
+    (64, 3000, 10, None, True, (True, True, True)),       # a reduction past SMALL_MAX_L forward: wide or cuBLAS
+    (64, 18432, 10, None, True, (True, True, True)),      # MnistCnn's classifier
+    (70, 1000, 16, "gelu", True, (True, True, True)),     # WIDE_MAX_F outputs, a partial row group
+    (600, 5000, 7, "relu", True, (True, True, True)),     # 19 row groups, several chunks each
+    (5, 127, 3, "relu", False, (True, True, False)),      # K + 1 a multiple of 64 without db
+    (3, 63, 1, "gelu_tanh", True, (False, False, True)),  # db only, column K alone in the last block
 ]
 
+# the path each direction takes: small kernels where they fit (else wide for F <= 16, else cuBLAS), wide kernels
+# where F <= 16 (else cuBLAS), or cuBLAS; forward and backward mixed, so that each backward reads each forward's y
+LINEAR_MODES = {"small": {"SMALL_MAX_L": 2048, "WIDE_MAX_F": 16}, "wide": {"SMALL_MAX_L": 0, "WIDE_MAX_F": 16},
+                "cublas": {"SMALL_MAX_L": 0, "WIDE_MAX_F": 0}}
+LINEAR_PATHS = [("small", "small"), ("wide", "wide"), ("cublas", "cublas"), ("small", "cublas"), ("cublas", "small"),
+                ("cublas", "wide"), ("wide", "small")]
 
-@pytest.mark.parametrize("path", ["small", "cublas", "small_fwd", "small_bwd"])
+
+def _linear_mode(monkeypatch, mode):
+    for name, value in LINEAR_MODES[mode].items():
+        monkeypatch.setattr(linear_kernels, name, value)
+
+
+@pytest.mark.parametrize("path", LINEAR_PATHS, ids=["-".join(p) for p in LINEAR_PATHS])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", LINEAR_CASES)
 def test_linear_act(case, dtype, path, rng, monkeypatch):
@@ -154,12 +195,11 @@ def test_linear_act(case, dtype, path, rng, monkeypatch):
     x = rng.standard_normal((m, k)).astype(dtype)
     w = (rng.standard_normal((f, k)) / np.sqrt(k)).astype(dtype)
     b = rng.standard_normal(f).astype(dtype) if bias else None
-    if path in ("cublas", "small_bwd"):
-        monkeypatch.setattr(linear_kernels, "SMALL_MAX_L", 0)
+    _linear_mode(monkeypatch, path[0])
     out, saved = ops.linear_act_forward(g(x), g(w), None if b is None else g(b), activation)
-    monkeypatch.setattr(linear_kernels, "SMALL_MAX_L", 0 if path in ("cublas", "small_fwd") else 2048)
+    _linear_mode(monkeypatch, path[1])
     pre = x.astype(np.float64) @ w.astype(np.float64).T + (0 if b is None else b)
-    tol = ref.tol(dtype)
+    tol = ref.tol(dtype) * max(1, np.sqrt(k) / 64)
     assert out.dtype == dtype and out.shape == (m, f)
     assert_close(out, ref.act(pre, activation), tol, name="linear forward")
     dout = rng.standard_normal((m, f)).astype(dtype)
@@ -172,6 +212,23 @@ def test_linear_act(case, dtype, path, rng, monkeypatch):
             assert_close(got, want, tol * max(1, np.sqrt(max(m, f)) / 8), name=name)
         else:
             assert got is None, name
+
+
+def test_wide_linear_is_deterministic_and_leaves_its_counters_at_zero(rng, monkeypatch):
+    # the last block of each row group adds the chunks' partials in chunk order: bit-equal results on every call,
+    # for any grid; and each launch resets its tickets, so that launches of other row counts start from zero
+    monkeypatch.setattr(linear_kernels, "SMALL_MAX_L", 0)
+    w = g(rng.standard_normal((10, 9000)).astype(np.float32))
+    b = g(rng.standard_normal(10).astype(np.float32))
+    for m in (64, 1000, 3, 64):
+        assert linear_kernels.wide_chunks(m, 9000)[0] > 1
+        x = g(rng.standard_normal((m, 9000)).astype(np.float32))
+        first = ops.linear_act_forward(x, w, b, "relu")[0]
+        again = ops.linear_act_forward(x, w, b, "relu")[0]
+        assert cp.array_equal(first, again)
+        want = np.maximum(cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(w).astype(np.float64).T + cp.asnumpy(b), 0)
+        assert_close(first, want, 1e-4, name=f"wide forward, {m} rows")
+        assert int(linear_kernels._wide_counters[cp.cuda.Device().id].max()) == 0
 
 
 def test_linear_act_errors():

@@ -5,7 +5,9 @@ Small convolutions (groups == 1, C*KH*KW <= DIRECT_MAX_K, work <= DIRECT_MAX_MAC
 the forward is one direct kernel with the bias and activation fused, the weight and bias gradients are one tiled
 kernel plus a fixed-order reduction, the input gradient one gather kernel. That is 1 launch instead of 3-4 for the
 forward, 2 instead of 4 for dw and db and 1 instead of 2-3 (GEMM, its split-K reduction, col2im) for dx, and no
-C*KH*KW-times-the-input matrix written and read back.
+C*KH*KW-times-the-input matrix written and read back. Larger groups == 1 convolutions (MnistCnn's second layer)
+run the forward as one implicit-GEMM kernel with the same epilogue (igemm_fwd), keeping x; the backward then
+makes the cols matrix from x where cuBLAS computes dw.
 """
 import operator
 from dataclasses import dataclass
@@ -23,6 +25,15 @@ ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 # LeNet-5's layers at batch 512 (44M and 79M) run faster direct, MnistCnn's second layer at batch 64 (170M) not
 DIRECT_MAX_K = 256
 DIRECT_MAX_MACS = 1 << 27
+# the weight gradient's tiled kernel (wgrad_partial + wgrad_reduce, from x) takes the convolutions of the direct
+# forward's rule whatever their shared memory (the implicit-GEMM forward's too). Above DIRECT_MAX_MACS cuBLAS over
+# the cols matrix is faster: MnistCnn's second layer at batch 64, tiled 77 + 17 us, cuBLAS 56 us (H200,
+# benchmarks/conv_variants.py)
+# larger groups == 1 convolutions (C*KH*KW up to IGEMM_MAX_K) run the forward as an implicit GEMM (igemm_fwd) and
+# keep x; where cuBLAS computes dw, the backward makes the cols matrix from x. H200, MnistCnn's second layer at
+# batch 64: 30 us against 48 us for im2col + GEMM + epilogue. Tests set IGEMM_MAX_K to 0 for im2col + GEMM
+IGEMM_MAX_K = 1024            # conv.cu ST_IGKMAX
+_IGEMM_BQ = {16: 256, 32: 128}   # positions per block tile for BO output channels (conv.cu igemm_fwd)
 # the input gradient's gather kernel has no cols matrix to write and col2im to run, which costs more than the GEMM
 # it replaces: it takes the same small-C*KH*KW convolutions up to twice the work (MnistCnn's second layer at b64)
 DIRECT_DX_MAX_MACS = 1 << 28
@@ -142,7 +153,8 @@ def col2im(cols, x_shape, kernel_size, stride, pads, dilation, out_hw):
 
 def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None,
                    needs_input_grad=(True, True, True)):
-    """out = act(conv2d(x, w, b)), torch's conv2d followed by the activation, in one im2col + GEMM + epilogue.
+    """out = act(conv2d(x, w, b)), torch's conv2d followed by the activation: one direct or implicit-GEMM kernel
+    where they take the convolution, else im2col + GEMM + epilogue.
 
     x [N, C, H, W], w [O, C/groups, KH, KW], b [O] or None: cupy float32/float64 arrays of one dtype on one device
     (non-contiguous inputs are copied). padding: int, (ph, pw), (top, bottom, left, right), 'valid' or 'same'.
@@ -150,6 +162,7 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
     saved. Returns (out [N, O, OH, OW], Conv2dSaved). float32 GEMMs are full float32 unless CUPY_TF32=1 is set.
     """
     stride, pads, dilation, groups, out_hw = _validate(x, w, b, stride, padding, dilation, groups, activation)
+    needs = tuple(bool(v) for v in needs_input_grad) + (True,) * (3 - len(needs_input_grad))
     cp = cupy()
     with x.device:
         x, w, b = contiguous(x), contiguous(w), contiguous(b)
@@ -159,6 +172,9 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
         act = ACTIVATIONS[activation]
         out = cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
         direct = _direct(x.shape, w.shape, out_hw, groups, x.dtype.itemsize)
+        igemm = not direct and _igemm(x.shape, w.shape, out_hw, groups, dilation)
+        # x is kept (cols not) where the weight gradient's tiled kernel reads it or no cols matrix is made
+        keep_x = direct or igemm or _direct_wgrad(x.shape, w.shape, out_hw, groups, x.dtype.itemsize)
         if direct:
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if act else None
@@ -171,6 +187,15 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                                                                         dilation) + (i32(act), i32(parts),
                                                                                      i32(splits)),
                 shared_mem=smem)
+        elif igemm:
+            cols = None
+            y = cp.empty((o, n * p), dtype=x.dtype) if act else None
+            bo = 16 if o <= 16 else 32
+            blocks = -(-o // bo) * -(-(n * p) // _IGEMM_BQ[bo])
+            get("conv", f"igemm_fwd_bo{bo}", x.dtype)(
+                (blocks,), (256,), (x, w, ptr(b), out, ptr(y)) + _int_args(x.shape, w.shape, out_hw, stride, pads,
+                                                                          dilation)
+                + (i32(act),))
         else:
             cols = im2col(x, (kh, kw), stride, pads, dilation, out_hw)
             if groups == 1:
@@ -179,23 +204,39 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                 y = gemm(w.reshape(groups, o // groups, cg * kh * kw), cols.reshape(groups, cg * kh * kw, n * p))
             y = contiguous(y.reshape(o, n * p))
             launch("conv", "bias_act_fwd", x.dtype, out.size, (y, ptr(b), out, i64(n), i64(o), i64(p), i32(act)))
-    needs = tuple(bool(v) for v in needs_input_grad) + (True,) * (3 - len(needs_input_grad))
-    saved = Conv2dSaved(tuple(x.shape), w, b, cols if needs[1] else None,
+    saved = Conv2dSaved(tuple(x.shape), w, b, cols if needs[1] and not keep_x else None,
                         y if act else None, stride, pads, dilation, groups, out_hw, activation, needs[:3],
-                        x if direct and needs[1] else None)
+                        x if keep_x and needs[1] else None)
     return out, saved
 
 
 def _direct(x_shape, w_shape, out_hw, groups, itemsize):
-    """Whether the direct kernels take this convolution (see the module docstring): groups == 1, a small
-    C*KH*KW, bounded work, tiles that fit in shared memory, a non-empty batch and 32-bit indices."""
+    """Whether the direct kernels take this convolution (see the module docstring): the weight gradient's rule
+    (_direct_wgrad) and the forward's weights in shared memory."""
+    o, cg, kh, kw = w_shape
+    return (_direct_wgrad(x_shape, w_shape, out_hw, groups, itemsize)
+            and _direct_smem(o, cg * kh * kw, itemsize) <= _SMEM_BYTES)
+
+
+def _igemm(x_shape, w_shape, out_hw, groups, dilation):
+    """Whether igemm_fwd takes this forward: groups == 1, C*KH*KW up to IGEMM_MAX_K (its tap table in shared
+    memory), a non-empty output, 32-bit indices and tap offsets that pack into 16 bits each."""
+    n, c, h, w = x_shape
+    o, cg, kh, kw = w_shape
+    np_ = n * out_hw[0] * out_hw[1]
+    return (groups == 1 and 0 < cg * kh * kw <= IGEMM_MAX_K and np_ > 0 and n * c * h * w < _FITS32
+            and o * np_ < _FITS32 and dilation[0] * (kh - 1) < 1 << 15 and dilation[1] * (kw - 1) < 1 << 15)
+
+
+def _direct_wgrad(x_shape, w_shape, out_hw, groups, itemsize):
+    """Whether _weight_grad takes this convolution's dw and db (from x): groups == 1, a small C*KH*KW, at most
+    DIRECT_MAX_MACS multiply-adds, its tiles in shared memory, a non-empty batch and 32-bit indices."""
     n, c, h, w = x_shape
     o, cg, kh, kw = w_shape
     k, np_ = cg * kh * kw, n * out_hw[0] * out_hw[1]
     return (groups == 1 and 0 < k <= DIRECT_MAX_K and np_ > 0 and o * k * np_ <= DIRECT_MAX_MACS
             and o * (k + 1) <= _WGRAD_THREADS * _WGRAD_R[-1]
-            and n * c * h * w < _FITS32 and o * np_ < _FITS32 and _tile(o, k, itemsize) is not None
-            and _direct_smem(o, k, itemsize) <= _SMEM_BYTES)
+            and n * c * h * w < _FITS32 and o * np_ < _FITS32 and _tile(o, k, itemsize) is not None)
 
 
 def _direct_ob(positions, o):
@@ -355,12 +396,15 @@ def conv2d_backward(dout, saved, g=None):
                                                            i64(p), i32(ACTIVATIONS[saved.activation])))
         want_b = need_b and saved.bias is not None
         dw = dx = None
-        if need_w and saved.x is not None:   # the direct path: dw and db from x in one kernel and its reduction
+        wgrad = need_w and saved.x is not None and _direct_wgrad(saved.x_shape, w.shape, saved.out_hw, g_,
+                                                                 dtype.itemsize)
+        if wgrad:   # dw and db from x in one kernel and its reduction
             dw, db = _weight_grad(saved.x, g, saved, want_b)
         else:
             db = sum_rows(g, 1) if want_b else None
-            if need_w:
-                cols = saved.cols
+            if need_w:   # cols: kept by the forward, or made now from x (the implicit-GEMM forward made none)
+                cols = saved.cols if saved.x is None else im2col(saved.x, (kh, kw), saved.stride, saved.pads,
+                                                                 saved.dilation, saved.out_hw)
                 if g_ == 1:
                     dw = gemm(g, cols.T)
                 else:

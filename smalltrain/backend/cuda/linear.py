@@ -12,6 +12,12 @@ Larger layers go through cuBLAS: the GEMM writes y^T = W @ x^T as [F, M]; the co
 applying the activation in one pass, and in backward turn dout into g^T = (dout * act'(y + b))^T, from which
 dW = g^T @ x, dx = (g^T)^T @ W and db = the row sums of g^T.
 
+Wide layers (at most WIDE_MAX_F outputs over a reduction too long for the small kernels, such as MnistCnn's
+Linear(18432, 10)) run kernels/linear.cu's wide_* kernels: forward one launch (blocks over chunks of the reduction;
+the last block of each row group adds the chunks' partial sums in order, then the bias and activation), backward
+one launch (a thread per input column writes dx and sums dw and, as column K, db). cuBLAS needs 3 launches
+forward and 5 backward for these shapes.
+
 Chains of small layers (up to CHAIN_MAX_LAYERS Linear + activation layers of widths up to CHAIN_MAX_WIDTH, such as
 LeNet-5's 256-120-84-10 head) run as one launch forward and two backward (kernels/linear.cu, chain_*): each block
 carries a few rows through every layer in shared memory, so the layers need no launch, no global round trip and
@@ -23,6 +29,7 @@ from . import cupy
 from ._common import check_array, check_dtype, contiguous, get, i32, i64, launch, ptr
 from .blas import gemm, sum_rows
 from .conv import ACTIVATIONS, _sm_count, check_affine
+from .graphs import is_current_stream_capturing
 
 # the small-layer kernels' limits; tests set them to 0 to compare the cuBLAS path on the same inputs
 SMALL_MAX_L = 2048
@@ -31,6 +38,14 @@ SMALL_MAX_BLOCKS = 1024   # LeNet-5's first layer backward at batch 512 has 648
 _TILE = 16            # output tile side of kernels/linear.cu (ST_LT)
 _THREADS = 256
 _FITS32 = 1 << 31
+
+# the wide kernels' limits (kernels/linear.cu ST_WF, ST_WROWS, ST_WK, ST_WBC); tests set WIDE_MAX_F to 0 for cuBLAS
+WIDE_MAX_F = 16
+_WIDE_ROWS = 32
+_WIDE_SLICE = 256
+_WIDE_COLS = 64
+_MAX_GRID_Y = 65535
+_wide_counters = {}   # per device: wide_fwd's tickets, zero between launches (each launch resets what it used)
 
 # the chain kernels' limits (kernels/linear.cu ST_CMAX, and what keeps a chain cheaper than its layers: every block
 # reads all the weights, so blocks x weights is bounded); tests set CHAIN_MAX_LAYERS to 0 to compare the layers
@@ -73,6 +88,35 @@ def _dw_tiles(f, k, need_w, need_b):
     return _tiles(f, cols) if cols else 0
 
 
+def _wide(m, k, f):
+    """Whether the wide kernels take an [M, K] x [F, K]^T layer (see the docstring)."""
+    return (0 < f <= WIDE_MAX_F and m > 0 and k > 0 and -(-m // _WIDE_ROWS) <= _MAX_GRID_Y
+            and (m + 1) * (k + 1) < _FITS32 and f * (k + 1) < _FITS32)
+
+
+def wide_chunks(m, k):
+    """wide_fwd's (chunks, columns per chunk): whole ST_WK slices per chunk, as few as give the grid (chunks x row
+    groups) about two blocks per SM, so that the partial sums stay small (chunks x M x F)."""
+    groups, slices = -(-m // _WIDE_ROWS), -(-k // _WIDE_SLICE)
+    wanted = max(1, -(-2 * _sm_count() // groups))
+    kchunk = -(-slices // min(slices, wanted)) * _WIDE_SLICE
+    return -(-k // kchunk), kchunk
+
+
+def _tickets(groups):
+    """The current device's wide_fwd counters, made (zeroed) on first use; None during a CUDA-graph capture before
+    that (a capture records the zero fill without running it), where the caller takes cuBLAS instead. One buffer per
+    device: the kernels that use it run one after another on the stream that launches them."""
+    cp = cupy()
+    key = cp.cuda.Device().id
+    counters = _wide_counters.get(key)
+    if counters is None:
+        if is_current_stream_capturing():
+            return None
+        counters = _wide_counters[key] = cp.zeros(_MAX_GRID_Y, dtype=cp.uint32)
+    return counters
+
+
 def linear_act_forward(x, w, b=None, activation=None):
     """act(x @ w^T + b) for x [M, K], w [F, K], b [F] or None (cupy float arrays of one dtype and device);
     activation None, 'relu', 'gelu' or 'gelu_tanh'. Returns (out [M, F], LinearSaved)."""
@@ -92,6 +136,14 @@ def linear_act_forward(x, w, b=None, activation=None):
             y = cp.empty((m, f), dtype=x.dtype) if act else None
             get("linear", "linear_fwd", x.dtype)((_tiles(m, f),), (_THREADS,), (x, w, ptr(b), out, ptr(y), i32(m),
                                                                                i32(k), i32(f), i32(act)))
+        elif _wide(m, k, f) and (tickets := _tickets(-(-m // _WIDE_ROWS))) is not None:
+            x, w = contiguous(x), contiguous(w)
+            chunks, kchunk = wide_chunks(m, k)
+            out = cp.empty((m, f), dtype=x.dtype)
+            y = cp.empty((m, f), dtype=x.dtype) if act else None
+            part = cp.empty((chunks, m, f), dtype=x.dtype)
+            get("linear", "wide_fwd", x.dtype)((chunks, -(-m // _WIDE_ROWS)), (_THREADS,), (
+                x, w, ptr(b), out, ptr(y), part, tickets, i32(m), i32(k), i32(f), i32(act), i32(kchunk)))
         else:
             yT = gemm(w, x.T)
             out = cp.empty((m, f), dtype=x.dtype)
@@ -118,6 +170,8 @@ def linear_act_backward(dout, saved, needs=(True, True, True)):
         k = x.shape[1]
         if _small(max(m, f), _tiles(m, k) + _tiles(f, k + 1), m, k, f):
             return _small_backward(dout, saved, m, k, f, need_x, need_w, need_b, act)
+        if _wide(m, k, f):
+            return _wide_backward(dout, saved, m, k, f, need_x, need_w, need_b, act)
         y = saved.y
         gT = cp.empty((f, m), dtype=x.dtype)
         launch("conv", "bias_act_bwd", x.dtype, gT.size, (dout, ptr(None if y is None else contiguous(y.T)),
@@ -139,12 +193,32 @@ def _small_backward(dout, saved, m, k, f, need_x, need_w, need_b, act):
     blocks = blocks_dx + _dw_tiles(f, k, need_w, need_b)
     if blocks == 0:
         return dx, dw, db
-    item = x.dtype.itemsize
-    ysm, ysf = (y.strides[0] // item, y.strides[1] // item) if y is not None else (0, 0)
+    ysm, ysf = _y_strides(y, x.dtype.itemsize)
     get("linear", "linear_bwd", x.dtype)((blocks,), (_THREADS,), (dout, ptr(y), ptr(saved.bias), contiguous(x),
                                                                  contiguous(w), ptr(dx), ptr(dw), ptr(db), i32(m),
                                                                  i32(k), i32(f), i32(ysm), i32(ysf), i32(act),
                                                                  i32(blocks_dx)))
+    return dx, dw, db
+
+
+def _y_strides(y, item):
+    return (y.strides[0] // item, y.strides[1] // item) if y is not None else (0, 0)
+
+
+def _wide_backward(dout, saved, m, k, f, need_x, need_w, need_b, act):
+    """dx, dw, db in one launch of wide_bwd (a thread per column of [x | 1]; column K is db)."""
+    cp = cupy()
+    x, w, y = saved.x, saved.weight, saved.y
+    dx = cp.empty((m, k), dtype=x.dtype) if need_x else None
+    dw = cp.empty((f, k), dtype=x.dtype) if need_w else None
+    db = cp.empty((f,), dtype=x.dtype) if need_b else None
+    if dx is None and dw is None and db is None:
+        return dx, dw, db
+    ysm, ysf = _y_strides(y, x.dtype.itemsize)
+    blocks = -(-(k + 1 if need_b else k) // _WIDE_COLS)
+    get("linear", "wide_bwd", x.dtype)((blocks,), (_THREADS,), (dout, ptr(y), ptr(saved.bias), contiguous(x),
+                                                               contiguous(w), ptr(dx), ptr(dw), ptr(db), i32(m),
+                                                               i32(k), i32(f), i32(ysm), i32(ysf), i32(act)))
     return dx, dw, db
 
 

@@ -11,6 +11,8 @@
 //            out [N, O, OH, OW] = act(sum_k w[o, k] x(...) + b[o]), the weights (and for small batches the image,
 //            see "two layouts" below) in shared memory; with an activation it also writes the sum before bias,
 //            y [O, N, P], which bias_act_bwd reads.
+//   igemm_fwd: the forward as an implicit GEMM (register tiles, x gathered while staging, no cols matrix) for the
+//            groups == 1 convolutions direct_fwd does not take; bias, activation and y as direct_fwd.
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
 //            and block of CB (8, or 2 for small batches) input channels, dx[n, c, h, w] = sum over (o, i, j) of
 //            g[o, n, oh, ow] * w[o, c, i, j] where oh*sh = h + ph - i*dh and ow*sw = w + pw - j*dw land on an output;
@@ -382,6 +384,121 @@ __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, 
     }
 }
 
+// igemm_fwd: the forward as an implicit GEMM, for the groups == 1 convolutions direct_fwd does not take (MnistCnn's
+// second layer: more work than direct_fwd's limit, its image too large for shared memory beside the weights):
+// C[o, q] = sum_k w[o, k] X(k, q) over q = (n, oh, ow) and k = (c, i, j), X gathered from x while staging (no cols
+// matrix). Block tiles of BO output channels x BQ positions, reduction slices of ST_IGK staged in shared memory
+// (the next slice's loads in flight in registers during the products); each thread keeps a 4 x 4 register tile (4
+// channels, 4 positions QT apart, so that a warp's stores are coalesced). Bias, activation and y (the sum before
+// bias, [O, N, P]) in the epilogue. The taps' offsets in x come from a table built once per block.
+#define ST_IGK 16
+#define ST_IGKMAX 1024
+#define ST_IGTHREADS 256
+
+template <typename T, int BO>
+__device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                          T* __restrict__ out, T* __restrict__ y, int N, int C, int H, int W, int O, int KH, int KW,
+                          int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int act) {
+    constexpr int OG = BO / 4, QT = ST_IGTHREADS / OG, BQ = QT * 4;          // channel groups, position threads
+    constexpr int A_PER = ST_IGK * BO / ST_IGTHREADS, B_PER = ST_IGK * BQ / ST_IGTHREADS;
+    constexpr int B_ROWS = ST_IGTHREADS / BQ;                                  // slice rows one pass of B covers
+    static_assert(A_PER >= 1 && B_PER >= 1 && B_ROWS >= 1, "igemm_fwd tile");
+    __shared__ T as[ST_IGK][BO];
+    __shared__ T bs[ST_IGK][BQ];
+    __shared__ int ktab[ST_IGKMAX];   // tap k: its offset in x, (c*H + i*dh)*W + j*dw
+    __shared__ int kij[ST_IGKMAX];    // (i*dh) << 16 | j*dw, for the bounds
+    const int K = C * KH * KW, P = OH * OW, Q = N * P, KK = KH * KW;
+    const int qblocks = (Q + BQ - 1) / BQ, o0 = (blockIdx.x / qblocks) * BO, q0 = (blockIdx.x % qblocks) * BQ;
+    for (int k = threadIdx.x; k < K; k += ST_IGTHREADS) {
+        const int c = k / KK, r = k - c * KK, i = r / KW, j = r - i * KW;
+        ktab[k] = (c * H + i * dh) * W + j * dw;
+        kij[k] = ((i * dh) << 16) | (j * dw);
+    }
+    // this thread's B column (one position for every slice) and its A element(s)
+    const int bq = threadIdx.x % BQ, brow = threadIdx.x / BQ, q = q0 + bq;
+    int xbase = 0, h0 = 0, w0 = 0;
+    const bool q_ok = q < Q;
+    if (q_ok) {
+        const int n = q / P, p = q - n * P, oh = p / OW, ow = p - oh * OW;
+        h0 = oh * sh - ph;
+        w0 = ow * sw - pw;
+        xbase = n * C * H * W + h0 * W + w0;
+    }
+    __syncthreads();   // ktab
+    T ra[A_PER], rb[B_PER];
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int t = 0; t < A_PER; ++t) {   // k fastest: w's rows are contiguous
+            const int e = threadIdx.x + t * ST_IGTHREADS, kk = e % ST_IGK, oo = e / ST_IGK;
+            ra[t] = o0 + oo < O && k0 + kk < K ? w[(o0 + oo) * K + k0 + kk] : T(0);
+        }
+#pragma unroll
+        for (int t = 0; t < B_PER; ++t) {
+            const int k = k0 + brow + t * B_ROWS;
+            T v = T(0);
+            if (q_ok && k < K) {
+                const int ij = kij[k], ih = h0 + (ij >> 16), iw = w0 + (ij & 0xffff);
+                if (ih >= 0 && ih < H && iw >= 0 && iw < W) v = x[xbase + ktab[k]];
+            }
+            rb[t] = v;
+        }
+    };
+    T acc[4][4];
+#pragma unroll
+    for (int v = 0; v < 4; ++v)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc[v][u] = T(0);
+    const int og = threadIdx.x / QT, tq = threadIdx.x % QT;
+    fetch(0);
+    for (int k0 = 0; k0 < K; k0 += ST_IGK) {
+        __syncthreads();   // the previous slice is consumed
+#pragma unroll
+        for (int t = 0; t < A_PER; ++t) {
+            const int e = threadIdx.x + t * ST_IGTHREADS;
+            as[e % ST_IGK][e / ST_IGK] = ra[t];
+        }
+#pragma unroll
+        for (int t = 0; t < B_PER; ++t) bs[brow + t * B_ROWS][bq] = rb[t];
+        __syncthreads();
+        if (k0 + ST_IGK < K) fetch(k0 + ST_IGK);   // in flight during the products
+#pragma unroll
+        for (int kk = 0; kk < ST_IGK; ++kk) {
+            T a[4], bv[4];
+#pragma unroll
+            for (int v = 0; v < 4; ++v) a[v] = as[kk][og * 4 + v];   // a broadcast: a warp shares og
+#pragma unroll
+            for (int u = 0; u < 4; ++u) bv[u] = bs[kk][tq + u * QT];
+#pragma unroll
+            for (int v = 0; v < 4; ++v)
+#pragma unroll
+                for (int u = 0; u < 4; ++u) acc[v][u] += a[v] * bv[u];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int qq = q0 + tq + u * QT;
+        if (qq >= Q) break;
+        const int n = qq / P, p = qq - n * P;
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+            const int o = o0 + og * 4 + v;
+            if (o >= O) break;
+            T val = acc[v][u];
+            if (y != nullptr) y[(o * N + n) * P + p] = val;
+            if (b != nullptr) val += b[o];
+            out[(n * O + o) * P + p] = act_fwd(val, act);
+        }
+    }
+}
+
+#define ST_IGEMM(T, S, BO)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(ST_IGTHREADS)                                                     \
+    igemm_fwd_bo##BO##_##S(const T* x, const T* w, const T* b, T* out, T* y, int N, int C, int H, int W, int O,    \
+                           int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,         \
+                           int act) {                                                                              \
+        igemm_fwd<T, BO>(x, w, b, out, y, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);             \
+    }
+
 #define ST_DIRECT(T, S, OB)                                                                                        \
     extern "C" __global__ void direct_fwd_ob##OB##_##S(const T* x, const T* w, const T* b, T* out, T* y, int N,    \
                                                        int C, int H, int W, int O, int KH, int KW, int OH, int OW, \
@@ -430,6 +547,7 @@ __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, 
         else bias_act_bwd<T, i64>(dout, y, b, g, N, O, P, act);                                                    \
     }                                                                                                              \
     ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8) ST_DIRECT_DX(T, S, 2) ST_DIRECT_DX(T, S, 8)                              \
+    ST_IGEMM(T, S, 16) ST_IGEMM(T, S, 32)                                                                          \
     extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
         wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
     }                                                                                                              \

@@ -187,7 +187,7 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
 // z_l (its pre-activation, bias included; null when no activation needs it) and h_l (its output; for the last
 // layer the chain's output).
 //   chain_fwd: each block takes R rows through every layer in shared memory (two [R][WMAX] buffers in turn),
-//              a warp computing ST_CJW outputs at a time for all R rows (lanes over the reduction, weights read
+//              a warp computing JW outputs (ST_CJW, at most 32 / R) at a time for all R rows (lanes over the reduction, weights read
 //              coalesced, a butterfly sum), so the layers need no launch between them.
 //   chain_bwd_rows: the same blocks walk the layers backward: g_{L-1} = dout * act'(z), then for each layer
 //              dh = g @ w (one thread per input, the weights read along their rows) times the previous layer's
@@ -199,7 +199,7 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
 #define ST_CTHREADS 512
 #endif
 #ifndef ST_CJW
-#define ST_CJW 4      // outputs a warp sums at once: independent loads in flight
+#define ST_CJW 8      // outputs a warp sums at once (independent loads in flight), at most 32 / R (see chain_fwd)
 #endif
 
 template <typename T>
@@ -239,41 +239,44 @@ __device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, in
     }
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    // H200, LeNet-5's head at batch 64 (1 row per block): 8 outputs per warp 6.8 us, 4: 10.6 us
+    // (benchmarks/chain_variants.py); a warp's lanes keep the JW * R sums, hence JW <= 32 / R
+    constexpr int JW = ST_CJW * R <= 32 ? ST_CJW : 32 / R;
 #pragma unroll
     for (int l = 0; l < ST_CMAX; ++l) {
         if (l >= L) break;
         const ChainLayer<T> c = layers[l];
         const T* in = buf[l & 1];
         T* out = buf[(l + 1) & 1];
-        for (int j0 = warp * ST_CJW; j0 < c.f; j0 += nwarps * ST_CJW) {
-            T acc[ST_CJW][R];
+        for (int j0 = warp * JW; j0 < c.f; j0 += nwarps * JW) {
+            T acc[JW][R];
 #pragma unroll
-            for (int u = 0; u < ST_CJW; ++u)
+            for (int u = 0; u < JW; ++u)
 #pragma unroll
                 for (int r = 0; r < R; ++r) acc[u][r] = T(0);
 #pragma unroll 4
             for (int k = lane; k < c.k; k += 32) {   // unrolled: 16 weight loads in flight per lane
-                T wv[ST_CJW];
+                T wv[JW];
 #pragma unroll
-                for (int u = 0; u < ST_CJW; ++u) wv[u] = j0 + u < c.f ? c.w[(j0 + u) * c.k + k] : T(0);
+                for (int u = 0; u < JW; ++u) wv[u] = j0 + u < c.f ? c.w[(j0 + u) * c.k + k] : T(0);
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const T a = in[r * WMAX + k];
 #pragma unroll
-                    for (int u = 0; u < ST_CJW; ++u) acc[u][r] += a * wv[u];
+                    for (int u = 0; u < JW; ++u) acc[u][r] += a * wv[u];
                 }
             }
-            // lane u*R + r keeps output (row r, j0 + u): R * ST_CJW <= 32
+            // lane u*R + r keeps output (row r, j0 + u): R * JW <= 32
             T v = T(0);
 #pragma unroll
-            for (int u = 0; u < ST_CJW; ++u)
+            for (int u = 0; u < JW; ++u)
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const T sum = warp_sum_all(acc[u][r]);
                     if (lane == u * R + r) v = sum;
                 }
             const int u = lane / R, r = lane - u * R, j = j0 + u;
-            if (u < ST_CJW && j < c.f) {
+            if (u < JW && j < c.f) {
                 if (c.b != nullptr) v += c.b[j];
                 const T hv = act_fwd(v, c.act);
                 out[r * WMAX + j] = hv;
@@ -374,6 +377,175 @@ __device__ void chain_wgrad(const T* g0, const T* g1, const T* g2, const T* g3, 
     dw_tile<T>(plain(g, 1, f, f, M), xl, dw, db, M, k, f, blockIdx.x - t);
 }
 
+// ---- wide layers: few outputs over a long reduction (MnistCnn's Linear(18432, 10)), one launch each way ----
+//   wide_fwd: grid (chunks, row groups). Block (c, g) sums x[r, k] * w[f, k] over its chunk of k for the
+//            ST_WROWS rows of group g and every f < F (w's chunk staged in shared memory ST_WK columns at a time,
+//            each warp taking ST_WROWS / 8 rows, lanes over k, a butterfly sum per output), and writes the partial
+//            sums part[c, r, f]. The block that finishes its group last (a ticket from counters[g]) adds the
+//            partials in chunk order, adds the bias, applies the activation and writes out (and y, the sum before
+//            the bias, where the backward needs it), then resets counters[g] to 0 for the next launch. Partial sums
+//            in a fixed order: deterministic, no atomics on the values; one launch instead of cuBLAS's GEMM,
+//            split-K reduction and the epilogue.
+//   wide_bwd: one thread per column k (ST_WBC per block, ST_WBG groups of rows): g = dout * act'(y + b) is staged
+//            ST_WBM rows at a time in shared memory, each thread writes dx[m, k] = sum_f g[m, f] * w[f, k] for its
+//            rows and accumulates dw[f, k] = sum_m g[m, f] * x[m, k]; the groups' sums are added in a fixed order.
+//            db is column K, a column of ones (as in linear_bwd). x and dx are read and written once, coalesced.
+// F <= ST_WF; the launcher checks the shapes, the limits and that the indices fit in 32 bits.
+#define ST_WF 16
+#define ST_WK 256
+#define ST_WROWS 32
+#define ST_WTHREADS 256
+#define ST_WBC 64
+#define ST_WBG (ST_WTHREADS / ST_WBC)
+#define ST_WBM 64
+
+template <typename T>
+__device__ void wide_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                         T* __restrict__ out, T* __restrict__ y, T* __restrict__ part, unsigned* counters, int M,
+                         int K, int F, int act, int kchunk) {
+    constexpr int RW = ST_WROWS / (ST_WTHREADS / 32);   // rows per warp
+    constexpr int CPL = ST_WK / 32;                      // columns per lane and slice
+    __shared__ T ws[ST_WF][ST_WK];
+    __shared__ unsigned ticket;
+    const int chunk = blockIdx.x, chunks = gridDim.x, r0 = blockIdx.y * ST_WROWS;
+    const int lane = threadIdx.x % 32, rw = r0 + (threadIdx.x / 32) * RW;
+    const int k_begin = chunk * kchunk, k_end = min(K, k_begin + kchunk);
+    T acc[RW][ST_WF];
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr)
+#pragma unroll
+        for (int f = 0; f < ST_WF; ++f) acc[rr][f] = T(0);
+    for (int k0 = k_begin; k0 < k_end; k0 += ST_WK) {
+        const int n = min(ST_WK, k_end - k0);
+        // this slice's x first (HBM latency), all of a lane's columns at once, then w's slice while they load
+        T xv[RW][CPL];
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+            const int c = lane + 32 * j;
+#pragma unroll
+            for (int rr = 0; rr < RW; ++rr) xv[rr][j] = c < n && rw + rr < M ? x[(rw + rr) * K + k0 + c] : T(0);
+        }
+        __syncthreads();   // the previous slice is consumed
+        for (int e = threadIdx.x; e < F * ST_WK; e += ST_WTHREADS) {
+            const int f = e / ST_WK, c = e - f * ST_WK;
+            ws[f][c] = c < n ? w[f * K + k0 + c] : T(0);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+#pragma unroll
+            for (int f = 0; f < ST_WF; ++f) {
+                if (f < F) {
+                    const T wv = ws[f][lane + 32 * j];   // 0 past the slice, as xv
+#pragma unroll
+                    for (int rr = 0; rr < RW; ++rr) acc[rr][f] += xv[rr][j] * wv;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; ++rr) {
+#pragma unroll
+        for (int f = 0; f < ST_WF; ++f) {
+            if (f < F) {
+                const T v = warp_sum_all(acc[rr][f]);
+                if (lane == f && rw + rr < M) part[(chunk * M + rw + rr) * F + f] = v;
+            }
+        }
+    }
+    __threadfence();   // the partials are visible to the block that adds them
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(&counters[blockIdx.y], 1u);
+    __syncthreads();
+    if (ticket != (unsigned)chunks - 1) return;
+    for (int e = threadIdx.x; e < ST_WROWS * F; e += ST_WTHREADS) {
+        const int r = r0 + e / F, f = e % F;
+        if (r >= M) break;
+        // in chunk order, 8 loads in flight at a time (L2: the other blocks wrote them)
+        const T* p = part + r * F + f;
+        const int stride = M * F;
+        T v = T(0);
+        int c = 0;
+        for (; c + 8 <= chunks; c += 8) {
+            T t[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) t[u] = __ldcg(p + (c + u) * stride);
+#pragma unroll
+            for (int u = 0; u < 8; ++u) v += t[u];
+        }
+        for (; c < chunks; ++c) v += __ldcg(p + c * stride);
+        if (y != nullptr) y[r * F + f] = v;
+        if (b != nullptr) v += b[f];
+        out[r * F + f] = act_fwd(v, act);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.y] = 0u;
+}
+
+template <typename T>
+__device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, const T* __restrict__ b,
+                         const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ dx, T* __restrict__ dw,
+                         T* __restrict__ db, int M, int K, int F, int ysm, int ysf, int act) {
+    __shared__ T gs[ST_WBM][ST_WF];
+    __shared__ T red[ST_WBG - 1][ST_WF][ST_WBC];
+    const int col = threadIdx.x % ST_WBC, grp = threadIdx.x / ST_WBC, k = blockIdx.x * ST_WBC + col;
+    const bool ones = k == K && db != nullptr, in_x = k < K;   // column K: the bias gradient
+    T wv[ST_WF], acc[ST_WF];
+#pragma unroll
+    for (int f = 0; f < ST_WF; ++f) {
+        wv[f] = f < F && in_x && dx != nullptr ? w[f * K + k] : T(0);
+        acc[f] = T(0);
+    }
+    constexpr int RT = ST_WBM / ST_WBG;   // rows per thread and stage
+    for (int m0 = 0; m0 < M; m0 += ST_WBM) {
+        const int n = min(ST_WBM, M - m0);
+        T xv[RT];   // this stage's x first, all at once (HBM latency), then g's rows while they load
+#pragma unroll
+        for (int t = 0; t < RT; ++t) {
+            const int i = grp + t * ST_WBG;
+            xv[t] = i >= n ? T(0) : ones ? T(1) : in_x && dw != nullptr ? x[(m0 + i) * K + k] : T(0);
+        }
+        __syncthreads();   // the previous rows are consumed
+        for (int e = threadIdx.x; e < ST_WBM * ST_WF; e += ST_WTHREADS) {
+            const int i = e / ST_WF, f = e - i * ST_WF, m = m0 + i;
+            T v = T(0);
+            if (m < M && f < F) {
+                v = dout[m * F + f];
+                if (act != ST_ACT_NONE) v = act_bwd(v, y[m * ysm + f * ysf] + (b != nullptr ? b[f] : T(0)), act);
+            }
+            gs[i][f] = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int t = 0; t < RT; ++t) {
+            const int i = grp + t * ST_WBG;
+            T s = T(0);
+#pragma unroll
+            for (int f = 0; f < ST_WF; ++f) {
+                const T g = gs[i][f];   // 0 past M and F
+                acc[f] += g * xv[t];
+                s += g * wv[f];
+            }
+            if (dx != nullptr && in_x && i < n) dx[(m0 + i) * K + k] = s;
+        }
+    }
+    if (dw == nullptr && db == nullptr) return;
+    if (grp > 0) {
+#pragma unroll
+        for (int f = 0; f < ST_WF; ++f) red[grp - 1][f][col] = acc[f];
+    }
+    __syncthreads();
+    if (grp != 0 || !(ones || (in_x && dw != nullptr))) return;
+#pragma unroll
+    for (int f = 0; f < ST_WF; ++f) {
+        if (f >= F) break;
+        T v = acc[f];
+#pragma unroll
+        for (int g = 0; g < ST_WBG - 1; ++g) v += red[g][f][col];
+        if (ones) db[f] = v;
+        else dw[f * K + k] = v;
+    }
+}
+
 #define ST_LINEAR(T, S)                                                                                            \
     extern "C" __global__ void __launch_bounds__(ST_LTHREADS)                                                      \
     linear_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, int M, int K, int F, int act) {               \
@@ -390,6 +562,16 @@ __device__ void chain_wgrad(const T* g0, const T* g1, const T* g2, const T* g3, 
                     int d2, int d3, int d4, int t1, int t2, int t3, int M) {                                       \
         chain_wgrad<T>(g0, g1, g2, g3, x0, x1, x2, x3, dw0, dw1, dw2, dw3, db0, db1, db2, db3, d0, d1, d2, d3, d4, \
                        t1, t2, t3, M);                                                                             \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(ST_WTHREADS)                                                      \
+    wide_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, T* part, unsigned* counters, int M, int K,      \
+                 int F, int act, int kchunk) {                                                                     \
+        wide_fwd<T>(x, w, b, out, y, part, counters, M, K, F, act, kchunk);                                        \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(ST_WTHREADS)                                                      \
+    wide_bwd_##S(const T* dout, const T* y, const T* b, const T* x, const T* w, T* dx, T* dw, T* db, int M, int K, \
+                 int F, int ysm, int ysf, int act) {                                                               \
+        wide_bwd<T>(dout, y, b, x, w, dx, dw, db, M, K, F, ysm, ysf, act);                                         \
     }
 ST_LINEAR(float, f32)
 ST_LINEAR(double, f64)
