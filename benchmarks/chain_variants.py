@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import timed  # noqa: E402
 
 
 # A prototype for Hopper (sm_90) thread-block clusters: 8 blocks share R rows, each computes 1/8 of every layer's
@@ -213,31 +214,6 @@ def cluster_variants(cp, common, x, ws, bs, codes, widths, m, ref, dout=None, cs
         t = timed(cp, lambda: fn((-(-m // rows) * 8,), (256,), args))
         err = float(cp.abs(dx - dx_ref).max())
         print(f"M={m} cluster bwd rows={rows}: {t:.2f} us (max dx err vs chain {err:.1e})")
-
-
-def timed(cp, fn, reps=100, runs=5):
-    """GPU microseconds per call of fn: `reps` calls captured into one CUDA graph, the graph replayed `runs` times
-    (each timed by CUDA events, after one warm-up replay), the median / reps. A graph, because launching
-    these few-microsecond kernels one by one from Python is host-bound (an earlier version of this script timed
-    queued launches and measured the host's launch rate instead)."""
-    fn()
-    stream = cp.cuda.Stream(non_blocking=True)
-    cp.cuda.Device().synchronize()
-    with stream:
-        stream.begin_capture()
-        for _ in range(reps):
-            fn()
-        graph = stream.end_capture()
-    graph.launch(stream)
-    out = []
-    for _ in range(runs):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(stream)
-        graph.launch(stream)
-        b.record(stream)
-        b.synchronize()
-        out.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / reps)
-    return float(np.median(out))
 
 
 def main():

@@ -1,0 +1,77 @@
+"""GPU time of the convolution paths (backend/cuda/conv.py) on the layers of the benchmarked models, one path
+against another on the same inputs: which kernels each direction takes is decided by conv.py's limits, and this
+script sets them per variant.
+
+Run (GPU): python3 benchmarks/conv_variants.py [--layers mnistcnn2:64,lenet2:512]
+Each figure: GPU microseconds per call from 100 calls captured in one CUDA graph (benchmarks/common.py timed);
+forward = conv2d_forward (with the activation fused), backward = conv2d_backward (its activation derivative, dx,
+dw, db).
+"""
+import argparse
+import contextlib
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import timed  # noqa: E402
+
+LAYERS = {   # name: (input shape at batch 1, weight shape, activation)
+    "mnistcnn1": ((1, 28, 28), (16, 1, 3, 3), "relu"),
+    "mnistcnn2": ((16, 26, 26), (32, 16, 3, 3), "relu"),
+    "lenet1": ((1, 28, 28), (6, 1, 5, 5), "gelu"),
+    "lenet2": ((6, 12, 12), (16, 6, 5, 5), "gelu"),
+}
+BIG = 1 << 40
+VARIANTS = {   # name: conv.py limits
+    "as shipped": {},
+    "im2col + cuBLAS": {"DIRECT_MAX_K": 0, "IGEMM_MAX_K": 0},
+    "fwd im2col, dx gather, dw cuBLAS": {"DIRECT_MAX_MACS": 0, "IGEMM_MAX_K": 0},
+    "fwd igemm, dx gather, dw cuBLAS": {"DIRECT_MAX_MACS": 0},
+    "all direct": {"DIRECT_MAX_MACS": BIG, "DIRECT_DX_MAX_MACS": BIG},
+}
+
+
+@contextlib.contextmanager
+def limits(module, values):
+    old = {k: getattr(module, k) for k in values}
+    for k, v in values.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", default="mnistcnn2:64,mnistcnn1:64,lenet2:64,lenet1:512,lenet2:512")
+    args = p.parse_args()
+    import cupy as cp
+
+    from smalltrain.backend.cuda import conv
+    rng = np.random.default_rng(0)
+    for spec in args.layers.split(","):
+        name, batch = spec.split(":")
+        shape, w_shape, act = LAYERS[name]
+        x = cp.asarray(rng.standard_normal((int(batch),) + shape).astype(np.float32))
+        w = cp.asarray((rng.standard_normal(w_shape) * 0.2).astype(np.float32))
+        b = cp.asarray(rng.standard_normal(w_shape[0]).astype(np.float32))
+        ref = None
+        for variant, values in VARIANTS.items():
+            with limits(conv, values):
+                out, saved = conv.conv2d_forward(x, w, b, activation=act)
+                dout = cp.asarray(rng.standard_normal(out.shape).astype(np.float32)) if ref is None else ref[1]
+                grads = conv.conv2d_backward(dout, saved)
+                if ref is None:
+                    ref = (out, dout, grads)
+                err = max(float(cp.abs(a - r).max()) for a, r in zip((out,) + grads, (ref[0],) + ref[2]))
+                tf = timed(cp, lambda: conv.conv2d_forward(x, w, b, activation=act))
+                tb = timed(cp, lambda: conv.conv2d_backward(dout, saved))
+            print(f"{spec:<14} {variant:<33} fwd {tf:7.2f} us  bwd {tb:7.2f} us  (max diff vs as shipped {err:.1e})")
+
+
+if __name__ == "__main__":
+    main()
