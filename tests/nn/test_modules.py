@@ -1,6 +1,7 @@
 """The layers against torch.nn: our initialized weights are loaded into the torch layer, then outputs, input
 gradients, parameter gradients and buffers are compared; constructor errors, reprs, init statistics, BatchNorm
 running statistics and Dropout's behaviour."""
+import inspect
 import math
 
 import numpy as np
@@ -92,10 +93,20 @@ def test_layer_matches_torch(name, build, shapes, device):
     run_pair(build, [randn(*s, seed=i + 1) for i, s in enumerate(shapes)], device)
 
 
-def test_layer_reprs_equal_torch():
+def test_layer_reprs_equal_torch(torch_repr):
     for case in LAYERS:
         build = case.values[1] if hasattr(case, "values") else case[1]
-        assert repr(build(nn)) == repr(build(torch.nn))
+        assert torch_repr(build(nn)) == repr(build(torch.nn))
+
+
+@pytest.mark.parametrize("cls, shape", [("BatchNorm1d", (6, 4)), ("BatchNorm2d", (2, 4, 3, 5))])
+def test_batchnorm_scale_without_shift_matches_torch(cls, shape, device):
+    if "bias" not in inspect.signature(torch.nn.BatchNorm1d).parameters:
+        pytest.skip("this torch's BatchNorm has no bias keyword")
+    build = lambda n: getattr(n, cls)(4, bias=False)  # noqa: E731
+    assert build(nn).bias is None and list(build(nn).state_dict()) == list(build(torch.nn).state_dict())
+    assert repr(build(nn)) == repr(build(torch.nn))
+    run_pair(build, [randn(*shape, seed=3)], device)
 
 
 EVAL_LAYERS = [

@@ -11,7 +11,7 @@ class _BatchNorm(Module):
     _version = 2
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
-                 dtype=None):
+                 dtype=None, *, bias=True):
         super().__init__()
         self.num_features = num_features
         self.eps = eps
@@ -20,7 +20,10 @@ class _BatchNorm(Module):
         self.track_running_stats = track_running_stats
         if affine:
             self.weight = Parameter(creation.empty(num_features, device=device, dtype=dtype))
-            self.bias = Parameter(creation.empty(num_features, device=device, dtype=dtype))
+            if bias:
+                self.bias = Parameter(creation.empty(num_features, device=device, dtype=dtype))
+            else:  # torch's keyword: a scale without a shift
+                self.register_parameter("bias", None)
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -44,7 +47,8 @@ class _BatchNorm(Module):
         self.reset_running_stats()
         if self.affine:
             init.ones_(self.weight)
-            init.zeros_(self.bias)
+            if self.bias is not None:
+                init.zeros_(self.bias)
 
     def _check_input_dim(self, input):
         raise NotImplementedError
