@@ -24,12 +24,26 @@ LAYERS = {   # name: (input shape at batch 1, weight shape, activation)
     "lenet2": ((6, 12, 12), (16, 6, 5, 5), "gelu"),
 }
 BIG = 1 << 40
-VARIANTS = {   # name: conv.py limits
+
+
+def NEVER(*args):
+    return False
+
+
+VARIANTS = {   # name: conv.py limits (and, for NEVER, a rule switched off)
     "as shipped": {},
     "im2col + cuBLAS": {"DIRECT_MAX_K": 0, "IGEMM_MAX_K": 0},
-    "fwd im2col, dx gather, dw cuBLAS": {"DIRECT_MAX_MACS": 0, "IGEMM_MAX_K": 0},
-    "fwd igemm, dx gather, dw cuBLAS": {"DIRECT_MAX_MACS": 0},
-    "all direct": {"DIRECT_MAX_MACS": BIG, "DIRECT_DX_MAX_MACS": BIG},
+    "fwd igemm, dx gather, dw cuBLAS": {"DIRECT_MAX_MACS": 0, "_igemm_wgrad": NEVER},
+    "fwd igemm, dx gather, dw igemm": {"DIRECT_MAX_MACS": 0},
+    "direct, dw tiled": {"IGEMM_WGRAD_MIN_USE": 2},
+    "direct, dw igemm 32x64": {"IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (32, 64, 4, 4)},
+    "direct, dw igemm 16x128": {"IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (16, 128, 4, 4)},
+    "direct, dw igemm 8x32": {"IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (8, 32, 2, 2)},
+    "direct, dw igemm, 1024 threads/SM": {"IGEMM_WGRAD_MIN_USE": 0, "_WG_THREADS_PER_SM": 1024},
+    "direct, dx GEMM + col2im": {"DIRECT_DX_MAX_MACS": 0},
+    "direct, dx gather": {"DIRECT_DX_MIN_THREADS_PER_SM": 0},
+    "all direct": {"DIRECT_MAX_MACS": BIG, "DIRECT_DX_MAX_MACS": BIG, "DIRECT_DX_MIN_THREADS_PER_SM": 0,
+                   "IGEMM_WGRAD_MIN_USE": 2},
 }
 
 
@@ -47,7 +61,7 @@ def limits(module, values):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--layers", default="mnistcnn2:64,mnistcnn1:64,lenet2:64,lenet1:512,lenet2:512")
+    p.add_argument("--layers", default="mnistcnn2:64,mnistcnn1:64,lenet2:64,lenet1:64,lenet1:512,lenet2:512")
     args = p.parse_args()
     import cupy as cp
 
@@ -70,7 +84,7 @@ def main():
                 err = max(float(cp.abs(a - r).max()) for a, r in zip((out,) + grads, (ref[0],) + ref[2]))
                 tf = timed(cp, lambda: conv.conv2d_forward(x, w, b, activation=act))
                 tb = timed(cp, lambda: conv.conv2d_backward(dout, saved))
-            print(f"{spec:<14} {variant:<33} fwd {tf:7.2f} us  bwd {tb:7.2f} us  (max diff vs as shipped {err:.1e})")
+            print(f"{spec:<14} {variant:<35} fwd {tf:7.2f} us  bwd {tb:7.2f} us  (max diff vs as shipped {err:.1e})")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,8 @@ def test_every_direct_convolution_variant_is_instantiated():
     assert conv._WGRAD_THREADS * conv._WGRAD_R[-1] >= 8192   # what _direct admits: o * (k + 1) <= that product
     for ob in conv._DIRECT_OB:   # direct_fwd_ob{OB}_{f32,f64}, chosen by _direct_ob
         assert f"ST_DIRECT(T, S, {ob})" in src, ob
+    for cb in conv._DIRECT_OB:   # direct_dx_cb{CB}: the forward's rule
+        assert f"ST_DIRECT_DX(T, S, {cb})" in src, cb
 
 
 def test_direct_forward_splits_channels_only_where_a_launch_is_underfilled(monkeypatch):
@@ -116,12 +118,40 @@ def test_direct_forward_splits_channels_only_where_a_launch_is_underfilled(monke
     assert conv._direct_grid(4, 100, 40 * 1024, 7 * 1024, (6, 8, 4))[2] == 1   # 47 KiB + 8 KiB partial sums
 
 
+def test_input_gradient_gathers_only_where_it_fills_the_gpu(monkeypatch):
+    """_direct_dx_cb on 132 SMs, no GPU needed: LeNet-5's second layer at batch 64 (27,648 threads of 2 channels)
+    goes to cuBLAS + col2im, at batch 512 (73,728 threads of 8) and MnistCnn's second layer at batch 64 (86,528)
+    to the gather kernel; groups > 1 never."""
+    from smalltrain.backend.cuda import conv
+    monkeypatch.setattr(conv, "_sm_count", lambda: 132)
+    assert conv._direct_dx_cb((64, 6, 12, 12), (16, 6, 5, 5), 1, 4) is None
+    assert conv._direct_dx_cb((512, 6, 12, 12), (16, 6, 5, 5), 1, 4) == 8
+    assert conv._direct_dx_cb((64, 16, 26, 26), (32, 16, 3, 3), 1, 4) == 8
+    assert conv._direct_dx_cb((512, 6, 12, 12), (16, 3, 5, 5), 2, 4) is None
+    monkeypatch.setattr(conv, "DIRECT_DX_MIN_THREADS_PER_SM", 0)
+    assert conv._direct_dx_cb((64, 6, 12, 12), (16, 6, 5, 5), 1, 4) == 2
+
+
 def test_every_implicit_gemm_variant_is_instantiated():
     from smalltrain.backend.cuda import conv
     src = loader.read_source(os.path.join(loader.KERNEL_DIR, "conv.cu"))
     assert f"#define ST_IGKMAX {conv.IGEMM_MAX_K}\n" in src
     for bo, bq in conv._IGEMM_BQ.items():   # BQ = 4 positions x 256 / (BO / 4) threads
         assert f"ST_IGEMM(T, S, {bo})" in src and bq == 4 * 256 // (bo // 4), bo
+    for tile in conv._WG_TILES:
+        assert "ST_IGEMM_WGRAD(T, S, {}, {}, {}, {})".format(*tile) in src, tile
+    assert f"#define ST_WGQ {conv._WGQ}\n" in src
+
+
+def test_weight_gradient_tile_rule():
+    """_wgrad_tile, no GPU needed: the first tile at least half used, else the least padded one, and how much of
+    it the outputs use, for MnistCnn's layers (O=32, K+1=145; O=16, K+1=10) and LeNet-5's (O=16, K+1=151;
+    O=6, K+1=26)."""
+    from smalltrain.backend.cuda import conv
+    assert conv._wgrad_tile(32, 145) == ((32, 64, 4, 4), 32 * 145 / (32 * 192))
+    assert conv._wgrad_tile(16, 10) == ((8, 32, 2, 2), 160 / (16 * 32))
+    assert conv._wgrad_tile(16, 151) == ((16, 128, 4, 4), 16 * 151 / (16 * 256))
+    assert conv._wgrad_tile(6, 26) == ((8, 32, 2, 2), 156 / (8 * 32))
 
 
 def test_chain_rows_per_block(monkeypatch):

@@ -77,15 +77,21 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-@pytest.mark.parametrize("path", ["direct", "im2col", "direct_bwd", "igemm"])
+@pytest.mark.parametrize("path", ["direct", "im2col", "direct_bwd", "igemm", "igemm_dw", "tiled_dw"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CONV_CASES)
 def test_conv2d(case, dtype, path, rng, monkeypatch):
     """direct: every kernel of the direct path where it fits, the implicit-GEMM forward where not; im2col: none of
     them; direct_bwd: the forward through im2col + GEMM, dx by the direct gather kernel (larger convolutions than
     the direct forward takes), dw by cuBLAS; igemm: the forward by the implicit GEMM, the backward as direct_bwd
-    with the cols matrix made from x."""
+    with dw by the implicit GEMM from x; igemm_dw / tiled_dw: as direct, with every dw from x by the implicit GEMM /
+    the tiled kernel where it fits."""
     shape, o, kernel, stride, padding, dilation, groups, activation, bias = case
+    monkeypatch.setattr(conv_kernels, "DIRECT_DX_MIN_THREADS_PER_SM", 0)   # the gather kernel on these small cases
+    if path == "igemm_dw":
+        monkeypatch.setattr(conv_kernels, "IGEMM_WGRAD_MIN_USE", 0)
+    if path == "tiled_dw":
+        monkeypatch.setattr(conv_kernels, "IGEMM_WGRAD_MIN_USE", 2)
     if path == "im2col":
         monkeypatch.setattr(conv_kernels, "DIRECT_MAX_K", 0)
     if path in ("im2col", "direct_bwd"):
@@ -111,10 +117,11 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
     wgrad_fits = conv_kernels._direct_wgrad(shape, w_shape, saved.out_hw, groups, itemsize)
     small = groups == 1 and shape[1] * kernel[0] * kernel[1] <= 256   # C*KH*KW within DIRECT_MAX_K
     # float32: every small case fits (the direct forward's work limit is 0 on the direct_bwd and igemm paths)
-    assert path != "direct" or fits == small or dtype == np.float64
-    assert path == "im2col" or wgrad_fits == (small and path == "direct") or dtype == np.float64
+    direct = path in ("direct", "igemm_dw", "tiled_dw")
+    assert not direct or fits == small or dtype == np.float64
+    assert path == "im2col" or wgrad_fits == (small and direct) or dtype == np.float64
     # the implicit GEMM takes the forward where the direct kernel does not and its tap table fits
-    igemm = (path == "igemm" or (path == "direct" and not fits)) and conv_kernels._igemm(
+    igemm = (path == "igemm" or (direct and not fits)) and conv_kernels._igemm(
         shape, w_shape, saved.out_hw, groups, _pair(dilation))
     assert any(name.startswith("igemm_fwd") for name in launched) == igemm, launched
     assert path != "igemm" or igemm == (groups == 1 and shape[1] * kernel[0] * kernel[1] <= 1024)
@@ -127,7 +134,15 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
     assert out.dtype == dtype
     assert_close(out, ref.act(pre, activation), tol, name="conv2d forward")
     dout = rng.standard_normal(pre.shape).astype(dtype)
+    launched.clear()
     dx, dw, db = ops.conv2d_backward(g(dout), saved)
+    # dw from x where the forward kept it: the tiled kernel within its rule where the implicit GEMM's tiles are
+    # less than half used (igemm_dw: never, tiled_dw: always), else the implicit GEMM (every case here fits it);
+    # cuBLAS over the kept cols otherwise
+    use = conv_kernels._wgrad_tile(o, shape[1] // groups * kernel[0] * kernel[1] + 1)[1]
+    tiled = wgrad_fits and path != "igemm_dw" and (use < 0.5 or path == "tiled_dw")
+    assert any(name.startswith("wgrad_partial") for name in launched) == tiled, launched
+    assert any(name.startswith("igemm_wgrad") for name in launched) == (saved.x is not None and not tiled), launched
     rdx, rdw, rdb = ref.conv2d_grads(x, w, ref.act_grad(dout, pre, activation), *geom)
     assert_close(dx, rdx, tol, name="dx")
     if path in ("direct_bwd", "igemm"):   # float32: the gather kernel took dx of the small cases
@@ -137,6 +152,32 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
         assert_close(db, rdb, tol, name="db")
     else:
         assert db is None
+
+
+@pytest.mark.parametrize("tile", conv_kernels._WG_TILES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [CONV_CASES[0], CONV_CASES[3], CONV_CASES[5], CONV_CASES[8], CONV_CASES[10]])
+def test_conv2d_weight_gradient_by_each_implicit_gemm_tile(case, dtype, tile, rng, monkeypatch):
+    """Every igemm_wgrad tile on shapes that leave partial tiles, padding, strides and dilation, with and without
+    bias (the bias column of the tap table), dw and db against the float64 reference."""
+    shape, o, kernel, stride, padding, dilation, groups, activation, bias = case
+    monkeypatch.setattr(conv_kernels, "IGEMM_WGRAD_MIN_USE", 0)
+    monkeypatch.setattr(conv_kernels, "_WG_TILE", tile)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = (rng.standard_normal((o, shape[1]) + kernel) * 0.5).astype(dtype)
+    b = rng.standard_normal(o).astype(dtype) if bias else None
+    out, saved = ops.conv2d_forward(g(x), g(w), None if b is None else g(b), stride, padding, dilation, groups,
+                                    activation)
+    assert conv_kernels._wgrad_kernel(saved, np.dtype(dtype).itemsize) == "igemm"
+    geom = (_pair(stride), _pads(padding, kernel, _pair(dilation)), _pair(dilation), groups)
+    pre, _ = ref.conv2d(x, w, b, *geom)
+    dout = rng.standard_normal(pre.shape).astype(dtype)
+    _, dw, db = ops.conv2d_backward(g(dout), saved)
+    _, rdw, rdb = ref.conv2d_grads(x, w, ref.act_grad(dout, pre, activation), *geom)
+    assert_close(dw, rdw, ref.tol(dtype), name="dw")
+    assert (db is None) == (not bias)
+    if bias:
+        assert_close(db, rdb, ref.tol(dtype), name="db")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -519,6 +560,7 @@ CE_CASES = [  # logits shape, weighted, some ignored, label_smoothing, reduction
     ((5, 40), True, True, 0.3, "mean"),
     ((10,), True, False, 0.3, "sum"),
     ((6, 3), False, True, 0.0, "none"),
+    ((300, 10), True, True, 0.1, "mean"),
 ]
 
 

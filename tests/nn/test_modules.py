@@ -103,7 +103,7 @@ def test_layer_reprs_equal_torch(torch_repr):
 def test_batchnorm_scale_without_shift_matches_torch(cls, shape, device):
     if "bias" not in inspect.signature(torch.nn.BatchNorm1d).parameters:
         pytest.skip("this torch's BatchNorm has no bias keyword")
-    build = lambda n: getattr(n, cls)(4, bias=False)  # noqa: E731
+    build = lambda n: getattr(n, cls)(4, bias=False)
     assert build(nn).bias is None and list(build(nn).state_dict()) == list(build(torch.nn).state_dict())
     assert repr(build(nn)) == repr(build(torch.nn))
     run_pair(build, [randn(*shape, seed=3)], device)

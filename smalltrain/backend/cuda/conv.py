@@ -6,8 +6,8 @@ the forward is one direct kernel with the bias and activation fused, the weight 
 kernel plus a fixed-order reduction, the input gradient one gather kernel. That is 1 launch instead of 3-4 for the
 forward, 2 instead of 4 for dw and db and 1 instead of 2-3 (GEMM, its split-K reduction, col2im) for dx, and no
 C*KH*KW-times-the-input matrix written and read back. Larger groups == 1 convolutions (MnistCnn's second layer)
-run the forward as one implicit-GEMM kernel with the same epilogue (igemm_fwd), keeping x; the backward then
-makes the cols matrix from x where cuBLAS computes dw.
+run the forward as one implicit-GEMM kernel with the same epilogue (igemm_fwd), keeping x, and dw and db as an
+implicit GEMM from x too (igemm_wgrad + the same reduction): no cols matrix either way.
 """
 import operator
 from dataclasses import dataclass
@@ -26,17 +26,33 @@ ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 DIRECT_MAX_K = 256
 DIRECT_MAX_MACS = 1 << 27
 # the weight gradient's tiled kernel (wgrad_partial + wgrad_reduce, from x) takes the convolutions of the direct
-# forward's rule whatever their shared memory (the implicit-GEMM forward's too). Above DIRECT_MAX_MACS cuBLAS over
-# the cols matrix is faster: MnistCnn's second layer at batch 64, tiled 77 + 17 us, cuBLAS 56 us (H200,
-# benchmarks/conv_variants.py)
+# forward's rule whatever their shared memory (the implicit-GEMM forward's too) where the implicit-GEMM weight
+# gradient below would leave its tiles mostly empty (MnistCnn's first layer)
 # larger groups == 1 convolutions (C*KH*KW up to IGEMM_MAX_K) run the forward as an implicit GEMM (igemm_fwd) and
-# keep x; where cuBLAS computes dw, the backward makes the cols matrix from x. H200, MnistCnn's second layer at
-# batch 64: 30 us against 48 us for im2col + GEMM + epilogue. Tests set IGEMM_MAX_K to 0 for im2col + GEMM
+# keep x. H200, MnistCnn's second layer at batch 64: 30 us against 48 us for im2col + GEMM + epilogue. Tests set
+# IGEMM_MAX_K to 0 for im2col + GEMM
 IGEMM_MAX_K = 1024            # conv.cu ST_IGKMAX
 _IGEMM_BQ = {16: 256, 32: 128}   # positions per block tile for BO output channels (conv.cu igemm_fwd)
+# the weight gradient as an implicit GEMM (igemm_wgrad + wgrad_reduce, from x, no cols matrix) where its tile is
+# at least IGEMM_WGRAD_MIN_USE used (else the tiled kernel, where it fits). H200 (benchmarks/conv_variants.py):
+# MnistCnn's second layer at batch 64, 31 + 4 us against im2col 29 us + cuBLAS 41 us; LeNet-5's second layer
+# 3 us faster than the tiled kernel at batch 64, 15 us at 512; its first layer (8 x 32 tiles) 2 / 15 us faster.
+# Tests set it to 0 (always) or 2 (never where the tiled kernel fits)
+IGEMM_WGRAD_MIN_USE = 0.5
+_WG_TILES = ((32, 64, 4, 4), (16, 128, 4, 4), (8, 32, 2, 2))   # (BO, BK, TO, TK): ST_IGEMM_WGRAD in conv.cu
+_WG_TILE = None               # one of _WG_TILES for every layer (benchmarks/conv_variants.py), None: _wgrad_tile
+_WGQ = 16                     # positions per slice (conv.cu ST_WGQ)
+_WG_MIN_SLICES = 4            # slices per split at least: fewer partial rows where the positions are few
+_WG_THREADS_PER_SM = 1024     # splits: enough blocks for this many threads per SM (8 of 128, 16 of 64 threads)
+_WR_ROWS = 16                 # partial rows per thread of wgrad_reduce
 # the input gradient's gather kernel has no cols matrix to write and col2im to run, which costs more than the GEMM
 # it replaces: it takes the same small-C*KH*KW convolutions up to twice the work (MnistCnn's second layer at b64)
+# where it has at least DIRECT_DX_MIN_THREADS_PER_SM threads per SM. With fewer it waits on latency: H200, LeNet-5's
+# second layer at batch 64 (27,648 threads) backward 33.2 us with it, 22.6 us by cuBLAS + col2im; at batch 512
+# (73,728) the same either way; MnistCnn's second layer (86,528) 73.0 against 81.0 (benchmarks/conv_variants.py).
+# Tests set it to 0 to run the gather kernel on small cases
 DIRECT_DX_MAX_MACS = 1 << 28
+DIRECT_DX_MIN_THREADS_PER_SM = 512
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
 _WGRAD_THREADS = 1024
 _WGRAD_R = (1, 2, 4, 8)       # outputs per thread the weight-gradient kernel is compiled for
@@ -250,17 +266,29 @@ def _dx_smem(o, c, kk, itemsize, cb):
     return o * kk * -(-c // cb) * cb * itemsize   # the weights as [O*KH*KW][C rounded up to cb]
 
 
+def _direct_dx_cb(x_shape, w_shape, groups, itemsize):
+    """Input channels per thread of direct_dx for this convolution, or None where the GEMM + col2im path takes
+    dx: groups > 1, C*KH*KW above DIRECT_MAX_K, more than DIRECT_DX_MAX_MACS multiply-adds, a weight table too
+    large for shared memory, or fewer than DIRECT_DX_MIN_THREADS_PER_SM threads per SM (a latency-bound gather)."""
+    n, c, h, wd = x_shape
+    o, _, kh, kw = w_shape
+    cb = _direct_ob(n * h * wd, c)   # by the forward's rule
+    if (groups != 1 or not 0 < c * kh * kw <= DIRECT_MAX_K or n * c * h * wd * o * kh * kw > DIRECT_DX_MAX_MACS
+            or _dx_smem(o, c, kh * kw, itemsize, cb) > _SMEM_BYTES or n * c * h * wd >= _FITS32
+            or n * h * wd * -(-c // cb) < DIRECT_DX_MIN_THREADS_PER_SM * _sm_count()):
+        return None
+    return cb
+
+
 def _direct_dx(g, saved):
     """dx [N, C, H, W] from g [O, N*OH*OW] by direct_dx, or None where that kernel does not take the convolution
-    (groups > 1, C*KH*KW above DIRECT_MAX_K, more than DIRECT_DX_MAX_MACS multiply-adds, a weight table too large
-    for shared memory): the caller then takes the GEMM + col2im path."""
+    (_direct_dx_cb): the caller then takes the GEMM + col2im path."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
-    cb = _direct_ob(n * h * wd, c)   # input channels per thread, by the forward's rule
-    smem = _dx_smem(o, c, kh * kw, g.dtype.itemsize, cb)
-    if (saved.groups != 1 or not 0 < c * kh * kw <= DIRECT_MAX_K or n * c * h * wd * o * kh * kw > DIRECT_DX_MAX_MACS
-            or smem > _SMEM_BYTES or n * c * h * wd >= _FITS32 or g.size >= _FITS32):
+    cb = _direct_dx_cb(saved.x_shape, saved.weight.shape, saved.groups, g.dtype.itemsize)
+    if cb is None or g.size >= _FITS32:
         return None
+    smem = _dx_smem(o, c, kh * kw, g.dtype.itemsize, cb)
     dx = cupy().empty(tuple(saved.x_shape), dtype=g.dtype)
     if dx.size == 0:
         return dx
@@ -331,6 +359,80 @@ def _sm_count():
     return count
 
 
+def _wgrad_kernel(saved, itemsize):
+    """Which kernel computes dw (and db) from the input x the forward kept: 'igemm' (igemm_wgrad) where its best
+    tile is at least IGEMM_WGRAD_MIN_USE used (O*(K+1) over the tiles' area) or the tiled kernel does not take the
+    convolution, else 'tiled' (wgrad_partial, _direct_wgrad's rule); None for cuBLAS over the cols matrix (kept by
+    the forward, or made from x)."""
+    if saved.x is None:
+        return None
+    tiled = _direct_wgrad(saved.x_shape, saved.weight.shape, saved.out_hw, saved.groups, itemsize)
+    if _igemm_wgrad(saved.x_shape, saved.weight.shape, saved.out_hw, saved.groups, saved.dilation):
+        o, cg, kh, kw = saved.weight.shape
+        _, use = _wgrad_tile(o, cg * kh * kw + 1)
+        if use >= IGEMM_WGRAD_MIN_USE or not tiled:
+            return "igemm"
+    return "tiled" if tiled else None
+
+
+def _wgrad_tile(o, kb):
+    """igemm_wgrad's tile (BO, BK, TO, TK) for o channels x kb taps (the bias one of them), and the fraction of
+    its tiles' area the outputs use: the first of _WG_TILES (the most work per thread first) whose area is at least
+    half used, else the one of least area; _WG_TILE if set."""
+    best = None
+    for tile in _WG_TILES if _WG_TILE is None else (_WG_TILE,):
+        use = o * kb / (-(-o // tile[0]) * tile[0] * -(-kb // tile[1]) * tile[1])
+        if use >= 0.5:
+            return tile, use
+        if best is None or use > best[1]:
+            best = (tile, use)
+    return best
+
+
+def _igemm_wgrad(x_shape, w_shape, out_hw, groups, dilation):
+    """Whether igemm_wgrad takes this weight gradient: groups == 1, a non-empty output, 32-bit indices and tap
+    offsets that pack into 16 bits each (its tap table holds only a tile's taps: no bound on C*KH*KW)."""
+    n, c, h, w = x_shape
+    o, cg, kh, kw = w_shape
+    np_ = n * out_hw[0] * out_hw[1]
+    return (groups == 1 and np_ > 0 and cg * kh * kw > 0 and n * c * h * w < _FITS32 and o * np_ < _FITS32
+            and dilation[0] * (kh - 1) < 1 << 15 and dilation[1] * (kw - 1) < 1 << 15)
+
+
+def _igemm_weight_grad(x, g, saved, with_bias):
+    """(dw, db or None) by igemm_wgrad (conv.cu): block tiles of BO channels x BK taps (the bias a tap, _wgrad_tile),
+    the positions split over S partial rows: enough blocks for ~_WG_THREADS_PER_SM threads per SM, each split at least _WG_MIN_SLICES slices
+    of 16 positions; then wgrad_reduce over the S rows in a fixed order."""
+    o, cg, kh, kw = saved.weight.shape
+    kb = cg * kh * kw + 1
+    (bo, bk, to, tk), _ = _wgrad_tile(o, kb)
+    tiles = -(-o // bo) * -(-kb // bk)
+    slices = -(-g.shape[1] // _WGQ)
+    threads = (bo // to) * (bk // tk)
+    splits = max(1, min(-(-slices // _WG_MIN_SLICES), -(-_WG_THREADS_PER_SM * _sm_count() // (tiles * threads))))
+    partial = cupy().empty((splits, o * kb), dtype=g.dtype)
+    get("conv", f"igemm_wgrad_{bo}x{bk}", g.dtype)(
+        (splits * tiles,), (threads,), (x, g, partial) + _int_args(
+            x.shape, saved.weight.shape, saved.out_hw, saved.stride, saved.pads, saved.dilation)
+        + (i32(splits), i32(with_bias)))
+    return _reduce_partials(partial, saved.weight.shape, with_bias)
+
+
+def _reduce_partials(partial, w_shape, with_bias):
+    """dw [O, C, KH, KW] and db [O] (or None) from partial [S, O*(C*KH*KW + 1)]: wgrad_reduce, blocks of 32
+    outputs x G row groups, the S rows summed in a fixed order; G (1..32) gives each thread about _WR_ROWS rows,
+    so that few outputs over many rows (LeNet-5's first layer: 156 x 528) still spread over many threads."""
+    cp = cupy()
+    o, cg, kh, kw = w_shape
+    k = cg * kh * kw
+    dw = cp.empty((o, cg, kh, kw), dtype=partial.dtype)
+    db = cp.empty((o,), dtype=partial.dtype) if with_bias else None
+    groups = max(1, min(32, -(-partial.shape[0] // _WR_ROWS)))
+    get("conv", "wgrad_reduce", partial.dtype)((-(-o * (k + 1) // 32),), (32 * groups,), (
+        partial, dw, ptr(db), i32(partial.shape[0]), i32(o), i32(k)))
+    return dw, db
+
+
 def _weight_grad(x, g, saved, with_bias):
     """(dw [O, C, KH, KW], db [O] or None) of the direct path from the input x and g [O, N*OH*OW] (the output
     gradient after the activation's derivative): wgrad_partial over S blocks of position tiles, then
@@ -348,10 +450,7 @@ def _weight_grad(x, g, saved, with_bias):
                                        saved.dilation) + (i32(tq), i32(with_bias))
     get("conv", f"wgrad_partial_r{r}", g.dtype)((blocks,), (threads,), args,
                                                 shared_mem=_wgrad_smem(o, k, tq, g.dtype.itemsize))
-    dw = cp.empty((o, cg, kh, kw), dtype=g.dtype)
-    db = cp.empty((o,), dtype=g.dtype) if with_bias else None
-    launch("conv", "wgrad_reduce", g.dtype, 32 * m, (partial, dw, ptr(db), i32(blocks), i32(o), i32(k)))  # a warp each
-    return dw, db
+    return _reduce_partials(partial, saved.weight.shape, with_bias)
 
 
 def conv2d_backward(dout, saved, g=None):
@@ -361,8 +460,8 @@ def conv2d_backward(dout, saved, g=None):
 
     Each is None where saved.needs says it is not needed (db also when there was no bias). The activation's
     derivative is applied first (fused with the [N, O] -> [O, N] transpose), then db = sum over N, OH, OW,
-    dw = g @ cols^T (on the direct path both from x by _weight_grad) and dx = col2im(w^T @ g), all over the
-    whole batch; on the direct path dx is one gather kernel (_direct_dx).
+    dw = g @ cols^T (where the forward kept x, both from x by one of two kernels, _wgrad_kernel) and
+    dx = col2im(w^T @ g), all over the whole batch; on the direct path dx is one gather kernel (_direct_dx).
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -396,9 +495,10 @@ def conv2d_backward(dout, saved, g=None):
                                                            i64(p), i32(ACTIVATIONS[saved.activation])))
         want_b = need_b and saved.bias is not None
         dw = dx = None
-        wgrad = need_w and saved.x is not None and _direct_wgrad(saved.x_shape, w.shape, saved.out_hw, g_,
-                                                                 dtype.itemsize)
-        if wgrad:   # dw and db from x in one kernel and its reduction
+        wgrad = _wgrad_kernel(saved, dtype.itemsize) if need_w else None
+        if wgrad == "igemm":   # dw and db from x in one kernel and its reduction
+            dw, db = _igemm_weight_grad(saved.x, g, saved, want_b)
+        elif wgrad == "tiled":
             dw, db = _weight_grad(saved.x, g, saved, want_b)
         else:
             db = sum_rows(g, 1) if want_b else None

@@ -21,8 +21,8 @@
 //            the output gradient after the activation's derivative. Each block walks tiles of TQ positions
 //            (n, oh, ow): it builds the tile's cols columns and g columns in shared memory from x and g, and each
 //            thread accumulates R of the O*(K+1) outputs (k == K is the bias) over its block's tiles; partial [S, M]
-//            holds one row per block and wgrad_reduce sums the S rows in a fixed order, a warp per output
-//            (deterministic, no atomics).
+//            holds one row per block and wgrad_reduce sums the S rows in a fixed order (deterministic, no
+//            atomics).
 //            32-bit indices: the launcher takes this path only when every index fits.
 //   ph, pw are the top and left padding; bottom/right padding only enters through OH, OW.
 #include "common.cuh"
@@ -243,7 +243,8 @@ __device__ __forceinline__ void direct_dx_point(const T* gn, int gstride, const 
             if (ow >= OW) continue;
             const T* gq = gn + oh * OW + ow;
             const T* wk = ws + (i * KW + j) * CP + c0;
-            for (int o = 0; o < O; ++o, gq += gstride, wk += KK * CP) {
+#pragma unroll 4
+            for (int o = 0; o < O; ++o, gq += gstride, wk += KK * CP) {   // unrolled: 4 loads of g in flight
                 const T gv = *gq;
 #pragma unroll
                 for (int u = 0; u < CB; ++u) acc[u] += wk[u] * gv;
@@ -366,21 +367,34 @@ __device__ void wgrad_partial(const T* __restrict__ x, const T* __restrict__ g, 
     }
 }
 
+// wgrad_reduce: out[m] = sum over the S rows of partial[s, m], for m = o*(K+1) + k (k == K: db). Blocks of 32
+// outputs x G row groups (G = blockDim.x / 32, up to 32; the launcher gives many rows more groups): thread (m, r)
+// sums rows r, r + G, ... in order (a warp reads 32 consecutive outputs of a row: coalesced), then the G sums
+// are added in group order (deterministic, no atomics).
 template <typename T>
 __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db, int S, int O,
                              int K) {
-    // one warp per output: lane l sums rows l, l + 32, ... in order, then a fixed shuffle tree (deterministic)
-    const int KB = K + 1, M = O * KB, lane = threadIdx.x & 31;
-    const int warps = (blockDim.x >> 5) * gridDim.x;
-    for (int m = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; m < M; m += warps) {
-        T acc = T(0);
-        for (int s = lane; s < S; s += 32) acc += partial[s * M + m];
-        acc = warp_sum(acc);
-        if (lane == 0) {
-            const int o = m / KB, k = m - o * KB;
-            if (k < K) dw[o * K + k] = acc;
-            else if (db != nullptr) db[o] = acc;
+    __shared__ T sums[32][32];
+    const int KB = K + 1, M = O * KB, lane = threadIdx.x & 31, r = threadIdx.x >> 5, G = blockDim.x >> 5;
+    const int m = blockIdx.x * 32 + lane;
+    T acc = T(0);
+    if (m < M) {
+        int s = r;
+        for (; s + 3 * G < S; s += 4 * G) {   // 4 loads in flight, added in row order
+            const T a = partial[s * M + m], b = partial[(s + G) * M + m];
+            const T c = partial[(s + 2 * G) * M + m], d = partial[(s + 3 * G) * M + m];
+            acc = (((acc + a) + b) + c) + d;
         }
+        for (; s < S; s += G) acc += partial[s * M + m];
+    }
+    sums[r][lane] = acc;
+    __syncthreads();
+    if (r == 0 && m < M) {
+        T v = sums[0][lane];
+        for (int q = 1; q < G; ++q) v += sums[q][lane];
+        const int o = m / KB, k = m - o * KB;
+        if (k < K) dw[o * K + k] = v;
+        else if (db != nullptr) db[o] = v;
     }
 }
 
@@ -491,6 +505,130 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
     }
 }
 
+// igemm_wgrad: the weight and bias gradients as an implicit GEMM, for the convolutions igemm_fwd takes:
+// partial[s, o*(K+1) + k] = sum over split s's positions q of g[o, q] * X(k, q), X gathered from x while staging
+// (no cols matrix; k == K is the bias, X = 1). Block tiles of BO channels x BK taps, (BO/TO) x (BK/TK) threads each
+// keeping a TO x TK register tile (TO channels, TK taps BK/TK apart, so that a warp reads consecutive taps); split
+// s walks the slices of ST_WGQ positions s, s + S, ... (neighbouring blocks read neighbouring positions at the same
+// time), the next slice's loads in flight in registers during the products. wgrad_reduce then sums the S rows in
+// a fixed order (deterministic, no atomics). Each thread stages one position of every slice, so its position's
+// coordinates are computed once per slice. Tiles (conv.py _WG_TILES): 32 x 64 and 16 x 128 with 4 x 4 per thread
+// (128 threads), 8 x 32 with 2 x 2 (64 threads) for the layers with few channels and taps (LeNet-5's first).
+#define ST_WGQ 16
+#define ST_WG_BIAS (-1)   // a tap-table entry: the bias column (X = 1)
+#define ST_WG_NONE (-2)   // a tap-table entry past K + 1 (X = 0)
+
+template <typename T, int BO, int BK, int TO, int TK>
+__device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ partial, int N, int C,
+                            int H, int W, int O, int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw,
+                            int dh, int dw, int S, int with_bias) {
+    constexpr int KT = BK / TK, THREADS = (BO / TO) * KT;                       // tap threads, all threads
+    constexpr int ROWS = THREADS / ST_WGQ;                                     // rows one staging pass covers
+    constexpr int G_PER = BO / ROWS, X_PER = BK / ROWS;
+    static_assert(G_PER >= 1 && X_PER >= 1 && G_PER * ROWS == BO && X_PER * ROWS == BK, "igemm_wgrad tile");
+    __shared__ T gs[ST_WGQ][BO + 1];   // +1: the staging stores (16 positions, one column each) hit 16 banks
+    __shared__ T xs[ST_WGQ][BK + 1];
+    __shared__ int ktab[BK];           // tap k0 + kk: its offset in x, (c*H + i*dh)*W + j*dw
+    __shared__ int kij[BK];            // (i*dh) << 16 | j*dw for the bounds, or ST_WG_BIAS / ST_WG_NONE
+    const int K = C * KH * KW, KB = K + 1, P = OH * OW, Q = N * P, KK = KH * KW;
+    const int ktiles = (KB + BK - 1) / BK, tiles = ktiles * ((O + BO - 1) / BO);
+    const int tile = blockIdx.x % tiles, split = blockIdx.x / tiles;
+    const int o0 = (tile / ktiles) * BO, k0 = (tile % ktiles) * BK;
+    for (int kk = threadIdx.x; kk < BK; kk += THREADS) {
+        const int k = k0 + kk;
+        if (k < K) {
+            const int c = k / KK, r = k - c * KK, i = r / KW, j = r - i * KW;
+            ktab[kk] = (c * H + i * dh) * W + j * dw;
+            kij[kk] = ((i * dh) << 16) | (j * dw);
+        } else {
+            ktab[kk] = 0;
+            kij[kk] = k == K && with_bias ? ST_WG_BIAS : ST_WG_NONE;
+        }
+    }
+    __syncthreads();   // the tap table
+    const int qq = threadIdx.x % ST_WGQ, row = threadIdx.x / ST_WGQ;   // this thread's staged position and rows
+    const int slices = (Q + ST_WGQ - 1) / ST_WGQ;
+    T rg[G_PER], rx[X_PER];
+    auto fetch = [&](int sl) {
+        const int q = sl * ST_WGQ + qq;
+        const bool ok = q < Q;
+        int h0 = 0, w0 = 0, xbase = 0;
+        if (ok) {
+            const int n = q / P, p = q - n * P, oh = p / OW, ow = p - oh * OW;
+            h0 = oh * sh - ph;
+            w0 = ow * sw - pw;
+            xbase = n * C * H * W + h0 * W + w0;
+        }
+#pragma unroll
+        for (int t = 0; t < G_PER; ++t) {
+            const int o = o0 + row + t * ROWS;
+            rg[t] = ok && o < O ? g[o * Q + q] : T(0);
+        }
+#pragma unroll
+        for (int t = 0; t < X_PER; ++t) {
+            const int kk = row + t * ROWS, ij = kij[kk];
+            T v = T(0);
+            if (ok) {
+                if (ij >= 0) {
+                    const int ih = h0 + (ij >> 16), iw = w0 + (ij & 0xffff);
+                    if (ih >= 0 && ih < H && iw >= 0 && iw < W) v = x[xbase + ktab[kk]];
+                } else if (ij == ST_WG_BIAS) {
+                    v = T(1);
+                }
+            }
+            rx[t] = v;
+        }
+    };
+    T acc[TO][TK];
+#pragma unroll
+    for (int v = 0; v < TO; ++v)
+#pragma unroll
+        for (int u = 0; u < TK; ++u) acc[v][u] = T(0);
+    const int og = threadIdx.x / KT, kt = threadIdx.x % KT;
+    if (split < slices) fetch(split);
+    for (int sl = split; sl < slices; sl += S) {
+        __syncthreads();   // the previous slice is consumed
+#pragma unroll
+        for (int t = 0; t < G_PER; ++t) gs[qq][row + t * ROWS] = rg[t];
+#pragma unroll
+        for (int t = 0; t < X_PER; ++t) xs[qq][row + t * ROWS] = rx[t];
+        __syncthreads();
+        if (sl + S < slices) fetch(sl + S);   // in flight during the products
+#pragma unroll
+        for (int p = 0; p < ST_WGQ; ++p) {
+            T a[TO], b[TK];
+#pragma unroll
+            for (int v = 0; v < TO; ++v) a[v] = gs[p][og * TO + v];   // a broadcast: a warp shares few og
+#pragma unroll
+            for (int u = 0; u < TK; ++u) b[u] = xs[p][kt + u * KT];
+#pragma unroll
+            for (int v = 0; v < TO; ++v)
+#pragma unroll
+                for (int u = 0; u < TK; ++u) acc[v][u] += a[v] * b[u];
+        }
+    }
+    T* row_out = partial + static_cast<size_t>(split) * O * KB;
+#pragma unroll
+    for (int v = 0; v < TO; ++v) {
+        const int o = o0 + og * TO + v;
+        if (o >= O) break;
+#pragma unroll
+        for (int u = 0; u < TK; ++u) {
+            const int k = k0 + kt + u * KT;
+            if (k < KB) row_out[o * KB + k] = acc[v][u];
+        }
+    }
+}
+
+#define ST_IGEMM_WGRAD(T, S, BO, BK, TO, TK)                                                                      \
+    extern "C" __global__ void __launch_bounds__((BO / TO) * (BK / TK))                                           \
+    igemm_wgrad_##BO##x##BK##_##S(const T* x, const T* g, T* partial, int N, int C, int H, int W, int O, int KH,   \
+                                  int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int S,  \
+                                  int with_bias) {                                                                 \
+        igemm_wgrad<T, BO, BK, TO, TK>(x, g, partial, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, S,    \
+                                       with_bias);                                                                 \
+    }
+
 #define ST_IGEMM(T, S, BO)                                                                                         \
     extern "C" __global__ void __launch_bounds__(ST_IGTHREADS)                                                     \
     igemm_fwd_bo##BO##_##S(const T* x, const T* w, const T* b, T* out, T* y, int N, int C, int H, int W, int O,    \
@@ -548,6 +686,7 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
     }                                                                                                              \
     ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8) ST_DIRECT_DX(T, S, 2) ST_DIRECT_DX(T, S, 8)                              \
     ST_IGEMM(T, S, 16) ST_IGEMM(T, S, 32)                                                                          \
+    ST_IGEMM_WGRAD(T, S, 32, 64, 4, 4) ST_IGEMM_WGRAD(T, S, 16, 128, 4, 4) ST_IGEMM_WGRAD(T, S, 8, 32, 2, 2)       \
     extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
         wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
     }                                                                                                              \
@@ -556,5 +695,6 @@ ST_CONV(float, f32)
 ST_CONV(double, f64)
 #undef ST_CONV
 #undef ST_WGRAD
+#undef ST_IGEMM_WGRAD
 #undef ST_DIRECT
 #undef ST_DIRECT_DX
