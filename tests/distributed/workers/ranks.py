@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import smalltrain
 import smalltrain.distributed as dist
+from smalltrain.distributed.launch import usable_cores
 
 env_local = dist.get_local_rank()
 hook = sys.excepthook
@@ -20,6 +21,8 @@ import threadpoolctl  # noqa: E402
 # NumPy's BLAS, the one our ops use (other libraries in the process may bring BLAS builds of their own)
 info["blas_threads"] = sorted({i["num_threads"] for i in threadpoolctl.threadpool_info()
                                if i["user_api"] == "blas" and "numpy" in i.get("filepath", "")})
+# the cores this rank may run on: all of the node's under mpich, one under Open MPI's default binding (-n <= 2)
+info["usable_cores"] = usable_cores()
 dist.destroy_process_group()
 info["hook_restored"] = sys.excepthook is hook and not dist.is_initialized()
 (Path(sys.argv[1]) / f"rank{group.rank}.json").write_text(json.dumps(info))
