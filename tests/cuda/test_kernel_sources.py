@@ -154,6 +154,18 @@ def test_weight_gradient_tile_rule():
     assert conv._wgrad_tile(6, 26) == ((8, 32, 2, 2), 156 / (8 * 32))
 
 
+def test_weight_gradient_splits(monkeypatch):
+    """_wgrad_splits on 132 SMs, no GPU needed: MnistCnn's second layer at batch 64 (3 tiles of 128 threads) gets
+    352 splits for ~1024 threads per SM; few positions give at least 4 slices of 16 per split; a layer whose
+    partial rows would pass 32-bit indices gets fewer."""
+    from smalltrain.backend.cuda import conv
+    monkeypatch.setattr(conv, "_sm_count", lambda: 132)
+    assert conv._wgrad_splits(32, 145, 64 * 24 * 24, 3, 128) == -(-1024 * 132 // (3 * 128))
+    assert conv._wgrad_splits(6, 26, 100, 1, 64) == 2            # 7 slices of 16, at least 4 per split
+    assert conv._wgrad_splits(6, 26, 1, 1, 64) == 1
+    assert conv._wgrad_splits(4096, 4097, 1 << 24, 1, 128) == (2 ** 30 - 1) // (4096 * 4097)
+
+
 def test_chain_rows_per_block(monkeypatch):
     """linear.chain_rows on 132 SMs, no GPU needed: the fewest rows per block that leave <= one block per SM, fewer
     where the two row buffers would not fit in 48 KiB of shared memory, None outside the chain kernels' limits."""

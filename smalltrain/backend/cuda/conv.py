@@ -396,7 +396,8 @@ def _igemm_wgrad(x_shape, w_shape, out_hw, groups, dilation):
     o, cg, kh, kw = w_shape
     np_ = n * out_hw[0] * out_hw[1]
     return (groups == 1 and np_ > 0 and cg * kh * kw > 0 and n * c * h * w < _FITS32 and o * np_ < _FITS32
-            and dilation[0] * (kh - 1) < 1 << 15 and dilation[1] * (kw - 1) < 1 << 15)
+            and o * (cg * kh * kw + 1) < _FITS32 and dilation[0] * (kh - 1) < 1 << 15
+            and dilation[1] * (kw - 1) < 1 << 15)
 
 
 def _igemm_weight_grad(x, g, saved, with_bias):
@@ -406,16 +407,22 @@ def _igemm_weight_grad(x, g, saved, with_bias):
     o, cg, kh, kw = saved.weight.shape
     kb = cg * kh * kw + 1
     (bo, bk, to, tk), _ = _wgrad_tile(o, kb)
-    tiles = -(-o // bo) * -(-kb // bk)
-    slices = -(-g.shape[1] // _WGQ)
-    threads = (bo // to) * (bk // tk)
-    splits = max(1, min(-(-slices // _WG_MIN_SLICES), -(-_WG_THREADS_PER_SM * _sm_count() // (tiles * threads))))
+    tiles, threads = -(-o // bo) * -(-kb // bk), (bo // to) * (bk // tk)
+    splits = _wgrad_splits(o, kb, g.shape[1], tiles, threads)
     partial = cupy().empty((splits, o * kb), dtype=g.dtype)
     get("conv", f"igemm_wgrad_{bo}x{bk}", g.dtype)(
         (splits * tiles,), (threads,), (x, g, partial) + _int_args(
             x.shape, saved.weight.shape, saved.out_hw, saved.stride, saved.pads, saved.dilation)
         + (i32(splits), i32(with_bias)))
     return _reduce_partials(partial, saved.weight.shape, with_bias)
+
+
+def _wgrad_splits(o, kb, positions, tiles, threads):
+    """igemm_wgrad's partial rows: enough blocks (tiles x splits) for _WG_THREADS_PER_SM threads per SM, at
+    least _WG_MIN_SLICES slices of positions per split, and splits x o x kb within 32-bit indices."""
+    slices = -(-positions // _WGQ)
+    return max(1, min(-(-slices // _WG_MIN_SLICES), -(-_WG_THREADS_PER_SM * _sm_count() // (tiles * threads)),
+                      (_FITS32 - 1) // (o * kb)))
 
 
 def _reduce_partials(partial, w_shape, with_bias):
