@@ -234,14 +234,21 @@ def _direct(x_shape, w_shape, out_hw, groups, itemsize):
             and _direct_smem(o, cg * kh * kw, itemsize) <= _SMEM_BYTES)
 
 
-def _igemm(x_shape, w_shape, out_hw, groups, dilation):
-    """Whether igemm_fwd takes this forward: groups == 1, C*KH*KW up to IGEMM_MAX_K (its tap table in shared
-    memory), a non-empty output, 32-bit indices and tap offsets that pack into 16 bits each."""
+def _igemm_fits(x_shape, w_shape, out_hw, groups, dilation):
+    """What both implicit-GEMM kernels need: groups == 1, a non-empty output and reduction, 32-bit indices into x
+    and g, and tap offsets that pack into 16 bits each."""
     n, c, h, w = x_shape
     o, cg, kh, kw = w_shape
     np_ = n * out_hw[0] * out_hw[1]
-    return (groups == 1 and 0 < cg * kh * kw <= IGEMM_MAX_K and np_ > 0 and n * c * h * w < _FITS32
-            and o * np_ < _FITS32 and dilation[0] * (kh - 1) < 1 << 15 and dilation[1] * (kw - 1) < 1 << 15)
+    return (groups == 1 and np_ > 0 and cg * kh * kw > 0 and n * c * h * w < _FITS32 and o * np_ < _FITS32
+            and dilation[0] * (kh - 1) < 1 << 15 and dilation[1] * (kw - 1) < 1 << 15)
+
+
+def _igemm(x_shape, w_shape, out_hw, groups, dilation):
+    """Whether igemm_fwd takes this forward: _igemm_fits and C*KH*KW up to IGEMM_MAX_K (its tap table in shared
+    memory)."""
+    _, cg, kh, kw = w_shape
+    return cg * kh * kw <= IGEMM_MAX_K and _igemm_fits(x_shape, w_shape, out_hw, groups, dilation)
 
 
 def _direct_wgrad(x_shape, w_shape, out_hw, groups, itemsize):
@@ -390,20 +397,16 @@ def _wgrad_tile(o, kb):
 
 
 def _igemm_wgrad(x_shape, w_shape, out_hw, groups, dilation):
-    """Whether igemm_wgrad takes this weight gradient: groups == 1, a non-empty output, 32-bit indices and tap
-    offsets that pack into 16 bits each (its tap table holds only a tile's taps: no bound on C*KH*KW)."""
-    n, c, h, w = x_shape
+    """Whether igemm_wgrad takes this weight gradient: _igemm_fits and a partial row of O*(C*KH*KW + 1) within
+    32-bit indices (its tap table holds only a tile's taps: no bound on C*KH*KW)."""
     o, cg, kh, kw = w_shape
-    np_ = n * out_hw[0] * out_hw[1]
-    return (groups == 1 and np_ > 0 and cg * kh * kw > 0 and n * c * h * w < _FITS32 and o * np_ < _FITS32
-            and o * (cg * kh * kw + 1) < _FITS32 and dilation[0] * (kh - 1) < 1 << 15
-            and dilation[1] * (kw - 1) < 1 << 15)
+    return o * (cg * kh * kw + 1) < _FITS32 and _igemm_fits(x_shape, w_shape, out_hw, groups, dilation)
 
 
 def _igemm_weight_grad(x, g, saved, with_bias):
-    """(dw, db or None) by igemm_wgrad (conv.cu): block tiles of BO channels x BK taps (the bias a tap, _wgrad_tile),
-    the positions split over S partial rows: enough blocks for ~_WG_THREADS_PER_SM threads per SM, each split at least _WG_MIN_SLICES slices
-    of 16 positions; then wgrad_reduce over the S rows in a fixed order."""
+    """(dw, db or None) by igemm_wgrad (conv.cu): block tiles of BO channels x BK taps (the bias a tap,
+    _wgrad_tile), the positions split over S partial rows (_wgrad_splits); then wgrad_reduce over the S rows in a
+    fixed order."""
     o, cg, kh, kw = saved.weight.shape
     kb = cg * kh * kw + 1
     (bo, bk, to, tk), _ = _wgrad_tile(o, kb)
@@ -509,7 +512,7 @@ def conv2d_backward(dout, saved, g=None):
             dw, db = _weight_grad(saved.x, g, saved, want_b)
         else:
             db = sum_rows(g, 1) if want_b else None
-            if need_w:   # cols: kept by the forward, or made now from x (the implicit-GEMM forward made none)
+            if need_w:   # cols: kept by the forward, or made now from x where neither dw kernel takes it
                 cols = saved.cols if saved.x is None else im2col(saved.x, (kh, kw), saved.stride, saved.pads,
                                                                  saved.dilation, saved.out_hw)
                 if g_ == 1:
