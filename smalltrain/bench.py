@@ -7,8 +7,9 @@ importable torch eager, torch.compile(step) and torch.compile(step, mode="reduce
 
 runs on real, normalized MNIST batches resident on the device, rotating over 8 of them. Warm-up steps (graph
 capture and torch.compile compilation happen inside them) are excluded; the figure is the median over repeats of
-a timed run of several steps, each ended by a device synchronization. The same model code runs on both libraries
-(the APIs match).
+a timed run of several steps, each ended by a device synchronization; the runs of the modes alternate (one of
+each in turn), so that a drift of the host's speed reaches all of them alike. The same model code runs on both
+libraries (the APIs match).
 
 Speedrun. Train to the target test accuracy (99.0%) as fast as possible, everything on the device: the train and
 test sets are uploaded once (uint8, normalized there; inside the clock), each epoch draws a permutation on the
@@ -151,6 +152,30 @@ def timeit(fn, warmup=3, repeats=7, inner=1, sync=None):
     return statistics.median(times)
 
 
+def timeit_interleaved(fns, warmup=3, repeats=7, inner=1, syncs=None):
+    """timeit for several callables side by side: {key: median seconds per call}. Each is warmed up first, then
+    the timed runs go round-robin (run r of every callable, then run r + 1), so that a drift of the host's speed
+    during the measurement (frequent on shared VMs) reaches every callable alike instead of whichever ran last.
+    `syncs` maps a key to its device's synchronize."""
+    syncs = syncs or {}
+    for key, fn in fns.items():
+        for _ in range(warmup):
+            fn()
+        if syncs.get(key):
+            syncs[key]()
+    times = {key: [] for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            sync = syncs.get(key)
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            if sync:
+                sync()
+            times[key].append((time.perf_counter() - t0) / inner)
+    return {key: statistics.median(t) for key, t in times.items()}
+
+
 def _cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
@@ -274,25 +299,34 @@ def throughput(args):
     warmup = args.warmup if args.warmup is not None else (20 if on_cuda else 3)
     print(environment(torch, device), flush=True)
     print(f"device {device}, fp32, the full training step (zero_grad, forward, cross_entropy, backward, optimizer "
-          f"step) on 8 MNIST batches resident on the device; median of {args.repeats} timed runs"
+          f"step) on 8 MNIST batches resident on the device; median of {args.repeats} timed runs, interleaved across "
+          f"modes"
           + (", each ended by a device sync" if on_cuda else "") + f"; {warmup} warm-up steps excluded (graph capture and torch.compile compilation happen in "
           f"them)" + ("; on the CPU smalltrain.compile runs the step eagerly" if not on_cuda else ""), flush=True)
     rows = []
     for model, batch in args.config:
         xs, ys = mnist_batches(batch, 8)
         steps = args.steps or (max(20, 8192 // batch) if on_cuda else max(3, 512 // batch))
-        rates = {}
+        runs, syncs = {}, {}
         for key in modes:
             libname, mode, label = MODES[key]
             lib = smalltrain if libname == "smalltrain" else torch
             try:
-                run = make_step(lib, model, device, xs, ys, mode)
-                seconds = timeit(run, warmup=warmup, repeats=args.repeats, inner=steps,
-                                 sync=_synchronizer(lib, device))
+                runs[label] = make_step(lib, model, device, xs, ys, mode)
+                syncs[label] = _synchronizer(lib, device)
+                for _ in range(warmup):   # here, so that a mode failing to compile or run is reported alone
+                    runs[label]()
+                if syncs[label]:
+                    syncs[label]()
             except Exception as e:  # noqa: BLE001 - report and go on: one failing mode must not hide the others
                 _report_failure(f"{model}:{batch} {label}", e)
-                continue
-            rates[label] = (batch / seconds, seconds)
+                runs.pop(label, None)
+        try:
+            medians = timeit_interleaved(runs, warmup=0, repeats=args.repeats, inner=steps, syncs=syncs)
+        except Exception as e:  # noqa: BLE001 - a mode that warmed up but fails later: time the others alone
+            _report_failure(f"{model}:{batch}", e)
+            medians = {}
+        rates = {label: (batch / seconds, seconds) for label, seconds in medians.items()}
         best_torch = max((r for label, (r, _) in rates.items() if label.startswith("torch")), default=None)
         for label, (rate, seconds) in rates.items():
             ratio = f"{rate / best_torch:.2f}x" if best_torch else "-"

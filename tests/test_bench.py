@@ -63,6 +63,24 @@ def test_failing_mode_is_reported_and_the_others_run(capsys, monkeypatch):
     assert _rows(captured.out)[0][5] == "-"   # no torch mode, no ratio
 
 
+def test_timeit_interleaved_alternates_and_times_each_callable(monkeypatch):
+    calls, clock = [], [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def fn(key, cost):
+        def call():
+            calls.append(key)
+            clock[0] += cost
+        return call
+    synced = []
+    medians = bench.timeit_interleaved({"a": fn("a", 2.0), "b": fn("b", 0.5)}, warmup=1, repeats=3, inner=2,
+                                       syncs={"a": lambda: synced.append("a"), "b": None})
+    assert medians == {"a": 2.0, "b": 0.5}
+    # warm-up of each first, then the timed runs alternate: a a (sync) b b, three times
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3
+    assert synced == ["a"] * 4   # once after the warm-up, once per timed run
+
+
 def test_mode_selection():
     args = bench.parser().parse_args(["--no-torch-compile"])
     assert bench.selected_modes(args) == ["smalltrain-eager", "smalltrain-compiled", "torch-eager"]

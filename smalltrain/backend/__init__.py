@@ -71,7 +71,9 @@ def device_of(array):
     """The Device an ndarray lives on."""
     if isinstance(array, np.ndarray):
         return CPU
-    return Device("cuda", array.device.id)
+    index = array.device.id
+    # the cached Device directly: Device() parses its arguments, a few us on every op's device check
+    return _DEVICES.get(("cuda", index)) or Device("cuda", index)
 
 
 def get_array_module(x):

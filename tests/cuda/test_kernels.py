@@ -601,6 +601,18 @@ def test_cross_entropy_all_ignored_is_nan_and_unchecked_targets_do_not_crash():
     assert np.isfinite(loss[[0, 2]]).all() and np.isnan(loss[1])
 
 
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_bad_target_flag_is_cleared_after_the_error(reduction):
+    """The forward kernel flags a bad target; the launcher raises and clears the flag, so the next call with good
+    targets (ignored ones included, which must not set it) returns values, for every reduction."""
+    x = cp.asarray(np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32))
+    for bad in ([0, 5, 1, 2], [-1, 0, 1, 2], [0, 1, 2, 7]):
+        with pytest.raises(IndexError, match=f"Target {[v for v in bad if not 0 <= v < 5][0]} is out of bounds"):
+            ops.cross_entropy_forward(x, cp.asarray(np.array(bad)), reduction=reduction)
+        loss, _ = ops.cross_entropy_forward(x, cp.asarray(np.array([0, -100, 4, 2])), reduction=reduction)
+        assert np.isfinite(loss.get()).all()
 def test_cross_entropy_replays_as_a_cuda_graph(rng):
     """Forward + backward captured once (the host-side target check must skip itself while capturing), then
     replayed on new logits written into the same buffer."""

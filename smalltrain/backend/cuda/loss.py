@@ -1,6 +1,5 @@
 """CUDA softmax / log_softmax over one dim and fused cross-entropy (kernels/loss.cu): one warp per row; cross-entropy
 computes the loss and the gradient of the unreduced loss in one pass, so its backward is one scaling kernel."""
-import functools
 import math
 from dataclasses import dataclass
 
@@ -118,12 +117,22 @@ def _ce_validate(x, target, weight, reduction, label_smoothing):
     return c
 
 
-@functools.cache
-def _bad_targets():
-    """any(target != ignore_index and not 0 <= target < C) as one reduction kernel."""
-    return cupy().ReductionKernel("int64 t, int64 ignore, int64 c", "bool y",
-                                  "(t != ignore) && (t < 0 || t >= c)", "a || b", "y = a", "false",
-                                  "smalltrain_ce_bad_target")
+_bad_flags = {}   # device id -> a 1-element int32 device array, 0 between calls
+
+
+def _bad_flag(device_id):
+    """The flag cross_entropy_fwd sets when it meets a target outside [0, C) that is not ignore_index. It is 0
+    whenever no call is in flight: a call that finds it set clears it before raising."""
+    flag = _bad_flags.get(device_id)
+    if flag is None:
+        flag = _bad_flags[device_id] = cupy().zeros(1, dtype=np.int32)
+    return flag
+
+
+def _raise_bad_target(target, ignore_index, c, flag):
+    flag.fill(0)
+    bad = (target != ignore_index) & ((target < 0) | (target >= c))
+    raise IndexError(f"Target {int(target[bad].ravel()[0])} is out of bounds.")
 
 
 def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
@@ -132,9 +141,10 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     [N], [N, d1, ...] or []; weight [C] or None; label smoothing as torch (the smoothing term is weighted too and
     'mean' divides both terms by the sum of the targets' weights; all targets ignored gives NaN).
 
-    check_target: look for targets outside [0, C) that are not ignore_index first (IndexError, as torch on CPU).
-    That reads a flag back from the GPU; None (the default) checks except while a CUDA graph is being captured.
-    Unchecked, such rows give NaN (never an out-of-bounds read).
+    check_target: raise IndexError (as torch on the CPU) for targets outside [0, C) that are not ignore_index. The
+    forward kernel flags them and the flag is read back from the GPU (one small copy, which waits for the kernels
+    queued before it); None (the default) checks except while a CUDA graph is being captured. Unchecked, such rows
+    give NaN (never an out-of-bounds read).
     compute_grad: also write the gradient (what backward scales). Returns (loss, CrossEntropySaved).
     """
     c = _ce_validate(x, target, weight, reduction, float(label_smoothing))
@@ -143,18 +153,14 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     outer, inner = shape[0], math.prod(shape[2:])
     with x.device:
         x, target, weight = contiguous(x), contiguous(target), contiguous(weight)
-        # one reduction kernel and one host read (the first bad value is looked up only on failure)
-        if target.size and want_host_check(check_target) and bool(_bad_targets()(target, ignore_index, c)):
-            bad = (target != ignore_index) & ((target < 0) | (target >= c))
-            first = int(target[bad].ravel()[0])
-            raise IndexError(f"Target {first} is out of bounds.")
+        flag = _bad_flag(x.device.id) if target.size and want_host_check(check_target) else None
         rows = outer * inner
         loss_rows = cp.empty(rows, dtype=x.dtype)
         wt_rows = cp.empty(rows, dtype=x.dtype)
         grad = cp.empty(x.shape, dtype=x.dtype) if compute_grad else None
         launch_rows("loss", "cross_entropy_fwd", x.dtype, rows,
                     (x, target, ptr(weight), loss_rows, wt_rows, ptr(grad), i64(rows), i64(c), i64(inner),
-                     i64(ignore_index), scalar(label_smoothing, x.dtype)))
+                     i64(ignore_index), scalar(label_smoothing, x.dtype), ptr(flag)))
         wsum = None
         if reduction == "none":
             loss = loss_rows.reshape(target.shape)
@@ -164,6 +170,10 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
             wsum = cp.empty((), dtype=x.dtype) if mean else None
             get("loss", "cross_entropy_reduce", x.dtype)((1,), (1024,), (loss_rows, wt_rows, i64(rows), i32(mean),
                                                                         loss, ptr(wsum)))
+        # read after the reduction is queued, so that one wait covers both kernels; the first bad value is looked
+        # up only on failure
+        if flag is not None and flag.get()[0]:
+            _raise_bad_target(target, ignore_index, c, flag)
     return loss, CrossEntropySaved(grad, wsum, reduction, tuple(target.shape), target, int(ignore_index))
 
 

@@ -8,8 +8,8 @@
 //       loss[r] = (1 - ls) * (-w[t] * logp[t]) + (ls / C) * (-sum_c w[c] * logp[c]),   wt[r] = w[t]
 //       grad[r, c] = (1 - ls) * w[t] * (p[c] - [c == t]) + (ls / C) * (p[c] * sum_k w[k] - w[c])   (if grad != null)
 //     (w == null means all weights 1; ls = label_smoothing). Ignored rows give loss 0, wt 0, grad 0. A target outside
-//     [0, C) that is not ignore_index is never read through: its loss, wt and grad are NaN (the launcher checks
-//     targets on the host first unless told not to).
+//     [0, C) that is not ignore_index is never read through: its loss, wt and grad are NaN, and *bad is set to 1
+//     (when bad != null: the launcher reads that flag back, one copy, instead of a separate reduction kernel).
 //   cross_entropy_reduce: one block sums the rows' losses (and weights for 'mean') into the scalar loss.
 //   cross_entropy_bwd: dx = grad * scale[r * scale_stride] / (*wsum if wsum else 1) (scale_stride 0: dout), and
 //     exactly 0 in rows whose target is ignore_index, as torch, even where the scale is inf or NaN ('mean' with
@@ -60,7 +60,7 @@ __device__ void softmax_backward(const T* __restrict__ dy, const T* __restrict__
 template <typename T>
 __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
                            T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C, i64 inner,
-                           i64 ignore_index, T ls) {
+                           i64 ignore_index, T ls, int* __restrict__ bad) {
     const int lane = threadIdx.x & 31;
     const i64 warps = blockDim.x >> 5;
     for (i64 r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
@@ -72,6 +72,7 @@ __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ targ
             if (lane == 0) {
                 loss[r] = fill;
                 wt[r] = fill;
+                if (!ignored && bad != nullptr) *bad = 1;  // every writer stores the same value: no atomic needed
             }
             if (grad != nullptr)
                 for (i64 c = lane; c < C; c += 32) grad[base + c * inner] = fill;
@@ -159,8 +160,9 @@ __device__ void ce_reduce(const T* __restrict__ loss, const T* __restrict__ wt, 
         softmax_backward<T, true>(dy, y, dx, rows, C, inner);                                                       \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_fwd_##S(const T* x, const i64* target, const T* w, T* loss, T* wt,     \
-                                                     T* grad, i64 rows, i64 C, i64 inner, i64 ignore_index, T ls) { \
-        ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls);                              \
+                                                     T* grad, i64 rows, i64 C, i64 inner, i64 ignore_index, T ls,   \
+                                                     int* bad) {                                                    \
+        ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad);                         \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_bwd_##S(const T* grad, const i64* target, i64 ignore_index,            \
                                                      const T* scale, i64 scale_stride, const T* wsum, T* dx,        \
