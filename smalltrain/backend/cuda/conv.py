@@ -14,8 +14,8 @@ import operator
 from dataclasses import dataclass
 
 from . import cupy
-from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, get, i32, i64, launch, pair,
-                      ptr, same_device)
+from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, get, i32, i32s, i64, launch,
+                      pair, ptr, same_device)
 from .blas import gemm, sum_rows
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
@@ -138,9 +138,7 @@ def _validate(x, w, b, stride, padding, dilation, groups, activation):
     return stride, pads, dilation, groups, out_hw
 
 
-# The packed integer arguments are cached per geometry: converting 14-15 ints to fixed-width NumPy scalars on every
-# launch cost ~10 us of host time per convolution call in an eager step (cProfile on the H200 machine)
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024)   # per geometry: packing 14 int64 arguments costs more than the launch itself
 def _geometry_args(n, c, h, w, kh, kw, out_hw, stride, pads, dilation):
     return (i64(n), i64(c), i64(h), i64(w), i64(kh), i64(kw), i64(out_hw[0]), i64(out_hw[1]), i64(stride[0]),
             i64(stride[1]), i64(pads[0]), i64(pads[2]), i64(dilation[0]), i64(dilation[1]))
@@ -356,11 +354,10 @@ def _wgrad_smem(o, k, tq, itemsize):
     return (o + k) * (tq + 1) * itemsize + (3 * k + 3 * tq) * 4   # g and cols tiles, then the int offset tables
 
 
-@functools.lru_cache(maxsize=1024)
 def _int_args(x_shape, w_shape, out_hw, stride, pads, dilation):
     n, c, h, w = x_shape
-    return tuple(i32(v) for v in (n, c, h, w, w_shape[0], w_shape[2], w_shape[3], out_hw[0], out_hw[1], stride[0],
-                                  stride[1], pads[0], pads[2], dilation[0], dilation[1]))
+    return i32s((n, c, h, w, w_shape[0], w_shape[2], w_shape[3], out_hw[0], out_hw[1], stride[0], stride[1], pads[0],
+                 pads[2], dilation[0], dilation[1]))
 
 
 def _sm_count():

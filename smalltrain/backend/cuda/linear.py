@@ -26,7 +26,7 @@ no autograd node between them; the weight gradients of all layers are one grid o
 from dataclasses import dataclass
 
 from . import cupy
-from ._common import check_array, check_dtype, contiguous, get, i32, i64, launch, ptr
+from ._common import check_array, check_dtype, contiguous, get, i32, i32s, i64, launch, ptr
 from .blas import gemm, sum_rows
 from .conv import ACTIVATIONS, _sm_count, check_affine
 from .graphs import is_current_stream_capturing
@@ -261,13 +261,13 @@ def _padded(values, fill):
 
 def _width_args(widths):
     """d0 .. d4 as the kernels take them (0 past the chain's last layer)."""
-    return tuple(i32(d) for d in list(widths) + [0] * (CHAIN_MAX_LAYERS + 1 - len(widths)))
+    return i32s(tuple(widths) + (0,) * (CHAIN_MAX_LAYERS + 1 - len(widths)))
 
 
 def _chain_params(ws, bs, zs, hs, widths, acts):
     """The kernels' fixed parameter list (ST_CHAIN_PARAMS): 4 weights, biases, z, h; 5 widths; 4 activations."""
     return (tuple(ptr(a) for a in _padded(ws, None) + _padded(bs, None) + _padded(zs, None) + _padded(hs, None))
-            + _width_args(widths) + tuple(i32(a) for a in _padded(acts, 0)))
+            + _width_args(widths) + i32s(tuple(_padded(acts, 0))))
 
 
 def linear_chain_forward(x, layers, save=True):
@@ -338,5 +338,5 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None):
             get("linear", "chain_wgrad", x.dtype)(
                 (total,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
                                               + _padded(dws, None) + _padded(dbs, None))
-                + _width_args(widths) + tuple(i32(t) for t in starts) + (i32(m),))
+                + _width_args(widths) + i32s(tuple(starts)) + (i32(m),))
     return dx, grads
