@@ -131,7 +131,7 @@ class Conv2d(Function):
         # weight rows in the (kh, kw, c) order of the cols rows
         og = o // groups
         w2 = w.reshape(groups, og, cg, kh, kw).transpose(0, 1, 3, 4, 2).reshape(groups, og, kh * kw * cg)
-        out = w2[0] @ cols[0] if groups == 1 else w2 @ cols
+        out = cpu.matmul_long_n(w2[0], cols[0]) if groups == 1 else w2 @ cols
         out = out.reshape(o, out_hw[0], out_hw[1], n)
         if bias is not None:
             out += bias.array[:, None, None, None]
@@ -160,7 +160,8 @@ class Conv2d(Function):
             cols = ctx.cols
             # (cols @ gt^T)^T rather than gt @ cols^T: the same product, measured 1.4-1.9x faster in OpenBLAS for
             # these long-K, tiny-output shapes (LeNet's two convolutions)
-            dw2 = (cols[0] @ gt[0].T).T if groups == 1 else (cols @ gt.transpose(0, 2, 1)).transpose(0, 2, 1)
+            dw2 = cpu.matmul_long_k(cols[0], gt[0].T).T if groups == 1 else \
+                (cols @ gt.transpose(0, 2, 1)).transpose(0, 2, 1)
             cg = padded_shape[0] // groups
             dw = dw2.reshape(o, kernel[0], kernel[1], cg).transpose(0, 3, 1, 2)
         if need[0]:

@@ -44,6 +44,10 @@ CASES = [
     ("batch_inner", (4, 3, 7, 6), (5, 3, 3, 3), True, {"padding": 1}, _batch_inner),
     ("batch_inner_groups", (3, 4, 6, 6), (4, 2, 2, 2), True, {"groups": 2, "stride": 2}, _batch_inner),
     ("lenet_conv2", (5, 6, 12, 12), (16, 6, 5, 5), True, {}, _as_is),
+    # more than 2 * cpu.GEMM_SPLIT output pixels (17 * 26 * 25 = 11050): the forward GEMM and the weight gradient's
+    # run in three uneven pieces on the CPU
+    ("long_gemm_pieces", (17, 1, 28, 27), (6, 1, 3, 3), True, {}, _batch_inner),
+    ("long_gemm_pieces_2ch", (9, 2, 33, 31), (3, 2, 2, 2), False, {"padding": 1}, _as_is),
 ]
 
 
