@@ -1,4 +1,7 @@
-"""Devices and array modules: `xp` is numpy for CPU arrays and cupy for CUDA arrays."""
+"""Devices and array modules: `xp` is numpy for CPU arrays and cupy for CUDA arrays; the metadata cache of the ops'
+checks and launch plans."""
+import functools
+
 import numpy as np
 
 
@@ -134,3 +137,19 @@ def pin(array):
     out = np.frombuffer(mem, dtype=array.dtype, count=array.size).reshape(array.shape)
     out[...] = array
     return out
+
+
+def metadata_cache(fn):
+    """Memoize a pure function of array metadata (shapes, dtypes, geometry arguments): validation and launch
+    planning that an eager step would otherwise redo, identically, for every call of every op. Exceptions are not
+    cached (bad input raises every time), and unhashable arguments (a list from a caller) take the plain call."""
+    memo = functools.lru_cache(maxsize=1024)(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        try:
+            return memo(*args)
+        except TypeError:   # unhashable arguments, or a TypeError of fn's own checks, which the plain call repeats
+            return fn(*args)
+    call.cache_clear = memo.cache_clear
+    return call

@@ -8,7 +8,7 @@ import operator
 import numpy as np
 
 from ..autograd.function import Function
-from ..backend import cpu
+from ..backend import cpu, metadata_cache
 from ..backend.cuda import conv as cuda_conv
 from ..backend.cuda import pool as cuda_pool
 from ._util import check_same_device, xp_of
@@ -57,7 +57,16 @@ def _padding(padding, stride, dilation, kernel):
 
 
 def _check(x, w, b, stride, padding, dilation, groups):
-    """Validate everything before any work; returns (stride, pads, dilation, groups) normalized."""
+    """Validate everything before any work; returns (stride, pads, dilation, groups) normalized. A pure function of
+    the arrays' shapes and dtypes and the arguments, so it is cached on those (an eager step repeats it per call)."""
+    return _check_metadata(x.shape, w.shape, None if b is None else b.shape, x.dtype, w.dtype,
+                           None if b is None else b.dtype, stride, padding, dilation, groups)
+
+
+@metadata_cache
+def _check_metadata(x_shape, w_shape, b_shape, x_dtype, w_dtype, b_dtype, stride, padding, dilation, groups):
+    x, w = _Meta(x_shape, x_dtype), _Meta(w_shape, w_dtype)
+    b = None if b_shape is None else _Meta(b_shape, b_dtype)
     if x.ndim not in (3, 4):
         raise RuntimeError(f"conv2d: expected 3D (unbatched) or 4D (batched) input, but got input of size: "
                            f"{_shape(x)}")
@@ -218,11 +227,12 @@ class Conv2dActPool(Function):
         return cuda_conv.conv2d_backward(None, saved, g=g)
 
 
-class _Shape:
-    """What the pooling's geometry checks read of an input: its shape (the convolution's output, not made yet)."""
+class _Meta:
+    """What the checks read of an array: its shape, ndim and dtype (for _check_metadata, and for the pooling's
+    geometry checks on the convolution's output, which is not made yet)."""
 
-    def __init__(self, shape):
-        self.shape, self.ndim = tuple(shape), len(shape)
+    def __init__(self, shape, dtype=None):
+        self.shape, self.ndim, self.dtype = tuple(shape), len(shape), dtype
 
 
 def conv2d_act_pool(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None,  # noqa: A002
@@ -237,7 +247,7 @@ def conv2d_act_pool(input, weight, bias=None, stride=1, padding=0, dilation=1, g
     stride, pads, dilation, groups = _check(x, weight.array, None if bias is None else bias.array, stride, padding,
                                             dilation, groups)
     out_hw = _out_hw(x.shape[2:], weight.array.shape[2:], stride, pads, dilation)
-    k, s, p, d, _ = _geometry("max_pool2d", _Shape((x.shape[0], weight.array.shape[0]) + out_hw), kernel_size,
+    k, s, p, d, _ = _geometry("max_pool2d", _Meta((x.shape[0], weight.array.shape[0]) + out_hw), kernel_size,
                               pool_stride, pool_padding, pool_dilation, ceil_mode)
     return Conv2dActPool.apply(input, weight, bias, stride, pads, dilation, groups, activation,
                                (k, s, p, d, bool(ceil_mode)))

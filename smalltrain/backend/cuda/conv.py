@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from . import cupy
 from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, get, i32, i32s, i64, launch,
-                      pair, ptr, same_device)
+                      metadata_cache, pair, ptr, same_device)
 from .blas import gemm, sum_rows
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
@@ -111,25 +111,32 @@ def check_affine(op, x, w, b, ndim, activation, bias_ndim=None):
 
 
 def _validate(x, w, b, stride, padding, dilation, groups, activation):
+    """The arrays' checks (every call), then the geometry's (cached per shapes and arguments)."""
+    check_affine("conv2d", x, w, b, 4, activation)
+    return _geometry(x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups)
+
+
+@metadata_cache
+def _geometry(x_shape, w_shape, b_shape, stride, padding, dilation, groups):
+    """(stride, pads, dilation, groups, out_hw) normalized, for 4-D input and weight shapes; errors as torch's."""
     op = "conv2d"
-    check_affine(op, x, w, b, 4, activation)
     stride, dilation = pair(op, "stride", stride), pair(op, "dilation", dilation)
     if min(stride) <= 0 or min(dilation) <= 0:
         raise RuntimeError(f"{op}: stride and dilation must be positive, got stride={list(stride)}, "
                            f"dilation={list(dilation)}")
     groups = operator.index(groups)
-    o, cg, kh, kw = w.shape
+    o, cg, kh, kw = w_shape
     if groups <= 0 or o % groups:
         raise RuntimeError(f"{op}: Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
-                           f"but got weight of size {list(w.shape)}")
-    if x.shape[1] != cg * groups:
-        raise RuntimeError(f"{op}: expected input with {cg * groups} channels (weight {list(w.shape)}, "
-                           f"groups={groups}), got input {list(x.shape)}")
-    if b is not None and tuple(b.shape) != (o,):
-        raise RuntimeError(f"{op}: expected bias to be 1-dimensional with {o} elements (weight {list(w.shape)}), "
-                           f"but got bias of size {list(b.shape)}")
+                           f"but got weight of size {list(w_shape)}")
+    if x_shape[1] != cg * groups:
+        raise RuntimeError(f"{op}: expected input with {cg * groups} channels (weight {list(w_shape)}, "
+                           f"groups={groups}), got input {list(x_shape)}")
+    if b_shape is not None and tuple(b_shape) != (o,):
+        raise RuntimeError(f"{op}: expected bias to be 1-dimensional with {o} elements (weight {list(w_shape)}), "
+                           f"but got bias of size {list(b_shape)}")
     pads = _pads(padding, stride, dilation, (kh, kw))
-    padded = (x.shape[2] + pads[0] + pads[1], x.shape[3] + pads[2] + pads[3])
+    padded = (x_shape[2] + pads[0] + pads[1], x_shape[3] + pads[2] + pads[3])
     extent = (dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1)
     if padded[0] < extent[0] or padded[1] < extent[1]:
         raise RuntimeError(f"{op}: Calculated padded input size per channel: ({padded[0]} x {padded[1]}). Kernel "
