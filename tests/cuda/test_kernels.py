@@ -269,7 +269,7 @@ def test_wide_linear_is_deterministic_and_leaves_its_counters_at_zero(rng, monke
         assert cp.array_equal(first, again)
         want = np.maximum(cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(w).astype(np.float64).T + cp.asnumpy(b), 0)
         assert_close(first, want, 1e-4, name=f"wide forward, {m} rows")
-        assert int(linear_kernels._wide_counters[cp.cuda.Device().id].max()) == 0
+        assert int(linear_kernels._tickets().max()) == 0   # every ticket reset for the next launch
 
 
 def test_linear_act_errors():
@@ -350,6 +350,25 @@ def test_linear_chain_errors():
     _, saved = ops.linear_chain_forward(x, [(w1, None, "relu"), (w2, cp.ones(2, cp.float32), None)])
     with pytest.raises(RuntimeError, match=r"grad_output of shape \[4, 2\]"):
         ops.linear_chain_backward(cp.ones((4, 3), cp.float32), saved)
+
+
+@pytest.mark.parametrize("p", [1, 63, 64, 577])   # below and above BIAS_ACT_ROWS_MIN_P: both kernels
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_act_backward_both_kernels(p, activation, dtype, rng):
+    """g [O, N, P] = dout [N, O, P] * act'(y + b) with distinct sizes (N 3, O 5) so that a transposed index shows."""
+    n, o = 3, 5
+    dout = rng.standard_normal((n, o, p)).astype(dtype)
+    y = rng.standard_normal((o, n, p)).astype(dtype)
+    b = rng.standard_normal(o).astype(dtype)
+    assert (p >= conv_kernels.BIAS_ACT_ROWS_MIN_P) == (p >= 64)
+    for bias in (b, None):
+        g_out = cp.empty((o, n * p), dtype=dtype)
+        conv_kernels.bias_act_backward(g(dout), g(y), None if bias is None else g(bias), g_out, n, o, p,
+                                       conv_kernels.ACTIVATIONS[activation])
+        pre = y + (0 if bias is None else bias[:, None, None])
+        want = ref.act_grad(dout.transpose(1, 0, 2), pre, activation).reshape(o, n * p)
+        assert_close(g_out.get(), want, rtol=ref.tol(dtype), name=f"g (p={p}, {activation})")
 
 
 def test_conv2d_saves_only_what_backward_needs(rng):
@@ -613,6 +632,23 @@ def test_cross_entropy_bad_target_flag_is_cleared_after_the_error(reduction):
             ops.cross_entropy_forward(x, cp.asarray(np.array(bad)), reduction=reduction)
         loss, _ = ops.cross_entropy_forward(x, cp.asarray(np.array([0, -100, 4, 2])), reduction=reduction)
         assert np.isfinite(loss.get()).all()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 1000, 70_000])   # one block; partly and fully used; many blocks
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_forward_and_reduction_in_one_launch(rows, reduction, rng):
+    """The last block adds the blocks' sums (a ticket counter, reset after each launch); the loss matches the
+    float64 reference and the separate-reduction path up to rounding, and repeats bit for bit."""
+    x = rng.standard_normal((rows, 10)).astype(np.float32)
+    t = rng.integers(0, 10, rows)
+    t[::5] = -100
+    want = ref.cross_entropy(x, t, None, -100, 0.0, reduction)
+    loss, _ = ops.cross_entropy_forward(g(x), g(t), reduction=reduction)
+    again, _ = ops.cross_entropy_forward(g(x), g(t), reduction=reduction)
+    assert_close(loss.get(), want, 1e-5, name="loss")
+    assert np.array_equal(loss.get(), again.get(), equal_nan=True)   # one row, ignored: 'mean' is NaN
+    from smalltrain.backend.cuda import _common
+    assert int(_common.device_counters("cross_entropy", 1)[0]) == 0
 def test_cross_entropy_replays_as_a_cuda_graph(rng):
     """Forward + backward captured once (the host-side target check must skip itself while capturing), then
     replayed on new logits written into the same buffer."""

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import metadata_cache  # noqa: F401  (re-exported for the launchers)
 from . import cupy
+from .graphs import is_current_stream_capturing
 from .loader import MAX_BLOCKS, kernel, launch_1d
 
 BLOCK = 256
@@ -133,14 +134,36 @@ def launch(family, name, dtype, n, args, block=BLOCK):
     launch_1d(get(family, name, dtype), int(n), args, block=block, max_blocks=MAX_BLOCKS)
 
 
+def rows_grid(rows, block=BLOCK):
+    """The grid of a one-warp-per-row kernel over `rows` rows (launch_rows's)."""
+    warps = block // 32
+    return min((int(rows) + warps - 1) // warps, MAX_BLOCKS)
+
+
 def launch_rows(family, name, dtype, rows, args, block=BLOCK):
     """Launch a one-warp-per-row kernel over `rows` rows (the kernel loops rows grid-stride by warps)."""
-    rows = int(rows)
-    if rows <= 0:
+    if int(rows) <= 0:
         return
-    warps = block // 32
-    grid = min((rows + warps - 1) // warps, MAX_BLOCKS)
-    get(family, name, dtype)((grid,), (block,), args)
+    get(family, name, dtype)((rows_grid(rows, block),), (block,), args)
+
+
+_counters = {}   # (name, device id) -> uint32 counters, zero between launches
+
+
+def device_counters(name, size):
+    """`size` zeroed uint32 counters on the current device for kernels that finish with a last-block step (each
+    block takes a ticket; the last one of a group does the group's final work and resets its counter to 0), made
+    once per name and device. None while a CUDA graph is being captured before they exist (a capture records the
+    zero fill without running it): the caller then takes a path without them. The kernels using one set run one
+    after another on the stream that launches them."""
+    cp = cupy()
+    key = (name, cp.cuda.Device().id)
+    counters = _counters.get(key)
+    if counters is None:
+        if is_current_stream_capturing():
+            return None
+        counters = _counters[key] = cp.zeros(size, dtype=cp.uint32)
+    return counters
 
 
 def dim_index(op, dim, ndim):

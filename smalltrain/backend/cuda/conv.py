@@ -17,6 +17,7 @@ from . import cupy
 from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, get, i32, i32s, i64, launch,
                       metadata_cache, pair, ptr, same_device)
 from .blas import gemm, sum_rows
+from .loader import MAX_BLOCKS
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3}
 
@@ -54,6 +55,8 @@ _WR_ROWS = 16                 # partial rows per thread of wgrad_reduce
 # Tests set it to 0 to run the gather kernel on small cases
 DIRECT_DX_MAX_MACS = 1 << 28
 DIRECT_DX_MIN_THREADS_PER_SM = 512
+# bias_act_bwd_rows (a block per row of P elements) where P is at least this; the element-wise kernel below it
+BIAS_ACT_ROWS_MIN_P = 64
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
 _WGRAD_THREADS = 1024
 _WGRAD_R = (1, 2, 4, 8)       # outputs per thread the weight-gradient kernel is compiled for
@@ -233,6 +236,16 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                         y if act else None, stride, pads, dilation, groups, out_hw, activation, needs[:3],
                         x if keep_x and needs[1] else None)
     return out, saved
+
+
+def bias_act_backward(dout, y, b, g, n, o, p, act):
+    """g [O, N, P] = dout [N, O, P] * act'(y + b[o]) (y [O, N, P], b [O] or None; y unread without an activation):
+    a block per row of g where the rows are long (BIAS_ACT_ROWS_MIN_P), one thread per element otherwise."""
+    args = (dout, ptr(y), ptr(b), g, i64(n), i64(o), i64(p), i32(act))
+    if p >= BIAS_ACT_ROWS_MIN_P:
+        get("conv", "bias_act_bwd_rows", g.dtype)((min(n * o, MAX_BLOCKS),), (128,), args)
+    else:
+        launch("conv", "bias_act_bwd", g.dtype, g.size, args)
 
 
 def _direct(x_shape, w_shape, out_hw, groups, itemsize):
@@ -510,8 +523,7 @@ def conv2d_backward(dout, saved, g=None):
         if dout is not None:
             dout = contiguous(dout)
             g = cp.empty((o, n * p), dtype=dtype)
-            launch("conv", "bias_act_bwd", dtype, g.size, (dout, ptr(saved.y), ptr(saved.bias), g, i64(n), i64(o),
-                                                           i64(p), i32(ACTIVATIONS[saved.activation])))
+            bias_act_backward(dout, saved.y, saved.bias, g, n, o, p, ACTIVATIONS[saved.activation])
         want_b = need_b and saved.bias is not None
         dw = dx = None
         wgrad = _wgrad_kernel(saved, dtype.itemsize) if need_w else None

@@ -26,10 +26,9 @@ no autograd node between them; the weight gradients of all layers are one grid o
 from dataclasses import dataclass
 
 from . import cupy
-from ._common import check_array, check_dtype, contiguous, get, i32, i32s, i64, launch, ptr
+from ._common import check_array, check_dtype, contiguous, device_counters, get, i32, i32s, i64, launch, ptr
 from .blas import gemm, sum_rows
-from .conv import ACTIVATIONS, _sm_count, check_affine
-from .graphs import is_current_stream_capturing
+from .conv import ACTIVATIONS, _sm_count, bias_act_backward, check_affine
 
 # the small-layer kernels' limits; tests set them to 0 to compare the cuBLAS path on the same inputs
 SMALL_MAX_L = 2048
@@ -45,7 +44,6 @@ _WIDE_ROWS = 32
 _WIDE_SLICE = 256
 _WIDE_COLS = 64
 _MAX_GRID_Y = 65535
-_wide_counters = {}   # per device: wide_fwd's tickets, zero between launches (each launch resets what it used)
 
 # the chain kernels' limits (kernels/linear.cu ST_CMAX, and what keeps a chain cheaper than its layers: every block
 # reads all the weights, so blocks x weights is bounded); tests set CHAIN_MAX_LAYERS to 0 to compare the layers
@@ -103,18 +101,9 @@ def wide_chunks(m, k):
     return -(-k // kchunk), kchunk
 
 
-def _tickets(groups):
-    """The current device's wide_fwd counters, made (zeroed) on first use; None during a CUDA-graph capture before
-    that (a capture records the zero fill without running it), where the caller takes cuBLAS instead. One buffer per
-    device: the kernels that use it run one after another on the stream that launches them."""
-    cp = cupy()
-    key = cp.cuda.Device().id
-    counters = _wide_counters.get(key)
-    if counters is None:
-        if is_current_stream_capturing():
-            return None
-        counters = _wide_counters[key] = cp.zeros(_MAX_GRID_Y, dtype=cp.uint32)
-    return counters
+def _tickets():
+    """The current device's wide_fwd counters (one per row group), or None (see _common.device_counters)."""
+    return device_counters("wide_fwd", _MAX_GRID_Y)
 
 
 def linear_act_forward(x, w, b=None, activation=None):
@@ -136,7 +125,7 @@ def linear_act_forward(x, w, b=None, activation=None):
             y = cp.empty((m, f), dtype=x.dtype) if act else None
             get("linear", "linear_fwd", x.dtype)((_tiles(m, f),), (_THREADS,), (x, w, ptr(b), out, ptr(y), i32(m),
                                                                                i32(k), i32(f), i32(act)))
-        elif _wide(m, k, f) and (tickets := _tickets(-(-m // _WIDE_ROWS))) is not None:
+        elif _wide(m, k, f) and (tickets := _tickets()) is not None:
             x, w = contiguous(x), contiguous(w)
             chunks, kchunk = wide_chunks(m, k)
             out = cp.empty((m, f), dtype=x.dtype)
@@ -174,8 +163,7 @@ def linear_act_backward(dout, saved, needs=(True, True, True)):
             return _wide_backward(dout, saved, m, k, f, need_x, need_w, need_b, act)
         y = saved.y
         gT = cp.empty((f, m), dtype=x.dtype)
-        launch("conv", "bias_act_bwd", x.dtype, gT.size, (dout, ptr(None if y is None else contiguous(y.T)),
-                                                         ptr(saved.bias), gT, i64(m), i64(f), i64(1), i32(act)))
+        bias_act_backward(dout, None if y is None else contiguous(y.T), saved.bias, gT, m, f, 1, act)
         dx = gemm(gT.T, w) if need_x else None
         dw = gemm(gT, x) if need_w else None
         db = sum_rows(gT, 1) if need_b else None

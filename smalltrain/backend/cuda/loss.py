@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cupy
-from ._common import (check_array, check_dtype, check_float, contiguous, dim_index, get, i32, i64, launch, launch_rows,
-                      ptr, same_device, scalar, want_host_check)
+from ._common import (BLOCK, check_array, check_dtype, check_float, contiguous, device_counters, dim_index, get, i32,
+                      i64, launch, launch_rows, ptr, rows_grid, same_device, scalar, want_host_check)
 
 
 def _softmax_forward(op, x, dim, log):
@@ -158,20 +158,28 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
         loss_rows = cp.empty(rows, dtype=x.dtype)
         wt_rows = cp.empty(rows, dtype=x.dtype)
         grad = cp.empty(x.shape, dtype=x.dtype) if compute_grad else None
-        launch_rows("loss", "cross_entropy_fwd", x.dtype, rows,
-                    (x, target, ptr(weight), loss_rows, wt_rows, ptr(grad), i64(rows), i64(c), i64(inner),
-                     i64(ignore_index), scalar(label_smoothing, x.dtype), ptr(flag)))
+        args = (x, target, ptr(weight), loss_rows, wt_rows, ptr(grad), i64(rows), i64(c), i64(inner),
+                i64(ignore_index), scalar(label_smoothing, x.dtype), ptr(flag))
         wsum = None
+        counter = device_counters("cross_entropy", 1) if reduction != "none" and rows else None
         if reduction == "none":
+            launch_rows("loss", "cross_entropy_fwd", x.dtype, rows, args)
             loss = loss_rows.reshape(target.shape)
         else:
             loss = cp.empty((), dtype=x.dtype)
             mean = reduction == "mean"
             wsum = cp.empty((), dtype=x.dtype) if mean else None
-            get("loss", "cross_entropy_reduce", x.dtype)((1,), (1024,), (loss_rows, wt_rows, i64(rows), i32(mean),
-                                                                        loss, ptr(wsum)))
-        # read after the reduction is queued, so that one wait covers both kernels; the first bad value is looked
-        # up only on failure
+            if counter is not None:   # one launch: the last block adds the blocks' sums
+                grid = rows_grid(rows)
+                partial = cp.empty(2 * grid, dtype=x.dtype)
+                get("loss", "cross_entropy_fwd_reduce", x.dtype)((grid,), (BLOCK,), args + (
+                    partial, counter, i32(mean), loss, ptr(wsum)))
+            else:   # no rows, or a capture before the counter exists
+                launch_rows("loss", "cross_entropy_fwd", x.dtype, rows, args)
+                get("loss", "cross_entropy_reduce", x.dtype)((1,), (1024,), (loss_rows, wt_rows, i64(rows),
+                                                                            i32(mean), loss, ptr(wsum)))
+        # read after the reduction is queued, so that one wait covers it too; the first bad value is looked up
+        # only on failure
         if flag is not None and flag.get()[0]:
             _raise_bad_target(target, ignore_index, c, flag)
     return loss, CrossEntropySaved(grad, wsum, reduction, tuple(target.shape), target, int(ignore_index))

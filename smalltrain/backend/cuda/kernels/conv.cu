@@ -5,7 +5,9 @@
 //   col2im:  the adjoint: dx[n, c, h, w] = sum of the dcols entries im2col copied x[n, c, h, w] into (a gather over the
 //            kernel offsets, one thread per input element: no atomics, deterministic).
 //   bias_act_fwd: the GEMM result y [O, N, P] (P = OH*OW) -> out [N, O, P] = act(y + b[o]) (transpose, bias and
-//            activation fused in one pass). bias_act_bwd: dout [N, O, P] -> g [O, N, P] = dout * act'(y + b[o]).
+//            activation fused in one pass). bias_act_bwd: dout [N, O, P] -> g [O, N, P] = dout * act'(y + b[o]);
+//            bias_act_bwd_rows the same with a block per row (o, n) of g and threads along p, for the convolutions'
+//            long rows (P >= 64): one division per row instead of three per element.
 //   direct_fwd: the whole forward without a cols matrix, for groups == 1 and a small C*KH*KW: one thread per
 //            position and block of OB (8, or 2 for small batches) output channels of
 //            out [N, O, OH, OW] = act(sum_k w[o, k] x(...) + b[o]), the weights (and for small batches the image,
@@ -112,6 +114,22 @@ __device__ void bias_act_bwd(const T* __restrict__ dout, const T* __restrict__ y
     }
 }
 
+template <typename T, typename I>
+__device__ void bias_act_bwd_rows(const T* __restrict__ dout, const T* __restrict__ y, const T* __restrict__ b,
+                                  T* __restrict__ g, I N, I O, I P, int act) {
+    for (I r = blockIdx.x; r < O * N; r += gridDim.x) {   // row r = o*N + n of g (and of y)
+        const I o = r / N, n = r - o * N;
+        const T* d = dout + (n * O + o) * P;
+        T* gr = g + r * P;
+        if (act == ST_ACT_NONE) {
+            for (I p = threadIdx.x; p < P; p += blockDim.x) gr[p] = d[p];
+        } else {
+            const T* yr = y + r * P;
+            const T bo = b != nullptr ? b[o] : T(0);
+            for (I p = threadIdx.x; p < P; p += blockDim.x) gr[p] = act_bwd(d[p], yr[p] + bo, act);
+        }
+    }
+}
 
 // The direct kernels run in one of two layouts. S == 0: a grid-stride loop over every item of the batch, reading
 // the input (x, or g for dx) from global memory. S >= 1: S blocks per image, each first staging that image's input
@@ -683,6 +701,11 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
                                                 int act) {                                                         \
         if (st_fits32(N * O * P)) bias_act_bwd<T, int>(dout, y, b, g, N, O, P, act);                               \
         else bias_act_bwd<T, i64>(dout, y, b, g, N, O, P, act);                                                    \
+    }                                                                                                              \
+    extern "C" __global__ void bias_act_bwd_rows_##S(const T* dout, const T* y, const T* b, T* g, i64 N, i64 O,     \
+                                                     i64 P, int act) {                                             \
+        if (st_fits32(N * O * P)) bias_act_bwd_rows<T, int>(dout, y, b, g, N, O, P, act);                          \
+        else bias_act_bwd_rows<T, i64>(dout, y, b, g, N, O, P, act);                                               \
     }                                                                                                              \
     ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8) ST_DIRECT_DX(T, S, 2) ST_DIRECT_DX(T, S, 8)                              \
     ST_IGEMM(T, S, 16) ST_IGEMM(T, S, 32)                                                                          \

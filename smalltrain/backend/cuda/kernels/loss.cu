@@ -11,6 +11,10 @@
 //     [0, C) that is not ignore_index is never read through: its loss, wt and grad are NaN, and *bad is set to 1
 //     (when bad != null: the launcher reads that flag back, one copy, instead of a separate reduction kernel).
 //   cross_entropy_reduce: one block sums the rows' losses (and weights for 'mean') into the scalar loss.
+//   cross_entropy_fwd_reduce: cross_entropy_fwd and the 'mean' / 'sum' reduction in one launch: each block sums
+//     the losses (and weights) of the rows it computed into partial[2 * block], and the block that finishes last (a
+//     ticket from *counter, which it resets to 0) adds the blocks' sums in block order: deterministic, no atomics on
+//     the values. (Another summation order than cross_entropy_reduce's: the same value up to rounding.)
 //   cross_entropy_bwd: dx = grad * scale[r * scale_stride] / (*wsum if wsum else 1) (scale_stride 0: dout), and
 //     exactly 0 in rows whose target is ignore_index, as torch, even where the scale is inf or NaN ('mean' with
 //     every target ignored divides by a zero total weight).
@@ -60,7 +64,8 @@ __device__ void softmax_backward(const T* __restrict__ dy, const T* __restrict__
 template <typename T>
 __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
                            T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C, i64 inner,
-                           i64 ignore_index, T ls, int* __restrict__ bad) {
+                           i64 ignore_index, T ls, int* __restrict__ bad, T& loss_sum, T& wt_sum) {
+    // loss_sum, wt_sum: lane 0 of each warp adds up the loss and weight of its rows (0 on the other lanes)
     const int lane = threadIdx.x & 31;
     const i64 warps = blockDim.x >> 5;
     for (i64 r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
@@ -72,6 +77,8 @@ __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ targ
             if (lane == 0) {
                 loss[r] = fill;
                 wt[r] = fill;
+                loss_sum += fill;
+                wt_sum += fill;
                 if (!ignored && bad != nullptr) *bad = 1;  // every writer stores the same value: no atomic needed
             }
             if (grad != nullptr)
@@ -113,6 +120,8 @@ __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ targ
             if (ls != T(0)) val += (ls / T(C)) * (-smooth);  // guarded: 0 * -inf would be NaN
             loss[r] = val;
             wt[r] = w_t;
+            loss_sum += val;
+            wt_sum += w_t;
         }
     }
 }
@@ -146,6 +155,40 @@ __device__ void ce_reduce(const T* __restrict__ loss, const T* __restrict__ wt, 
     }
 }
 
+template <typename T>
+__device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
+                                  T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C,
+                                  i64 inner, i64 ignore_index, T ls, int* __restrict__ bad, T* __restrict__ partial,
+                                  unsigned* __restrict__ counter, int mean, T* __restrict__ out,
+                                  T* __restrict__ wsum) {
+    __shared__ unsigned ticket;
+    T l = T(0), wv = T(0);
+    ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv);
+    l = block_sum(l);
+    wv = block_sum(wv);
+    if (threadIdx.x == 0) {
+        partial[2 * blockIdx.x] = l;
+        partial[2 * blockIdx.x + 1] = wv;
+        __threadfence();   // the sums are visible to the last block before its ticket is
+        ticket = atomicAdd(counter, 1u);
+    }
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    l = T(0);
+    wv = T(0);
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) {   // L2 reads: other blocks wrote them
+        l += __ldcg(partial + 2 * b);
+        wv += __ldcg(partial + 2 * b + 1);
+    }
+    l = block_sum(l);
+    wv = block_sum(wv);
+    if (threadIdx.x == 0) {
+        out[0] = mean ? l / wv : l;
+        if (mean) wsum[0] = wv;
+        *counter = 0u;
+    }
+}
+
 #define ST_LOSS(T, S)                                                                                               \
     extern "C" __global__ void softmax_fwd_##S(const T* x, T* y, i64 rows, i64 C, i64 inner) {                      \
         softmax_forward<T, false>(x, y, rows, C, inner);                                                            \
@@ -162,7 +205,14 @@ __device__ void ce_reduce(const T* __restrict__ loss, const T* __restrict__ wt, 
     extern "C" __global__ void cross_entropy_fwd_##S(const T* x, const i64* target, const T* w, T* loss, T* wt,     \
                                                      T* grad, i64 rows, i64 C, i64 inner, i64 ignore_index, T ls,   \
                                                      int* bad) {                                                    \
-        ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad);                         \
+        T l = T(0), wv = T(0);                                                                                      \
+        ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv);                  \
+    }                                                                                                               \
+    extern "C" __global__ void cross_entropy_fwd_reduce_##S(                                                        \
+        const T* x, const i64* target, const T* w, T* loss, T* wt, T* grad, i64 rows, i64 C, i64 inner,             \
+        i64 ignore_index, T ls, int* bad, T* partial, unsigned* counter, int mean, T* out, T* wsum) {               \
+        ce_forward_reduce<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, partial, counter, \
+                             mean, out, wsum);                                                                      \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_bwd_##S(const T* grad, const i64* target, i64 ignore_index,            \
                                                      const T* scale, i64 scale_stride, const T* wsum, T* dx,        \
