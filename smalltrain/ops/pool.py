@@ -136,6 +136,28 @@ def _route(xp, view, g, mask, finite, accumulate):
         view[...] = part
 
 
+def _max_then_argmax(views):
+    """NumPy, no padding: (max over the window offsets, int8 scan-order offset of each window's first max), or None
+    where a window holds NaN (the scan in MaxPool2d.forward gives torch's NaN rule).
+
+    The maximum first (one np.maximum per offset), then the argmax from K-1 comparisons with it: idx =
+    n0 * (1 + n1 * (1 + ... n_{K-2})) with n_k = (view_k != max) as uint8, which is the first k with view_k == max.
+    About half the passes of tracking the argmax along the scan (LeNet's 2x2 pools: 214 -> 147 and 79 -> 61 us).
+    Ties go to the first offset, and -0.0 ties with 0.0, as the scan's strict > does."""
+    vs = [v for _, v in views]
+    out = np.maximum(vs[0], vs[1])
+    for v in vs[2:]:
+        np.maximum(out, v, out=out)
+    if out.dtype.kind == "f" and np.isnan(out).any():
+        return None
+    one = np.uint8(1)
+    idx = np.not_equal(vs[-2], out).view(np.uint8)
+    for v in vs[-3::-1]:
+        idx += one
+        idx *= np.not_equal(v, out).view(np.uint8)
+    return out, idx.view(np.int8)
+
+
 class MaxPool2d(Function):
     """out = max over the window (NaN wins); argmax = first max in scan order (the last NaN), as torch's kernel."""
 
@@ -156,16 +178,20 @@ class MaxPool2d(Function):
         fill = -np.inf if floating else np.iinfo(x.dtype).min
         xpad = _padded(x4, k, s, p, d, out_hw, fill)
         views = list(_offsets(xpad, k, s, d, out_hw))
-        out = views[0][1].copy(order="K")
-        idx = cpu.empty_like_layout(out, out.shape, dtype=np.int8 if k[0] * k[1] < 128 else np.int32)
-        idx[...] = _first_valid(xp, k, s, p, d, out_hw) if p[0] or p[1] else 0
-        for off, v in views[1:]:
-            upd = v > out
-            xp.maximum(out, v, out=out)
-            _raise_to(xp, idx, upd, off)
-        if floating and (xp is not np or xp.isnan(out).any()):
-            for off, v in views:
-                _raise_to(xp, idx, xp.isnan(v), off)  # the last NaN of a window wins, as in torch
+        res = _max_then_argmax(views) if xp is np and not (p[0] or p[1]) and 1 < len(views) < 128 else None
+        if res is not None:
+            out, idx = res
+        else:
+            out = views[0][1].copy(order="K")
+            idx = cpu.empty_like_layout(out, out.shape, dtype=np.int8 if k[0] * k[1] < 128 else np.int32)
+            idx[...] = _first_valid(xp, k, s, p, d, out_hw) if p[0] or p[1] else 0
+            for off, v in views[1:]:
+                upd = v > out
+                xp.maximum(out, v, out=out)
+                _raise_to(xp, idx, upd, off)
+            if floating and (xp is not np or xp.isnan(out).any()):
+                for off, v in views:
+                    _raise_to(xp, idx, xp.isnan(v), off)  # the last NaN of a window wins, as in torch
         ctx.geom = (x4.shape, xpad.shape, k, s, p, d, out_hw, x.ndim == 3, cpu.layout_order(x4))
         ctx.idx = idx
         if x.ndim == 3:

@@ -31,6 +31,11 @@ def _specials(rng, shape):
     return x
 
 
+def _signed_zeros(rng, shape):
+    """-0.0, 0.0 and -1: windows whose maxima are zeros of both signs (they tie: the first in scan order wins)."""
+    return rng.choice(np.array([-0.0, 0.0, -1.0], np.float32), shape)
+
+
 def _inf_corner(rng, shape):
     """-inf in the first two rows and columns: windows over the top-left padding see only -inf."""
     x = rng.standard_normal(shape).astype(np.float32)
@@ -75,6 +80,11 @@ MAX_CASES = [
     ("batch_inner_pad", (3, 2, 5, 7), {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True},
      _ties, _batch_inner),
     ("lenet", (5, 6, 24, 24), {"kernel_size": 2}, _normal, _as_is),
+    # no padding: the maximum first, then the argmax from comparisons with it (pool._max_then_argmax)
+    ("signed_zero_ties", (3, 2, 6, 8), {"kernel_size": 2}, _signed_zeros, _batch_inner),
+    ("ties_k3_tiling", (2, 3, 9, 7), {"kernel_size": 3}, _ties, _batch_inner),
+    ("ties_ceil_no_pad", (2, 2, 7, 5), {"kernel_size": 2, "ceil_mode": True}, _ties, _transposed),
+    ("inf_ceil_no_pad", (1, 2, 5, 7), {"kernel_size": (2, 3), "stride": 2, "ceil_mode": True}, _inf_corner, _as_is),
 ]
 
 
