@@ -106,6 +106,21 @@ def matmul_long_k(a, b):
     return acc
 
 
+_ONES = {}
+
+
+def ones(n, dtype):
+    """A read-only NumPy vector of n ones (cached: a reduction by GEMV needs one per size)."""
+    key = (n, np.dtype(dtype))
+    v = _ONES.get(key)
+    if v is None:
+        if len(_ONES) > 32:
+            _ONES.clear()
+        v = _ONES[key] = np.ones(n, dtype)
+        v.flags.writeable = False
+    return v
+
+
 def layout_order(a):
     """a's axes from outermost (largest stride) to innermost: the permutation that makes it C-contiguous."""
     return tuple(sorted(range(a.ndim), key=lambda d: (-abs(a.strides[d]), d)))

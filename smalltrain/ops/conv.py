@@ -164,7 +164,10 @@ class Conv2d(Function):
         need = ctx.needs_input_grad
         dx = dw = db = None
         if need[2]:
-            db = gt.reshape(o, cols_n).sum(axis=1)
+            # a GEMV with a ones vector: OpenBLAS sums LeNet's [6, 36864] rows ~3x faster than NumPy's reduction
+            # (75 -> 21 us; [16, 4096]: 23 -> 6 us)
+            g2 = gt.reshape(o, cols_n)
+            db = g2 @ cpu.ones(cols_n, g.dtype) if xp is np else g2.sum(axis=1)
         if need[1]:
             cols = ctx.cols
             # (cols @ gt^T)^T rather than gt @ cols^T: the same product, measured 1.4-1.9x faster in OpenBLAS for
