@@ -300,9 +300,9 @@ def throughput(args):
     print(environment(torch, device), flush=True)
     print(f"device {device}, fp32, the full training step (zero_grad, forward, cross_entropy, backward, optimizer "
           f"step) on 8 MNIST batches resident on the device; median of {args.repeats} timed runs, interleaved across "
-          f"modes"
-          + (", each ended by a device sync" if on_cuda else "") + f"; {warmup} warm-up steps excluded (graph capture and torch.compile compilation happen in "
-          f"them)" + ("; on the CPU smalltrain.compile runs the step eagerly" if not on_cuda else ""), flush=True)
+          f"modes" + (", each ended by a device sync" if on_cuda else "") + f"; {warmup} warm-up steps excluded "
+          f"(graph capture and torch.compile compilation happen in them)"
+          + ("; on the CPU smalltrain.compile runs the step eagerly" if not on_cuda else ""), flush=True)
     rows = []
     for model, batch in args.config:
         xs, ys = mnist_batches(batch, 8)
