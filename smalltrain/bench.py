@@ -8,7 +8,9 @@ importable torch eager, torch.compile(step) and torch.compile(step, mode="reduce
 runs on real, normalized MNIST batches resident on the device, rotating over 8 of them. Warm-up steps (graph
 capture and torch.compile compilation happen inside them) are excluded; the figure is the median over repeats of
 a timed run of several steps, each ended by a device synchronization; the runs of the modes alternate (one of
-each in turn), so that a drift of the host's speed reaches all of them alike. The same model code runs on both
+each in turn), so that a drift of the host's speed reaches all of them alike. On the CPU each mode runs in a process
+of its own (ModeProcess), driven from here, with a short pause before each run: two frameworks' thread pools in one
+process, or still spinning from the previous run, take the cores from each other. The same model code runs on both
 libraries (the APIs match).
 
 Speedrun. Train to the target test accuracy (99.0%) as fast as possible, everything on the device: the train and
@@ -152,28 +154,104 @@ def timeit(fn, warmup=3, repeats=7, inner=1, sync=None):
     return statistics.median(times)
 
 
-def timeit_interleaved(fns, warmup=3, repeats=7, inner=1, syncs=None):
-    """timeit for several callables side by side: {key: median seconds per call}. Each is warmed up first, then
-    the timed runs go round-robin (run r of every callable, then run r + 1), so that a drift of the host's speed
-    during the measurement (frequent on shared VMs) reaches every callable alike instead of whichever ran last.
-    `syncs` maps a key to its device's synchronize."""
-    syncs = syncs or {}
-    for key, fn in fns.items():
-        for _ in range(warmup):
+def timed_run(fn, inner=1, sync=None):
+    """A callable that calls fn() `inner` times, then `sync` (the device's synchronize), and returns the seconds
+    per call."""
+    def run():
+        t0 = time.perf_counter()
+        for _ in range(inner):
             fn()
-        if syncs.get(key):
-            syncs[key]()
-    times = {key: [] for key in fns}
+        if sync:
+            sync()
+        return (time.perf_counter() - t0) / inner
+    return run
+
+
+def median_interleaved(runs, repeats=7, settle=0.0):
+    """{key: median seconds per call} of several timed runs side by side (runs[key]() times one run and returns
+    seconds per call, as timed_run's callables). The runs go round-robin (run r of every key, then run r + 1), so
+    that a drift of the host's speed during the measurement (frequent on shared VMs) reaches every key alike instead
+    of whichever ran last. `settle`: seconds of sleep before each run, for CPU runtimes whose idle worker threads
+    spin after a call (OpenBLAS's for ~0.1 s, OpenMP's) and would take the cores from the next run."""
+    times = {key: [] for key in runs}
     for _ in range(repeats):
-        for key, fn in fns.items():
-            sync = syncs.get(key)
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            if sync:
-                sync()
-            times[key].append((time.perf_counter() - t0) / inner)
+        for key, run in runs.items():
+            if settle:
+                time.sleep(settle)
+            times[key].append(run())
     return {key: statistics.median(t) for key, t in times.items()}
+
+
+class ModeProcessError(RuntimeError):
+    """A mode that failed in its own process: the message is that process's one-line report."""
+
+
+class ModeProcess:
+    """One mode's training step in a process of its own, driven from here: the CPU bench's way of putting the two
+    frameworks side by side without their thread pools in one process (on a 2-core machine torch's LeNet-5 step took
+    11.5 ms timed right after ours in one process, 4.1 ms alone). Built and warmed up in the child; each call times
+    one run of `inner` steps there and returns the seconds per step. Errors come back as ModeProcessError with the
+    child's one-line report."""
+
+    def __init__(self, key, model, batch, device, warmup, inner, timeout=600):
+        import multiprocessing
+        ctx = multiprocessing.get_context("spawn")   # a fresh interpreter: no thread pool inherited
+        self.timeout = timeout
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_mode_process_main, args=(child, key, model, batch, device, warmup, inner),
+                                daemon=True)
+        self.proc.start()
+        child.close()
+        self._receive()   # "ready" once built and warmed up
+
+    def __call__(self):
+        self.conn.send("run")
+        return self._receive()
+
+    def _receive(self):
+        if not self.conn.poll(self.timeout):
+            self.close()
+            raise RuntimeError(f"no answer from the benchmark process within {self.timeout} s")
+        try:
+            status, payload = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the benchmark process ended (exit code {self.proc.join(5) or self.proc.exitcode})") \
+                from None
+        if status == "error":
+            raise ModeProcessError(payload)
+        return payload
+
+    def close(self):
+        try:
+            self.conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+
+
+def _mode_process_main(conn, key, model, batch, device, warmup, inner):
+    try:
+        libname, mode, _ = MODES[key]
+        if libname == "torch":
+            lib = _import_torch()
+            lib.set_num_threads(os.cpu_count() or 1)
+        else:
+            import smalltrain as lib
+        step = make_step(lib, model, device, *mnist_batches(batch, 8), mode)
+        for _ in range(warmup):
+            step()
+        run = timed_run(step, inner)
+        conn.send(("ready", None))
+        while conn.recv() == "run":
+            conn.send(("ok", run()))
+    except Exception as e:  # noqa: BLE001 - the parent reports it, one line, and times the other modes
+        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        at = f" (at {os.path.basename(where.filename)}:{where.lineno})" if where else ""
+        first = str(e).splitlines()[0] if str(e) else ""
+        conn.send(("error", f"{type(e).__name__}: {first}{at}"))
 
 
 def _cpu_name():
@@ -246,6 +324,7 @@ MODES = {
     "torch-reduce-overhead": ("torch", "reduce-overhead", "torch.compile reduce-overhead"),
 }
 TORCH_COMPILE_MODES = ("torch-compile", "torch-reduce-overhead")
+CPU_SETTLE_S = 0.2   # sleep before each timed CPU run: the other mode's idle BLAS / OpenMP threads stop spinning
 
 
 def _import_torch():
@@ -264,10 +343,26 @@ def _synchronizer(lib, device):
 
 
 def _report_failure(what, e):
+    if isinstance(e, ModeProcessError):   # already the child's one-line report
+        print(f"smalltrain bench: {what}: {e}", file=sys.stderr, flush=True)
+        return
     where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     at = f" (at {os.path.basename(where.filename)}:{where.lineno})" if where else ""
     msg = str(e).splitlines()[0] if str(e) else ""
     print(f"smalltrain bench: {what}: {type(e).__name__}: {msg}{at}", file=sys.stderr, flush=True)
+
+
+def _warm_run(smalltrain, torch, key, model, batch, device, warmup, inner):
+    """timed_run of mode `key`'s step in this process, after its warm-up steps."""
+    libname, mode, _ = MODES[key]
+    lib = smalltrain if libname == "smalltrain" else torch
+    step = make_step(lib, model, device, *mnist_batches(batch, 8), mode)
+    sync = _synchronizer(lib, device)
+    for _ in range(warmup):
+        step()
+    if sync:
+        sync()
+    return timed_run(step, inner, sync)
 
 
 def selected_modes(args):
@@ -297,35 +392,36 @@ def throughput(args):
         else:
             torch.set_num_threads(os.cpu_count() or 1)
     warmup = args.warmup if args.warmup is not None else (20 if on_cuda else 3)
+    isolate = not on_cuda and not args.same_process
     print(environment(torch, device), flush=True)
     print(f"device {device}, fp32, the full training step (zero_grad, forward, cross_entropy, backward, optimizer "
           f"step) on 8 MNIST batches resident on the device; median of {args.repeats} timed runs, interleaved across "
           f"modes" + (", each ended by a device sync" if on_cuda else "") + f"; {warmup} warm-up steps excluded "
           f"(graph capture and torch.compile compilation happen in them)"
-          + ("; on the CPU smalltrain.compile runs the step eagerly" if not on_cuda else ""), flush=True)
+          + ("; on the CPU smalltrain.compile runs the step eagerly" if not on_cuda else "")
+          + ("; each mode in a process of its own" if isolate else ""), flush=True)
     rows = []
     for model, batch in args.config:
-        xs, ys = mnist_batches(batch, 8)
         steps = args.steps or (max(20, 8192 // batch) if on_cuda else max(3, 512 // batch))
-        runs, syncs = {}, {}
+        runs, processes = {}, []
         for key in modes:
-            libname, mode, label = MODES[key]
-            lib = smalltrain if libname == "smalltrain" else torch
-            try:
-                runs[label] = make_step(lib, model, device, xs, ys, mode)
-                syncs[label] = _synchronizer(lib, device)
-                for _ in range(warmup):   # here, so that a mode failing to compile or run is reported alone
-                    runs[label]()
-                if syncs[label]:
-                    syncs[label]()
+            label = MODES[key][2]
+            try:   # built and warmed up here, so that a mode failing to compile or run is reported alone
+                if isolate:
+                    processes.append(ModeProcess(key, model, batch, device, warmup, steps))
+                    runs[label] = processes[-1]
+                else:
+                    runs[label] = _warm_run(smalltrain, torch, key, model, batch, device, warmup, steps)
             except Exception as e:  # noqa: BLE001 - report and go on: one failing mode must not hide the others
                 _report_failure(f"{model}:{batch} {label}", e)
-                runs.pop(label, None)
         try:
-            medians = timeit_interleaved(runs, warmup=0, repeats=args.repeats, inner=steps, syncs=syncs)
-        except Exception as e:  # noqa: BLE001 - a mode that warmed up but fails later: time the others alone
+            medians = median_interleaved(runs, args.repeats, settle=0.0 if on_cuda else CPU_SETTLE_S)
+        except Exception as e:  # noqa: BLE001 - a mode that warmed up but fails later: report, next config
             _report_failure(f"{model}:{batch}", e)
             medians = {}
+        finally:
+            for process in processes:
+                process.close()
         rates = {label: (batch / seconds, seconds) for label, seconds in medians.items()}
         best_torch = max((r for label, (r, _) in rates.items() if label.startswith("torch")), default=None)
         for label, (rate, seconds) in rates.items():
@@ -616,6 +712,9 @@ def add_arguments(p):
     t.add_argument("--no-torch-compile", action="store_true",
                    help="skip torch.compile and its reduce-overhead mode (slow to compile)")
     t.add_argument("--repeats", type=_number(int, 1), default=7, help="timed runs per mode; the median is shown")
+    t.add_argument("--same-process", action="store_true",
+                   help="on the CPU, time every mode in this process (by default each runs in a process of its own, "
+                        "so that the frameworks' thread pools do not compete for the cores)")
     t.add_argument("--steps", type=_number(int, 1), default=None,
                    help="steps per timed run (default: about 8192 samples on CUDA, 512 on the CPU)")
     s = p.add_argument_group("speedrun (--speedrun)")

@@ -29,6 +29,7 @@ def test_throughput_table_on_cpu(capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"smalltrain {smalltrain.__version__}, python ")
     assert "median of 2 timed runs" in out and "1 warm-up steps excluded" in out
+    assert "each mode in a process of its own" in out
     rows = _rows(out)
     modes = [r[1] for r in rows]
     assert modes == ["smalltrain eager", "smalltrain compiled"] + (["torch eager"] if HAS_TORCH else [])
@@ -54,8 +55,8 @@ def test_failing_mode_is_reported_and_the_others_run(capsys, monkeypatch):
         if mode == "compiled":
             raise RuntimeError("simulated capture failure\nsecond line")
         return real(lib, model, device, xs, ys, mode)
-    monkeypatch.setattr(bench, "make_step", make_step)
-    assert cli.main(["bench", "--config", "mlp:8", "--no-torch", *FAST]) == 0
+    monkeypatch.setattr(bench, "make_step", make_step)   # seen in this process only: --same-process
+    assert cli.main(["bench", "--config", "mlp:8", "--no-torch", "--same-process", *FAST]) == 0
     captured = capsys.readouterr()
     assert "mlp:8 smalltrain compiled: RuntimeError: simulated capture failure (at test_bench.py:" in captured.err
     assert "second line" not in captured.err
@@ -63,9 +64,10 @@ def test_failing_mode_is_reported_and_the_others_run(capsys, monkeypatch):
     assert _rows(captured.out)[0][5] == "-"   # no torch mode, no ratio
 
 
-def test_timeit_interleaved_alternates_and_times_each_callable(monkeypatch):
-    calls, clock = [], [0.0]
+def test_median_interleaved_alternates_and_times_each_run(monkeypatch):
+    calls, clock, slept = [], [0.0], []
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench.time, "sleep", slept.append)
 
     def fn(key, cost):
         def call():
@@ -73,12 +75,22 @@ def test_timeit_interleaved_alternates_and_times_each_callable(monkeypatch):
             clock[0] += cost
         return call
     synced = []
-    medians = bench.timeit_interleaved({"a": fn("a", 2.0), "b": fn("b", 0.5)}, warmup=1, repeats=3, inner=2,
-                                       syncs={"a": lambda: synced.append("a"), "b": None})
-    assert medians == {"a": 2.0, "b": 0.5}
-    # warm-up of each first, then the timed runs alternate: a a (sync) b b, three times
-    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3
-    assert synced == ["a"] * 4   # once after the warm-up, once per timed run
+    runs = {"a": bench.timed_run(fn("a", 2.0), 2, lambda: synced.append("a")), "b": bench.timed_run(fn("b", 0.5), 2)}
+    assert bench.median_interleaved(runs, repeats=3, settle=0.25) == {"a": 2.0, "b": 0.5}
+    assert calls == ["a", "a", "b", "b"] * 3   # the timed runs alternate
+    assert synced == ["a"] * 3 and slept == [0.25] * 6   # a sync after each of a's runs, a settle before every run
+
+
+def test_a_mode_in_its_own_process_times_steps_and_reports_errors():
+    run = bench.ModeProcess("smalltrain-eager", "mlp", 8, "cpu", warmup=1, inner=2)
+    try:
+        assert 0 < run() < 10 and 0 < run() < 10   # seconds per step, timed in the child
+    finally:
+        run.close()
+    assert not run.proc.is_alive()
+    with pytest.raises(bench.ModeProcessError, match=r"^ValueError: unknown benchmark model 'nosuchmodel'; .* "
+                                                     r"\(at bench\.py:\d+\)$"):
+        bench.ModeProcess("smalltrain-eager", "nosuchmodel", 8, "cpu", warmup=1, inner=2)
 
 
 def test_mode_selection():
