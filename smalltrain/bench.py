@@ -632,7 +632,8 @@ def speedrun(args):
     warm = run_speedrun(args, host, max_steps=args.warmup)
     warmup_s = time.perf_counter() - t
     print(f"warm-up    {warmup_s:8.3f} s  a throwaway model: data upload, {args.warmup} steps "
-          f"({warm['stats'].get('captures', 0)} graph capture(s)), 1 evaluation; kernels compiled, caches filled (excluded)",
+          f"({warm['stats'].get('captures', 0)} graph capture(s)), 1 evaluation; kernels compiled, caches filled "
+          f"(excluded)",
           flush=True)
 
     def report(e):
@@ -649,7 +650,8 @@ def speedrun(args):
               f"step to the end of that evaluation; data upload {1e3 * result['upload_s']:.1f} ms and "
               f"{len(counted)} evaluation(s) {1e3 * sum(e['eval_s'] for e in counted):.1f} ms included")
     else:
-        print(f"did not reach {100 * args.target:.2f}% in {args.epochs} epoch(s): best {100 * result['best_accuracy']:.2f}%"
+        print(f"did not reach {100 * args.target:.2f}% in {args.epochs} epoch(s): "
+              f"best {100 * result['best_accuracy']:.2f}%"
               f" after {result['time_s']:.4f} s")
     s = result["stats"]
     print(f"compiled step: {s.get('captures', 0)} capture(s), {s.get('replays', 0)} replays, {s.get('eager', 0)} "
@@ -701,7 +703,8 @@ def add_arguments(p):
                    help="train to --target test accuracy as fast as possible instead of the throughput table")
     p.add_argument("--warmup", type=_number(int, 1), default=None,
                    help="steps before the clock: per mode in the table (default 20 on CUDA, 3 on the CPU); on the "
-                        "throwaway model of the speedrun (default 5: the compiled step captures after --compile-warmup)")
+                        "throwaway model of the speedrun (default 5: the compiled step captures after "
+                        "--compile-warmup)")
     t = p.add_argument_group("throughput table")
     t.add_argument("--config", nargs="+", type=_config, default=list(DEFAULT_CONFIGS), metavar="MODEL:BATCH",
                    help=f"models ({', '.join(f'{k}: {v}' for k, v in THROUGHPUT_MODELS.items())}) and batch sizes "
@@ -730,7 +733,8 @@ def add_arguments(p):
     s.add_argument("--weight-decay", type=_number(float, 0), default=0.0)
     s.add_argument("--schedule", choices=["onecycle", "constant"], default="onecycle")
     s.add_argument("--max-lr", type=_number(float, 0, low_open=True), default=1e-2, help="OneCycleLR's peak")
-    s.add_argument("--pct-start", type=_number(float, 0, 1, low_open=True), default=0.25, help="OneCycleLR's warm-up fraction")
+    s.add_argument("--pct-start", type=_number(float, 0, 1, low_open=True), default=0.25,
+                   help="OneCycleLR's warm-up fraction")
     s.add_argument("--div-factor", type=_number(float, 0, low_open=True), default=25.0,
                    help="OneCycleLR: initial lr = max_lr / div_factor")
     s.add_argument("--final-div-factor", type=_number(float, 0, low_open=True), default=1e4,

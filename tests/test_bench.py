@@ -160,7 +160,8 @@ def test_speedrun_reaches_a_low_target(capsys):
            in out
     for phase in ("startup", "data load", "warm-up"):
         assert re.search(rf"^{phase} +\d+\.\d+ s .*\(excluded\)$", out, re.MULTILINE), phase
-    evals = re.findall(r"^eval  epoch +([\d.]+)  step +(\d+)  time +([\d.]+) s  test accuracy +([\d.]+)%", out, re.MULTILINE)
+    evals = re.findall(r"^eval  epoch +([\d.]+)  step +(\d+)  time +([\d.]+) s  test accuracy +([\d.]+)%", out,
+                       re.MULTILINE)
     assert evals and [e[1] for e in evals] == ["58", "117", "176", "234"][:len(evals)]
     accuracies = [float(e[3]) for e in evals]
     assert accuracies[-1] >= 90 and all(a < 90 for a in accuracies[:-1])   # it stops at the first >= 90%
