@@ -4,8 +4,8 @@ Small layers (every reduction at most SMALL_MAX_L long, every product at most SM
 most SMALL_MAX_BLOCKS output tiles: LeNet-5's fully connected layers up to batch 512) run kernels/linear.cu: the
 forward is one tiled GEMM with the bias and activation in its epilogue, the backward one launch computing dx, dw
 and db (db as the bias column of dw), g = dout * act'(y + b) formed while the tiles load. That is 1 launch instead
-of 2-3 forward and 1 instead of 4-6 backward (cuBLAS adds a split-K reduction kernel to most of these shapes), which is most of the
-time of a small layer on a GPU.
+of 2-3 forward and 1 instead of 4-6 backward (cuBLAS adds a split-K reduction kernel to most of these shapes),
+which is most of the time of a small layer on a GPU.
 
 Larger layers go through cuBLAS: the GEMM writes y^T = W @ x^T as [F, M]; the convolution's epilogue kernels
 (kernels/conv.cu, bias_act_* with N = M rows, O = F features, P = 1) then transpose it to [M, F] adding the bias and
