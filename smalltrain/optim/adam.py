@@ -125,8 +125,8 @@ def _flat_state(opt, group, live):
 
 
 def _flat_cpu_step(opt, group, hyper):
-    """Adam over all of a group's NumPy parameters at once: the same elementwise operations in the same order as
-    _adam_update, so the same bits, on one flat buffer per state instead of ~15 NumPy calls per parameter (their
+    """Adam over all of a group's NumPy parameters at once: _adam_update's operations (_moments_and_step) in the
+    same order, so the same bits, on one flat buffer per state instead of ~15 NumPy calls per parameter (their
     fixed cost, ~1-2 us each, was most of LeNet-5's 330 us optimizer step). False when it does not apply."""
     live = [p for p in group["params"] if p.grad is not None]
     if not live or not all(isinstance(p.array, np.ndarray) for p in live):
@@ -146,18 +146,7 @@ def _flat_cpu_step(opt, group, hyper):
                 np.multiply(p.array, 1 - lr * wd, out=p.array)
         else:
             grad += np.concatenate([p.array.reshape(-1) for p in live]) * wd
-    tmp = np.empty_like(m)
-    lerp_(np, m, grad, 1 - beta1, tmp)
-    np.multiply(v, beta2, out=v)
-    np.multiply(grad, 1 - beta2, out=tmp)
-    np.add(v, np.multiply(tmp, grad, out=tmp), out=v)
-    step = float(steps[0])
-    step_size = lr / (1 - beta1 ** step)
-    denom = np.sqrt(v, out=tmp)
-    np.divide(denom, (1 - beta2 ** step) ** 0.5, out=denom)
-    np.add(denom, eps, out=denom)
-    upd = np.multiply(m, -step_size, out=grad)
-    np.divide(upd, denom, out=upd)
+    upd = _moments_and_step(np, m, v, None, grad, float(steps[0]), lr, beta1, beta2, eps, out=grad)
     for p, (_, _, _, off, n) in zip(live, views):
         a = p.array
         np.add(a, upd[off:off + n].reshape(a.shape), out=a)
@@ -176,27 +165,33 @@ def _adam_update(param, grad, state, lr, beta1, beta2, eps, wd, amsgrad, maximiz
             xp.multiply(param, 1 - lr * wd, out=param)
         else:  # grad.add(param, alpha=wd)
             grad = xp.add(grad, xp.multiply(param, wd))
-    tmp = xp.empty_like(param)
+    max_sq = state["max_exp_avg_sq"].array if amsgrad else None
+    upd = _moments_and_step(xp, exp_avg, exp_avg_sq, max_sq, grad, float(step_t), lr, beta1, beta2, eps)
+    xp.add(param, upd, out=param)
+
+
+def _moments_and_step(xp, exp_avg, exp_avg_sq, max_sq, grad, step, lr, beta1, beta2, eps, out=None):
+    """The moments updated in place with grad (and max_sq, AMSGrad's running maximum, unless None), then the step to
+    add to the parameter, -lr / (1 - beta1^t) * exp_avg / denom, in torch's operation order; into `out` if given
+    (it may be grad: grad is read for the last time before). One definition for the per-parameter update and the
+    flat CPU one, which must give the same bits."""
+    tmp = xp.empty_like(exp_avg)
     lerp_(xp, exp_avg, grad, 1 - beta1, tmp)
     # exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
     xp.multiply(exp_avg_sq, beta2, out=exp_avg_sq)
     xp.multiply(grad, 1 - beta2, out=tmp)
     xp.add(exp_avg_sq, xp.multiply(tmp, grad, out=tmp), out=exp_avg_sq)
-
-    step = float(step_t)
     bias_correction1 = 1 - beta1 ** step
     bias_correction2 = 1 - beta2 ** step
     step_size = lr / bias_correction1
-    bias_correction2_sqrt = bias_correction2 ** 0.5
-    if amsgrad:
-        max_sq = state["max_exp_avg_sq"].array
+    if max_sq is not None:
         xp.maximum(max_sq, exp_avg_sq, out=max_sq)
         denom = xp.sqrt(max_sq, out=tmp)
     else:
         denom = xp.sqrt(exp_avg_sq, out=tmp)
-    xp.divide(denom, bias_correction2_sqrt, out=denom)
+    xp.divide(denom, bias_correction2 ** 0.5, out=denom)
     xp.add(denom, eps, out=denom)
     # param.addcdiv_(exp_avg, denom, value=-step_size) == param + (-step_size * exp_avg) / denom
-    upd = xp.multiply(exp_avg, -step_size)
-    xp.add(param, xp.divide(upd, denom, out=upd), out=param)
+    upd = xp.multiply(exp_avg, -step_size, out=out)
+    return xp.divide(upd, denom, out=upd)
 
