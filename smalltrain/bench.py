@@ -143,15 +143,8 @@ def timeit(fn, warmup=3, repeats=7, inner=1, sync=None):
         fn()
     if sync:
         sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        if sync:
-            sync()
-        times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times)
+    run = timed_run(fn, inner, sync)
+    return statistics.median([run() for _ in range(repeats)])
 
 
 def timed_run(fn, inner=1, sync=None):
@@ -234,24 +227,16 @@ class ModeProcess:
 
 def _mode_process_main(conn, key, model, batch, device, warmup, inner):
     try:
-        libname, mode, _ = MODES[key]
-        if libname == "torch":
-            lib = _import_torch()
-            lib.set_num_threads(os.cpu_count() or 1)
-        else:
-            import smalltrain as lib
-        step = make_step(lib, model, device, *mnist_batches(batch, 8), mode)
-        for _ in range(warmup):
-            step()
-        run = timed_run(step, inner)
+        import smalltrain
+        torch = _import_torch() if MODES[key][0] == "torch" else None
+        if torch is not None:
+            torch.set_num_threads(os.cpu_count() or 1)
+        run = _warm_run(smalltrain, torch, key, model, batch, device, warmup, inner)
         conn.send(("ready", None))
         while conn.recv() == "run":
             conn.send(("ok", run()))
     except Exception as e:  # noqa: BLE001 - the parent reports it, one line, and times the other modes
-        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-        at = f" (at {os.path.basename(where.filename)}:{where.lineno})" if where else ""
-        first = str(e).splitlines()[0] if str(e) else ""
-        conn.send(("error", f"{type(e).__name__}: {first}{at}"))
+        conn.send(("error", _one_line(e)))
 
 
 def _cpu_name():
@@ -342,14 +327,18 @@ def _synchronizer(lib, device):
     return lambda: lib.cuda.synchronize(device)
 
 
-def _report_failure(what, e):
-    if isinstance(e, ModeProcessError):   # already the child's one-line report
-        print(f"smalltrain bench: {what}: {e}", file=sys.stderr, flush=True)
-        return
+def _one_line(e):
+    """'Type: first line of the message (at file:line)' for an exception."""
     where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     at = f" (at {os.path.basename(where.filename)}:{where.lineno})" if where else ""
     msg = str(e).splitlines()[0] if str(e) else ""
-    print(f"smalltrain bench: {what}: {type(e).__name__}: {msg}{at}", file=sys.stderr, flush=True)
+    return f"{type(e).__name__}: {msg}{at}"
+
+
+def _report_failure(what, e):
+    # a ModeProcessError already carries the child's one-line report
+    line = str(e) if isinstance(e, ModeProcessError) else _one_line(e)
+    print(f"smalltrain bench: {what}: {line}", file=sys.stderr, flush=True)
 
 
 def _warm_run(smalltrain, torch, key, model, batch, device, warmup, inner):
