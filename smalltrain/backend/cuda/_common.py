@@ -6,7 +6,6 @@ import operator
 
 import numpy as np
 
-from .. import metadata_cache  # noqa: F401  (re-exported for the launchers)
 from . import cupy
 from .graphs import is_current_stream_capturing
 from .loader import MAX_BLOCKS, kernel, launch_1d

@@ -14,8 +14,9 @@ import operator
 from dataclasses import dataclass
 
 from . import cupy
+from .. import metadata_cache
 from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, get, i32, i32s, i64, launch,
-                      metadata_cache, pair, ptr, same_device)
+                      pair, ptr, same_device)
 from .blas import gemm, sum_rows
 from .loader import MAX_BLOCKS
 
