@@ -84,7 +84,8 @@ def test_median_interleaved_alternates_and_times_each_run(monkeypatch):
 def test_a_mode_in_its_own_process_times_steps_and_reports_errors():
     run = bench.ModeProcess("smalltrain-eager", "mlp", 8, "cpu", warmup=1, inner=2)
     try:
-        assert 0 < run() < 10 and 0 < run() < 10   # seconds per step, timed in the child
+        times = [run(), run()]   # seconds per step, timed in the child: a positive float per call
+        assert all(isinstance(t, float) and t > 0 for t in times)
     finally:
         run.close()
     assert not run.proc.is_alive()
