@@ -2,7 +2,7 @@
 against another on the same inputs: which kernels each direction takes is decided by conv.py's limits, and this
 script sets them per variant.
 
-Run (GPU): python3 benchmarks/conv_variants.py [--layers mnistcnn2:64,lenet2:512]
+Run (GPU): python3 benchmarks/conv_variants.py [--layers mnistcnn2:64,lenet2:512] [--variants tile,gather]
 Each figure: GPU microseconds per call from 100 calls captured in one CUDA graph (benchmarks/common.py timed);
 forward = conv2d_forward (with the activation fused), backward = conv2d_backward (its activation derivative, dx,
 dw, db).
@@ -32,17 +32,22 @@ def NEVER(*args):
 
 VARIANTS = {   # name: conv.py limits (and, for NEVER, a rule switched off)
     "as shipped": {},
-    "im2col + cuBLAS": {"DIRECT_MAX_K": 0, "IGEMM_MAX_K": 0},
-    "fwd igemm, dx gather, dw cuBLAS": {"DIRECT_MAX_MACS": 0, "_igemm_wgrad": NEVER},
-    "fwd igemm, dx gather, dw igemm": {"DIRECT_MAX_MACS": 0},
-    "direct, dw tiled": {"IGEMM_WGRAD_MIN_USE": 2},
-    "direct, dw igemm 32x64": {"IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (32, 64, 4, 4)},
-    "direct, dw igemm 16x128": {"IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (16, 128, 4, 4)},
-    "direct, dw igemm 8x32": {"IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (8, 32, 2, 2)},
-    "direct, dw igemm, 1024 threads/SM": {"IGEMM_WGRAD_MIN_USE": 0, "_WG_THREADS_PER_SM": 1024},
-    "direct, dx GEMM + col2im": {"DIRECT_DX_MAX_MACS": 0},
-    "direct, dx gather": {"DIRECT_DX_MIN_THREADS_PER_SM": 0},
-    "all direct": {"DIRECT_MAX_MACS": BIG, "DIRECT_DX_MAX_MACS": BIG, "DIRECT_DX_MIN_THREADS_PER_SM": 0,
+    "no tile_conv": {"TILE_CONV": False},
+    "tile_conv, 4 channels": {"_TILE_TO8_THREADS_PER_SM": BIG},
+    "tile_conv, 8 channels": {"_TILE_TO8_THREADS_PER_SM": 0},
+    "tile_conv, 1 block/SM": {"_TILE_BLOCKS_PER_SM": 1},
+    "tile_conv, 6 blocks/SM": {"_TILE_BLOCKS_PER_SM": 6, "_TILE_MIN_THREADS": 32},
+    "im2col + cuBLAS": {"TILE_CONV": False, "DIRECT_MAX_K": 0, "IGEMM_MAX_K": 0},
+    "fwd igemm, dx gather, dw cuBLAS": {"TILE_CONV": False, "DIRECT_MAX_MACS": 0, "_igemm_wgrad": NEVER},
+    "fwd igemm, dx gather, dw igemm": {"TILE_CONV": False, "DIRECT_MAX_MACS": 0},
+    "direct, dw tiled": {"TILE_CONV": False, "IGEMM_WGRAD_MIN_USE": 2},
+    "direct, dw igemm 32x64": {"TILE_CONV": False, "IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (32, 64, 4, 4)},
+    "direct, dw igemm 16x128": {"TILE_CONV": False, "IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (16, 128, 4, 4)},
+    "direct, dw igemm 8x32": {"TILE_CONV": False, "IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (8, 32, 2, 2)},
+    "direct, dw igemm, 1024 threads/SM": {"TILE_CONV": False, "IGEMM_WGRAD_MIN_USE": 0, "_WG_THREADS_PER_SM": 1024},
+    "direct, dx GEMM + col2im": {"TILE_CONV": False, "DIRECT_DX_MAX_MACS": 0},
+    "direct, dx gather": {"TILE_CONV": False, "DIRECT_DX_MIN_THREADS_PER_SM": 0},
+    "all direct": {"TILE_CONV": False, "DIRECT_MAX_MACS": BIG, "DIRECT_DX_MAX_MACS": BIG, "DIRECT_DX_MIN_THREADS_PER_SM": 0,
                    "IGEMM_WGRAD_MIN_USE": 2},
 }
 
@@ -62,7 +67,10 @@ def limits(module, values):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--layers", default="mnistcnn2:64,mnistcnn1:64,lenet2:64,lenet1:64,lenet1:512,lenet2:512")
+    p.add_argument("--variants", default="", help="comma-separated names (or parts of names) of VARIANTS to run "
+                   "(default: all)")
     args = p.parse_args()
+    wanted = [v for v in args.variants.split(",") if v]
     import cupy as cp
 
     from smalltrain.backend.cuda import conv
@@ -75,6 +83,8 @@ def main():
         b = cp.asarray(rng.standard_normal(w_shape[0]).astype(np.float32))
         ref = None
         for variant, values in VARIANTS.items():
+            if wanted and variant != "as shipped" and not any(v in variant for v in wanted):
+                continue
             with limits(conv, values):
                 out, saved = conv.conv2d_forward(x, w, b, activation=act)
                 dout = cp.asarray(rng.standard_normal(out.shape).astype(np.float32)) if ref is None else ref[1]

@@ -132,6 +132,41 @@ def test_input_gradient_gathers_only_where_it_fills_the_gpu(monkeypatch):
     assert conv._direct_dx_cb((64, 6, 12, 12), (16, 6, 5, 5), 1, 4) == 2
 
 
+def test_every_tile_conv_variant_is_instantiated():
+    from smalltrain.backend.cuda import conv
+    src = loader.read_source(os.path.join(loader.KERNEL_DIR, "conv.cu"))
+    assert f"#define ST_TW {conv._TILE_TW}\n" in src
+    for ks in conv._TILE_KS:
+        for to in (4, 8):
+            assert f"ST_TILE(T, S, {ks}, {to})" in src, (ks, to)
+
+
+def test_tile_conv_plans(monkeypatch):
+    """_tile_plan on 132 SMs, no GPU needed: (channels per thread, rows per block, threads, blocks, shared bytes)."""
+    from smalltrain.backend.cuda import conv
+    monkeypatch.setattr(conv, "_sm_count", lambda: 132)
+    # MnistCnn's second layer at batch 64: 4 channels x 4 columns per thread (8 would leave 279 threads per SM), 48
+    # threads a row; 4 rows a block (6 full warps, 2.9 blocks per SM) rather than 5 (7.5 warps, a partial last
+    # tile) or 2 (as many halo rows staged as output rows)
+    to, th, threads, blocks, smem = conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)
+    assert (to, th, threads, blocks) == (4, 4, 192, 384) and smem == (144 * 32 + 16 * 6 * 28) * 4
+    monkeypatch.setattr(conv, "_TILE_TO8_THREADS_PER_SM", 256)
+    assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)[:4] == (8, 4, 96, 384)
+    monkeypatch.setattr(conv, "_TILE_TO8_THREADS_PER_SM", 1024)
+    # LeNet-5's first layer at batch 512: 2 blocks per image, 13 + 11 rows of 12 threads (24 rows would be 288)
+    assert conv._tile_plan(512, 1, (28, 28), 6, (24, 24), 5, 4)[:4] == (4, 13, 156, 1024)
+    # every plan keeps its blocks within 1024 threads and 48 KB, and covers the rows
+    for n, c, o, hw, ks in [(1, 1, 1, (1, 1), 3), (64, 6, 16, (8, 8), 5), (7, 64, 64, (40, 40), 3),
+                            (2, 3, 200, (30, 90), 5)]:
+        plan = conv._tile_plan(n, c, (hw[0] + ks - 1, hw[1] + ks - 1), o, hw, ks, 8)
+        if plan is not None:
+            to, th, threads, blocks, smem = plan
+            assert threads <= 1024 and smem <= 48 * 1024 and blocks * th >= n * hw[0] and blocks % n == 0
+    assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 7, 4) is None   # not compiled
+    monkeypatch.setattr(conv, "TILE_CONV", False)
+    assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4) is None
+
+
 def test_every_implicit_gemm_variant_is_instantiated():
     from smalltrain.backend.cuda import conv
     src = loader.read_source(os.path.join(loader.KERNEL_DIR, "conv.cu"))

@@ -87,6 +87,7 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
     with dw by the implicit GEMM from x; igemm_dw / tiled_dw: as direct, with every dw from x by the implicit GEMM /
     the tiled kernel where it fits."""
     shape, o, kernel, stride, padding, dilation, groups, activation, bias = case
+    monkeypatch.setattr(conv_kernels, "TILE_CONV", False)   # test_tile_conv checks the kernel that comes first
     monkeypatch.setattr(conv_kernels, "DIRECT_DX_MIN_THREADS_PER_SM", 0)   # the gather kernel on these small cases
     if path == "igemm_dw":
         monkeypatch.setattr(conv_kernels, "IGEMM_WGRAD_MIN_USE", 0)
@@ -180,6 +181,91 @@ def test_conv2d_weight_gradient_by_each_implicit_gemm_tile(case, dtype, tile, rn
         assert_close(db, rdb, ref.tol(dtype), name="db")
 
 
+TILE_CASES = [  # x shape, out channels, kernel size, padding, activation, bias
+    ((4, 16, 26, 26), 32, 3, 0, "relu", True),        # MnistCnn's second layer (dx: 26 columns, 7 column groups)
+    ((3, 1, 28, 28), 6, 5, 0, "gelu", True),          # LeNet-5's first (6 of 8 channels used)
+    ((5, 6, 12, 12), 16, 5, 0, "gelu", True),         # LeNet-5's second (2 column groups)
+    ((2, 3, 9, 13), 5, 3, 1, None, False),            # 13 columns: a partial column group; 5 channels
+    ((2, 4, 7, 10), 3, 3, (1, 0, 2, 1), "gelu_tanh", True),   # asymmetric padding
+    ((1, 2, 6, 5), 9, 5, "same", "relu", True),       # padding past the kernel's reach on the bottom/right
+    ((2, 3, 11, 6), 4, 5, 4, None, True),             # padding larger than the dx correlation's own (pt < 0)
+]
+
+
+@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "row tiles"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", TILE_CASES)
+def test_tile_conv(case, dtype, plan, rng, monkeypatch):
+    """tile_conv takes the forward and dx of stride-1, undilated 3x3 and 5x5 convolutions (whatever the padding),
+    against the float64 reference, on its own choices and with each forced: 4 or 8 channels per thread, and blocks
+    of few rows (several row tiles per image, the last one partial). dw by the implicit GEMM from the kept x."""
+    shape, o, ks, padding, activation, bias = case
+    monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)                   # tile_conv on every case: the kernel's
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)   # values, not where it pays
+    if plan == "4 channels":
+        monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 1 << 30)
+    if plan == "8 channels":
+        monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 0)
+    if plan == "row tiles":
+        monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 3)   # 3 rows per block: 9 of 12, 26 of 28 ... the last partial
+    launched = []
+    real_get = conv_kernels.get
+    monkeypatch.setattr(conv_kernels, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
+                                                                                                        *a))
+    x = rng.standard_normal(shape).astype(dtype)
+    w = (rng.standard_normal((o, shape[1], ks, ks)) * 0.5).astype(dtype)
+    b = rng.standard_normal(o).astype(dtype) if bias else None
+    out, saved = ops.conv2d_forward(g(x), g(w), None if b is None else g(b), 1, padding, 1, 1, activation)
+    assert [n for n in launched if n.startswith("tile_conv")] == [n for n in launched], launched
+    to = int(launched[0].split("_to")[1])
+    assert plan not in ("4 channels", "8 channels") or to == int(plan[0])
+    geom = ((1, 1), _pads(padding, (ks, ks), (1, 1)), (1, 1), 1)
+    pre, _ = ref.conv2d(x, w, b, *geom)
+    tol = ref.tol(dtype)
+    assert_close(out, ref.act(pre, activation), tol, name="conv2d forward")
+    assert saved.x is not None and saved.cols is None
+    dout = rng.standard_normal(pre.shape).astype(dtype)
+    launched.clear()
+    dx, dw, db = ops.conv2d_backward(g(dout), saved)
+    # dx by tile_conv where its tiles fit in shared memory: all of these in float32; in float64 not the weights of
+    # MnistCnn's second layer beside a row of g's 32 channels
+    dx_plan = conv_kernels._tile_plan(shape[0], o, saved.out_hw, shape[1], shape[2:], ks, np.dtype(dtype).itemsize)
+    assert dx_plan is not None or dtype == np.float64
+    assert sum(n.startswith("tile_conv") for n in launched) == (dx_plan is not None), launched
+    rdx, rdw, rdb = ref.conv2d_grads(x, w, ref.act_grad(dout, pre, activation), *geom)
+    assert_close(dx, rdx, tol, name="dx")
+    assert_close(dw, rdw, tol, name="dw")
+    if bias:
+        assert_close(db, rdb, tol, name="db")
+
+
+def test_tile_conv_leaves_other_geometries_to_the_other_kernels(rng, monkeypatch):
+    """Strided, dilated, grouped and non-square convolutions do not launch tile_conv (nor do kernel sizes it is not
+    compiled for), and its forward writes y (the sum before bias) exactly where an activation needs it."""
+    launched = []
+    real_get = conv_kernels.get
+    monkeypatch.setattr(conv_kernels, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
+                                                                                                        *a))
+    for kwargs, w_shape in [({"stride": 2}, (4, 3, 3, 3)), ({"dilation": 2}, (4, 3, 3, 3)),
+                            ({"groups": 3}, (6, 1, 3, 3)), ({}, (4, 3, 3, 2)), ({}, (4, 3, 2, 2)), ({}, (4, 3, 7, 7))]:
+        x = cp.asarray(rng.standard_normal((2, 3, 9, 9)), dtype=cp.float32)
+        w = cp.asarray(rng.standard_normal(w_shape), dtype=cp.float32)
+        launched.clear()
+        _, saved = ops.conv2d_forward(x, w, None, **kwargs)
+        ops.conv2d_backward(cp.ones((2, w_shape[0]) + saved.out_hw, dtype=cp.float32), saved)
+        assert not any(n.startswith("tile_conv") for n in launched), (kwargs, w_shape, launched)
+    x = cp.asarray(rng.standard_normal((2, 3, 9, 9)), dtype=cp.float32)
+    w = cp.asarray(rng.standard_normal((4, 3, 3, 3)), dtype=cp.float32)
+    b = cp.asarray(rng.standard_normal(4), dtype=cp.float32)
+    launched.clear()
+    _, saved = ops.conv2d_forward(x, w, b, activation="relu")
+    assert launched == ["tile_conv_k3_to4"] and saved.y is not None
+    assert_close(saved.y.reshape(4, 2, 7, 7).transpose(1, 0, 2, 3) + b[None, :, None, None],
+                 ops.conv2d_forward(x, w, b)[0], 1e-5, name="y + b")
+    _, saved = ops.conv2d_forward(x, w, b)
+    assert saved.y is None
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape, o, kernel", [((64, 6, 12, 12), 16, (5, 5)), ((3, 10, 12, 12), 8, (3, 3)),
                                               ((2, 3, 8, 7), 5, (2, 3))])
@@ -188,6 +274,7 @@ def test_direct_forward_split_over_channels(shape, o, kernel, dtype, rng, monkey
     layer at batch 64, 10 channels over 4 threads, 3 over 2): the split is taken and the values are right. The
     launch is planned for an H200's 132 SMs whatever the GPU, so that the same cases split everywhere."""
     monkeypatch.setattr(conv_kernels, "_sm_count", lambda: 132)
+    monkeypatch.setattr(conv_kernels, "TILE_CONV", False)
     real, splits = conv_kernels._direct_grid, []
     monkeypatch.setattr(conv_kernels, "_direct_grid", lambda *a: splits.append(real(*a)[2]) or real(*a))
     x = rng.standard_normal(shape).astype(dtype)

@@ -7,7 +7,10 @@ kernel plus a fixed-order reduction, the input gradient one gather kernel. That 
 forward, 2 instead of 4 for dw and db and 1 instead of 2-3 (GEMM, its split-K reduction, col2im) for dx, and no
 C*KH*KW-times-the-input matrix written and read back. Larger groups == 1 convolutions (MnistCnn's second layer)
 run the forward as one implicit-GEMM kernel with the same epilogue (igemm_fwd), keeping x, and dw and db as an
-implicit GEMM from x too (igemm_wgrad + the same reduction): no cols matrix either way.
+implicit GEMM from x too (igemm_wgrad + the same reduction): no cols matrix either way. Before all of these,
+stride-1 undilated square 3x3 / 5x5 convolutions run the forward, and where it fills the GPU the input gradient,
+by tile_conv: an input tile and the weights staged in shared memory, register tiles of 4 channels x 4 columns
+(TILE_CONV and the limits below).
 """
 import functools
 import operator
@@ -56,6 +59,25 @@ _WR_ROWS = 16                 # partial rows per thread of wgrad_reduce
 # Tests set it to 0 to run the gather kernel on small cases
 DIRECT_DX_MAX_MACS = 1 << 28
 DIRECT_DX_MIN_THREADS_PER_SM = 512
+# stride-1, undilated, groups == 1 convolutions with a square kernel of a size in _TILE_KS run the forward and the
+# input gradient by tile_conv (conv.cu) where its tiles fit in shared memory: an input tile and all the weights
+# staged, each thread TO channels x 4 columns, 3-6 FMAs per shared load (igemm_fwd: 2). H200, MnistCnn's second
+# layer at batch 64: forward 22.5 us against 28.8 by igemm_fwd; LeNet-5's second at batch 512 13.7 against 21.7. It
+# comes before the direct and implicit-GEMM kernels; tests and benchmarks set TILE_CONV = False for those.
+TILE_CONV = True
+_TILE_KS = (3, 5)             # kernel sizes tile_conv is compiled for (ST_TILE in conv.cu)
+_TILE_TW = 4                  # output columns per thread (conv.cu ST_TW)
+_TILE_THREADS = 256           # threads per block at most (fewer where the rows' tiles are spread, below)
+_TILE_BLOCKS_PER_SM = 2       # rows per block chosen for at least this many blocks per SM ...
+_TILE_MIN_THREADS = 64        # ... of at least this many threads where the rows allow
+_TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this many threads per SM, else 4
+# where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
+# first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
+# TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
+# 22.9 with cuBLAS + col2im; at batch 512, 279: 60.1 against 65.9)
+TILE_MIN_K = 16
+TILE_DX_MIN_THREADS_PER_SM = 128
+_TILE_ROWS = None             # rows per block if set (tests: partial last tiles; benchmarks), else planned
 # bias_act_bwd_rows (a block per row of P elements) where P is at least this; the element-wise kernel below it
 BIAS_ACT_ROWS_MIN_P = 64
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
@@ -200,11 +222,18 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
         p = out_hw[0] * out_hw[1]
         act = ACTIVATIONS[activation]
         out = cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
-        direct = _direct(x.shape, w.shape, out_hw, groups, x.dtype.itemsize)
-        igemm = not direct and _igemm(x.shape, w.shape, out_hw, groups, dilation)
+        tile = _tile_forward_plan(x.shape, w.shape, out_hw, stride, pads, dilation, groups, x.dtype.itemsize)
+        direct = tile is None and _direct(x.shape, w.shape, out_hw, groups, x.dtype.itemsize)
+        igemm = tile is None and not direct and _igemm(x.shape, w.shape, out_hw, groups, dilation)
         # x is kept (cols not) where the weight gradient's tiled kernel reads it or no cols matrix is made
-        keep_x = direct or igemm or _direct_wgrad(x.shape, w.shape, out_hw, groups, x.dtype.itemsize)
-        if direct:
+        keep_x = (tile is not None or direct or igemm
+                  or _direct_wgrad(x.shape, w.shape, out_hw, groups, x.dtype.itemsize))
+        if tile is not None:
+            cols = None
+            y = cp.empty((o, n * p), dtype=x.dtype) if act else None
+            _tile_conv(tile, x, w, b, out, y, x.shape[1:], (x.shape[1] * x.shape[2] * x.shape[3],
+                                                             x.shape[2] * x.shape[3]), pads, False, act)
+        elif direct:
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if act else None
             ob = _direct_ob(n * p, o)
@@ -247,6 +276,83 @@ def bias_act_backward(dout, y, b, g, n, o, p, act):
         get("conv", "bias_act_bwd_rows", g.dtype)((min(n * o, MAX_BLOCKS),), (128,), args)
     else:
         launch("conv", "bias_act_bwd", g.dtype, g.size, args)
+
+
+def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize):
+    """(TO, TH, threads, blocks, shared memory) of tile_conv over n images of c input channels in_hw to o output
+    channels out_hw with a ks x ks kernel, or None where it does not take the convolution (TILE_CONV off, ks not
+    compiled, nothing to do, indices past 32 bits, a row of tiles over 1024 threads or one row's input and the weights
+    over the shared memory). TO: 8 channels per thread where that leaves _TILE_TO8_THREADS_PER_SM threads per SM,
+    else 4. TH, the output rows per block: of the row counts whose block fits (_TILE_THREADS threads, the shared
+    memory), those giving _TILE_BLOCKS_PER_SM blocks per SM of _TILE_MIN_THREADS threads (else those of that many
+    threads, else all), the one wasting the least: lanes of partial warps, staged halo rows, rows of a partial last
+    tile (_TILE_ROWS, if set:
+    the most rows up to it that fit)."""
+    ho, wo = out_hw
+    if (not TILE_CONV or ks not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * in_hw[0] * in_hw[1] >= _FITS32
+            or n * o * ho * wo >= _FITS32):
+        return None
+    cg, sms = -(-wo // _TILE_TW), _sm_count()
+    to = 8 if n * ho * cg * -(-o // 8) >= _TILE_TO8_THREADS_PER_SM * sms else 4
+    og = -(-o // to)
+    per_row = og * cg
+    weights = c * ks * ks * og * to * itemsize
+    row_bytes = c * (cg * _TILE_TW + 4) * itemsize
+    fits = [t for t in range(1, min(ho, max(1, _TILE_THREADS // per_row)) + 1)
+            if weights + (t + ks - 1) * row_bytes <= _SMEM_BYTES and per_row * t <= 1024]
+    if _TILE_ROWS is not None:
+        fits = [t for t in fits if t <= _TILE_ROWS][-1:]
+    if not fits:
+        return None
+    spread = [t for t in fits if n * -(-ho // t) >= _TILE_BLOCKS_PER_SM * sms and per_row * t >= _TILE_MIN_THREADS]
+    full = [t for t in fits if per_row * t >= _TILE_MIN_THREADS]
+
+    def useful(t):   # the fractions of the block's lanes that are threads, of the staged rows that are outputs
+        return (per_row * t / (32 * -(-per_row * t // 32)) * t / (t + ks - 1)   # and of the tiles' rows that exist
+                * ho / (-(-ho // t) * t), t)
+    th = max(spread or full or fits, key=useful)
+    tiles = -(-ho // th)
+    return to, th, og * th * cg, n * tiles, weights + (th + ks - 1) * row_bytes
+
+
+def _tile_forward_plan(x_shape, w_shape, out_hw, stride, pads, dilation, groups, itemsize):
+    """tile_conv's plan (_tile_plan) for this forward, or None: it needs stride 1, no dilation, groups == 1, a
+    square kernel and TILE_MIN_K taps."""
+    o, cg, kh, kw = w_shape
+    if stride != (1, 1) or dilation != (1, 1) or groups != 1 or kh != kw or cg * kh * kw < TILE_MIN_K:
+        return None
+    return _tile_plan(x_shape[0], cg, x_shape[2:], o, out_hw, kh, itemsize)
+
+
+def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act):
+    """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
+    in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
+    of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped)."""
+    to, th, threads, blocks, smem = plan
+    n, o, ho, wo = out.shape
+    get("conv", f"tile_conv_k{w.shape[3]}_to{to}", out.dtype)(
+        (blocks,), (threads,), (inp, w, ptr(b), out, ptr(y)) + i32s(
+            (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, int(transposed), act)),
+        shared_mem=smem)
+
+
+def _tile_dx(g, saved):
+    """dx [N, C, H, W] from g [O, N*OH*OW] by tile_conv (the full correlation of g with the flipped kernel), or
+    None where it does not take the convolution (_tile_forward_plan's rules but the taps' on the transposed
+    geometry, and TILE_DX_MIN_THREADS_PER_SM)."""
+    n, c, h, wd = saved.x_shape
+    o, _, kh, kw = saved.weight.shape
+    if saved.stride != (1, 1) or saved.dilation != (1, 1) or saved.groups != 1 or kh != kw:
+        return None
+    plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, g.dtype.itemsize)
+    if plan is None or g.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
+        return None
+    dx = cupy().empty(tuple(saved.x_shape), dtype=g.dtype)
+    p = saved.out_hw[0] * saved.out_hw[1]
+    pads = saved.pads
+    _tile_conv(plan, g, saved.weight, None, dx, None, (o,) + tuple(saved.out_hw), (p, n * p),
+               (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0)
+    return dx
 
 
 def _direct(x_shape, w_shape, out_hw, groups, itemsize):
@@ -543,6 +649,8 @@ def conv2d_backward(dout, saved, g=None):
                     dw = gemm(g.reshape(g_, o // g_, n * p), cols.reshape(g_, k, n * p).transpose(0, 2, 1))
                 dw = dw.reshape(o, cg, kh, kw)
         if need_x:
+            dx = _tile_dx(g, saved)
+        if need_x and dx is None:
             dx = _direct_dx(g, saved)
         if need_x and dx is None:
             if g_ == 1:

@@ -17,6 +17,27 @@ typedef unsigned int u32;
 // below 2^30, so that a grid-stride step (at most 65536 blocks x 1024 threads) never overflows an int either
 __device__ __forceinline__ bool st_fits32(i64 a, i64 b = 0) { return a < (1LL << 30) && b < (1LL << 30); }
 
+// Staging global -> shared memory with every copy in flight at once: cp.async (sm_80 and later) copies without a
+// register round trip, so a thread issues all its copies before waiting once (st_async_wait, then the
+// __syncthreads that publishes them), instead of paying a memory latency per element as a load-then-store loop does
+// (~60 elements per thread of a small block: tens of microseconds). !valid writes a zero (src is then not read, but
+// must still be a valid address: pass any pointer into the array). Older GPUs: a plain load and store.
+template <typename T>
+__device__ __forceinline__ void st_async_copy(T* dst, const T* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(sizeof(T)),
+                 "r"(valid ? static_cast<int>(sizeof(T)) : 0));
+#else
+    *dst = valid ? *src : T(0);
+#endif
+}
+__device__ __forceinline__ void st_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
 // Overloads so that templates call the float or double libm function (expf vs exp) for their T.
 __device__ __forceinline__ float st_exp(float x) { return expf(x); }
 __device__ __forceinline__ double st_exp(double x) { return exp(x); }

@@ -15,6 +15,9 @@
 //            y [O, N, P], which bias_act_bwd reads.
 //   igemm_fwd: the forward as an implicit GEMM (register tiles, x gathered while staging, no cols matrix) for the
 //            groups == 1 convolutions direct_fwd does not take; bias, activation and y as direct_fwd.
+//   tile_conv: stride-1, undilated, square 3x3 / 5x5 convolutions: the forward (with direct_fwd's epilogue) and,
+//            as the correlation of g with the flipped kernel, the input gradient, from an input tile and all the
+//            weights staged in shared memory (cp.async), each thread a register tile of TO channels x 4 columns.
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
 //            and block of CB (8, or 2 for small batches) input channels, dx[n, c, h, w] = sum over (o, i, j) of
 //            g[o, n, oh, ow] * w[o, c, i, j] where oh*sh = h + ph - i*dh and ow*sw = w + pw - j*dw land on an output;
@@ -523,6 +526,127 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
     }
 }
 
+// tile_conv: a stride-1, undilated, groups == 1 correlation with a square KS x KS kernel from a tile of the input
+// staged, zero-padded, in shared memory beside all the weights:
+//     out[n, o, r, s] = sum over (c, i, j) of wt(o, c, i, j) * in[n, c, r + i - pt, s + j - pl]
+// Forward (transposed == 0): in = x [N, C, H, W], wt = w, then igemm_fwd's epilogue (y before bias, bias,
+// activation). Input gradient (transposed == 1): in = g [O, N, OH, OW] (in_sn = OH*OW, in_sc = N*OH*OW), wt(c, o, i,
+// j) = w[o, c, KS-1-i, KS-1-j] and pt = KS-1-ph, pl = KS-1-pw: the full correlation of g with the flipped kernel,
+// which is dx; no bias, activation or y. A block takes one image and TH output rows; its threads (og, row, cg), cg
+// fastest, each compute TO channels x ST_TW consecutive columns of one row. Per input channel and kernel row a thread
+// loads 8 x values (two 4-vectors: the padded row width WP is a multiple of 4) and KS x TO/4 weight vectors (a warp
+// shares og: broadcasts) for KS*TO*ST_TW FMAs (igemm_fwd: 8 shared loads per 16), and no bounds are checked inside
+// the loop: the padding is zeros in shared memory. Still not at the FMA rate: ncu on the H200, MnistCnn's second
+// layer at batch 64 (24.5 us, ~30% of the FMA peak), shows the warps waiting mostly on the staging (long scoreboard)
+// with ~4 warps per scheduler; staging the next tile while computing this one (a persistent, double-buffered block)
+// is the next step.
+#define ST_TW 4
+
+template <typename T>
+__device__ __forceinline__ void load4(const T* p, T* r) {   // 4 consecutive values, 16 (float) or 32 bytes aligned
+    if constexpr (sizeof(T) == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+    } else {
+        const double2 a = *reinterpret_cast<const double2*>(p), b = *reinterpret_cast<const double2*>(p + 2);
+        r[0] = a.x; r[1] = a.y; r[2] = b.x; r[3] = b.y;
+    }
+}
+
+template <typename T, int KS, int TO>
+__device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ b,
+                          T* __restrict__ out, T* __restrict__ y, int N, int C, int Hi, int Wi, int in_sn, int in_sc,
+                          int O, int Ho, int Wo, int pt, int pl, int TH, int transposed, int act) {
+    static_assert(KS >= 1 && KS <= 5 && TO % 4 == 0, "tile_conv: 8 x values per row cover TW + KS - 1");
+    extern __shared__ unsigned char st_smem[];
+    const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TO, KK = KS * KS, K = C * KK;
+    const int WP = CG * ST_TW + 4, RP = TH + KS - 1, tiles = (Ho + TH - 1) / TH;
+    const int n = blockIdx.x / tiles, r0 = (blockIdx.x - n * tiles) * TH;
+    T* ws = reinterpret_cast<T*>(st_smem);   // [K][OP]: tap k = (c*KS + i)*KS + j, channels zero-padded to OP
+    T* xs = ws + K * OP;                     // [C][RP][WP]: rows r0 - pt .. r0 - pt + RP - 1, columns -pl ..
+    // staged by cp.async (common.cuh): the weights in shared memory's order (consecutive threads write consecutive
+    // words; their strided reads of w hit L1 after the first), x by rows. Each thread steps its element's
+    // coordinates by blockDim.x incrementally: a division by a runtime value costs ~20 instructions, and a thread
+    // stages ~100 elements
+    {
+        const int dk = blockDim.x / OP, dox = blockDim.x - dk * OP;
+        int k = threadIdx.x / OP, o = threadIdx.x - k * OP;
+        for (int e = threadIdx.x; e < K * OP; e += blockDim.x) {
+            int src;
+            if (transposed) {   // w [C][O][KS][KS] in this kernel's names, the taps flipped
+                const int c = k / KK;   // KK: a compile-time constant
+                src = (c * O + o) * KK + (KK - 1 - (k - c * KK));
+            } else {
+                src = o * K + k;
+            }
+            st_async_copy(ws + e, w + (o < O ? src : 0), o < O);
+            k += dk;
+            o += dox;
+            if (o >= OP) { o -= OP; ++k; }
+        }
+    }
+    {
+        const T* inn = in + n * in_sn;
+        const int dl = blockDim.x / WP, dsx = blockDim.x - dl * WP;
+        int line = threadIdx.x / WP, s = threadIdx.x - line * WP, c = line / RP, rr = line - c * RP;
+        for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x) {
+            const int h = r0 + rr - pt, wc = s - pl;
+            const bool inside = h >= 0 && h < Hi && wc >= 0 && wc < Wi;
+            st_async_copy(xs + e, inside ? inn + c * in_sc + h * Wi + wc : inn, inside);
+            rr += dl;
+            s += dsx;
+            if (s >= WP) { s -= WP; ++rr; }
+            while (rr >= RP) { rr -= RP; ++c; }
+        }
+    }
+    st_async_wait();
+    __syncthreads();
+    const int cg = threadIdx.x % CG, rt = threadIdx.x / CG, row = rt % TH, og = rt / TH, r = r0 + row;
+    T acc[TO][ST_TW];
+#pragma unroll
+    for (int u = 0; u < TO; ++u)
+#pragma unroll
+        for (int v = 0; v < ST_TW; ++v) acc[u][v] = T(0);
+    const T* xrow = xs + row * WP + cg * ST_TW;
+    const T* wcol = ws + og * TO;
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+        for (int i = 0; i < KS; ++i) {
+            T xv[8];
+            const T* xp = xrow + (c * RP + i) * WP;
+            load4(xp, xv);
+            if (KS > 1) load4(xp + 4, xv + 4);
+#pragma unroll
+            for (int j = 0; j < KS; ++j) {
+                T wv[TO];
+                const T* wk = wcol + ((c * KS + i) * KS + j) * OP;
+#pragma unroll
+                for (int u = 0; u < TO; u += 4) load4(wk + u, wv + u);
+#pragma unroll
+                for (int u = 0; u < TO; ++u)
+#pragma unroll
+                    for (int v = 0; v < ST_TW; ++v) acc[u][v] += wv[u] * xv[v + j];
+            }
+        }
+    }
+    if (r >= Ho) return;   // the last tile's rows past the image
+    const int P = Ho * Wo;
+#pragma unroll
+    for (int u = 0; u < TO; ++u) {
+        const int o = og * TO + u;
+        if (o >= O) break;
+#pragma unroll
+        for (int v = 0; v < ST_TW; ++v) {
+            const int s = cg * ST_TW + v;
+            if (s >= Wo) break;
+            T val = acc[u][v];
+            if (y != nullptr) y[(o * N + n) * P + r * Wo + s] = val;
+            if (b != nullptr) val += b[o];
+            out[((n * O + o) * Ho + r) * Wo + s] = act_fwd(val, act);
+        }
+    }
+}
+
 // igemm_wgrad: the weight and bias gradients as an implicit GEMM, for the convolutions igemm_fwd takes:
 // partial[s, o*(K+1) + k] = sum over split s's positions q of g[o, q] * X(k, q), X gathered from x while staging
 // (no cols matrix; k == K is the bias, X = 1). Block tiles of BO channels x BK taps, (BO/TO) x (BK/TK) threads each
@@ -678,6 +802,14 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         wgrad_partial<T, R>(x, g, partial, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, TQ, with_bias);  \
     }
 
+#define ST_TILE(T, S, KS, TO)                                                                                      \
+    extern "C" __global__ void tile_conv_k##KS##_to##TO##_##S(const T* in, const T* w, const T* b, T* out, T* y,     \
+                                                            int N, int C, int Hi, int Wi, int in_sn, int in_sc,    \
+                                                            int O, int Ho, int Wo, int pt, int pl, int TH,         \
+                                                            int transposed, int act) {                             \
+        tile_conv<T, KS, TO>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, transposed, act); \
+    }
+
 #define ST_CONV(T, S)                                                                                              \
     extern "C" __global__ void im2col_##S(const T* x, T* cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH,  \
                                           i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
@@ -709,6 +841,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     }                                                                                                              \
     ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8) ST_DIRECT_DX(T, S, 2) ST_DIRECT_DX(T, S, 8)                              \
     ST_IGEMM(T, S, 16) ST_IGEMM(T, S, 32)                                                                          \
+    ST_TILE(T, S, 3, 4) ST_TILE(T, S, 3, 8) ST_TILE(T, S, 5, 4) ST_TILE(T, S, 5, 8)                              \
     ST_IGEMM_WGRAD(T, S, 32, 64, 4, 4) ST_IGEMM_WGRAD(T, S, 16, 128, 4, 4) ST_IGEMM_WGRAD(T, S, 8, 32, 2, 2)       \
     extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
         wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
@@ -721,3 +854,4 @@ ST_CONV(double, f64)
 #undef ST_IGEMM_WGRAD
 #undef ST_DIRECT
 #undef ST_DIRECT_DX
+#undef ST_TILE
