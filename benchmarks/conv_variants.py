@@ -30,24 +30,28 @@ def NEVER(*args):
     return False
 
 
+OLD_PATHS = {"TILE_CONV": False, "TILE_WGRAD": False}   # the kernels before tile_conv and tile_wgrad
 VARIANTS = {   # name: conv.py limits (and, for NEVER, a rule switched off)
     "as shipped": {},
     "no tile_conv": {"TILE_CONV": False},
+    "no tile_wgrad": {"TILE_WGRAD": False},
+    "tile_wgrad, 1 block/SM": {"_TILE_WG_BLOCKS_PER_SM": 1},
+    "tile_wgrad, 4 blocks/SM": {"_TILE_WG_BLOCKS_PER_SM": 4},
     "tile_conv, 4 channels": {"_TILE_TO8_THREADS_PER_SM": BIG},
     "tile_conv, 8 channels": {"_TILE_TO8_THREADS_PER_SM": 0},
     "tile_conv, 1 block/SM": {"_TILE_BLOCKS_PER_SM": 1},
     "tile_conv, 6 blocks/SM": {"_TILE_BLOCKS_PER_SM": 6, "_TILE_MIN_THREADS": 32},
-    "im2col + cuBLAS": {"TILE_CONV": False, "DIRECT_MAX_K": 0, "IGEMM_MAX_K": 0},
-    "fwd igemm, dx gather, dw cuBLAS": {"TILE_CONV": False, "DIRECT_MAX_MACS": 0, "_igemm_wgrad": NEVER},
-    "fwd igemm, dx gather, dw igemm": {"TILE_CONV": False, "DIRECT_MAX_MACS": 0},
-    "direct, dw tiled": {"TILE_CONV": False, "IGEMM_WGRAD_MIN_USE": 2},
-    "direct, dw igemm 32x64": {"TILE_CONV": False, "IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (32, 64, 4, 4)},
-    "direct, dw igemm 16x128": {"TILE_CONV": False, "IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (16, 128, 4, 4)},
-    "direct, dw igemm 8x32": {"TILE_CONV": False, "IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (8, 32, 2, 2)},
-    "direct, dw igemm, 1024 threads/SM": {"TILE_CONV": False, "IGEMM_WGRAD_MIN_USE": 0, "_WG_THREADS_PER_SM": 1024},
-    "direct, dx GEMM + col2im": {"TILE_CONV": False, "DIRECT_DX_MAX_MACS": 0},
-    "direct, dx gather": {"TILE_CONV": False, "DIRECT_DX_MIN_THREADS_PER_SM": 0},
-    "all direct": {"TILE_CONV": False, "DIRECT_MAX_MACS": BIG, "DIRECT_DX_MAX_MACS": BIG, "DIRECT_DX_MIN_THREADS_PER_SM": 0,
+    "im2col + cuBLAS": {**OLD_PATHS, "DIRECT_MAX_K": 0, "IGEMM_MAX_K": 0},
+    "fwd igemm, dx gather, dw cuBLAS": {**OLD_PATHS, "DIRECT_MAX_MACS": 0, "_igemm_wgrad": NEVER},
+    "fwd igemm, dx gather, dw igemm": {**OLD_PATHS, "DIRECT_MAX_MACS": 0},
+    "direct, dw tiled": {**OLD_PATHS, "IGEMM_WGRAD_MIN_USE": 2},
+    "direct, dw igemm 32x64": {**OLD_PATHS, "IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (32, 64, 4, 4)},
+    "direct, dw igemm 16x128": {**OLD_PATHS, "IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (16, 128, 4, 4)},
+    "direct, dw igemm 8x32": {**OLD_PATHS, "IGEMM_WGRAD_MIN_USE": 0, "_WG_TILE": (8, 32, 2, 2)},
+    "direct, dw igemm, 1024 threads/SM": {**OLD_PATHS, "IGEMM_WGRAD_MIN_USE": 0, "_WG_THREADS_PER_SM": 1024},
+    "direct, dx GEMM + col2im": {**OLD_PATHS, "DIRECT_DX_MAX_MACS": 0},
+    "direct, dx gather": {**OLD_PATHS, "DIRECT_DX_MIN_THREADS_PER_SM": 0},
+    "all direct": {**OLD_PATHS, "DIRECT_MAX_MACS": BIG, "DIRECT_DX_MAX_MACS": BIG, "DIRECT_DX_MIN_THREADS_PER_SM": 0,
                    "IGEMM_WGRAD_MIN_USE": 2},
 }
 

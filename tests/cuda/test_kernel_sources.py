@@ -138,7 +138,34 @@ def test_every_tile_conv_variant_is_instantiated():
     assert f"#define ST_TW {conv._TILE_TW}\n" in src
     for ks in conv._TILE_KS:
         for to in (4, 8):
-            assert f"ST_TILE(T, S, {ks}, {to})" in src, (ks, to)
+            assert f"ST_TILE(T, S, {ks}, {to})" in src and f"ST_TILE_WGRAD(T, S, {ks}, {to})" in src, (ks, to)
+
+
+def test_tile_wgrad_plans(monkeypatch):
+    """_tile_wgrad_plan on 132 SMs, no GPU needed: (channels per thread, rows per tile, row groups, threads, blocks,
+    shared bytes)."""
+    from types import SimpleNamespace
+
+    from smalltrain.backend.cuda import conv
+    monkeypatch.setattr(conv, "_sm_count", lambda: 132)
+
+    def plan(x_shape, w_shape, out_hw, itemsize=4, **geometry):
+        saved = SimpleNamespace(x_shape=x_shape, weight=SimpleNamespace(shape=w_shape), out_hw=out_hw,
+                                stride=(1, 1), dilation=(1, 1), groups=1, pads=(0, 0, 0, 0))
+        saved.__dict__.update(geometry)
+        return conv._tile_wgrad_plan(saved, itemsize)
+    # MnistCnn's second layer at batch 64: 4 x 49 threads of 8 channels, 4-row tiles (two buffers of 23 KB), the 384
+    # tiles one per block (up to 4 blocks per SM); at batch 512 the 3,072 tiles 6 per block
+    assert plan((64, 16, 26, 26), (32, 16, 3, 3), (24, 24)) == (8, 4, 1, 196, 384, 2 * (32 * 4 * 24 + 16 * 6 * 28) * 4)
+    assert plan((512, 16, 26, 26), (32, 16, 3, 3), (24, 24))[4] == 512
+    # LeNet-5's first layer: 2 x 6 threads of 4 channels, whole images, the rows over 12 groups
+    assert plan((512, 1, 28, 28), (6, 1, 5, 5), (24, 24))[:5] == (4, 24, 12, 144, 512)
+    for geometry in ({"stride": (2, 2)}, {"dilation": (2, 2)}, {"groups": 2}):
+        assert plan((4, 16, 26, 26), (32, 16, 3, 3), (24, 24), **geometry) is None, geometry
+    assert plan((4, 16, 26, 26), (32, 16, 7, 7), (20, 20)) is None        # not compiled
+    assert plan((4, 64, 26, 26), (32, 64, 3, 3), (24, 24)) is None        # 4 x 193 threads
+    monkeypatch.setattr(conv, "TILE_WGRAD", False)
+    assert plan((64, 16, 26, 26), (32, 16, 3, 3), (24, 24)) is None
 
 
 def test_tile_conv_plans(monkeypatch):

@@ -87,7 +87,8 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
     with dw by the implicit GEMM from x; igemm_dw / tiled_dw: as direct, with every dw from x by the implicit GEMM /
     the tiled kernel where it fits."""
     shape, o, kernel, stride, padding, dilation, groups, activation, bias = case
-    monkeypatch.setattr(conv_kernels, "TILE_CONV", False)   # test_tile_conv checks the kernel that comes first
+    monkeypatch.setattr(conv_kernels, "TILE_CONV", False)   # test_tile_conv and test_tile_wgrad check the kernels
+    monkeypatch.setattr(conv_kernels, "TILE_WGRAD", False)  # that come first
     monkeypatch.setattr(conv_kernels, "DIRECT_DX_MIN_THREADS_PER_SM", 0)   # the gather kernel on these small cases
     if path == "igemm_dw":
         monkeypatch.setattr(conv_kernels, "IGEMM_WGRAD_MIN_USE", 0)
@@ -163,6 +164,7 @@ def test_conv2d_weight_gradient_by_each_implicit_gemm_tile(case, dtype, tile, rn
     bias (the bias column of the tap table), dw and db against the float64 reference."""
     shape, o, kernel, stride, padding, dilation, groups, activation, bias = case
     monkeypatch.setattr(conv_kernels, "IGEMM_WGRAD_MIN_USE", 0)
+    monkeypatch.setattr(conv_kernels, "TILE_WGRAD", False)
     monkeypatch.setattr(conv_kernels, "_WG_TILE", tile)
     x = rng.standard_normal(shape).astype(dtype)
     w = (rng.standard_normal((o, shape[1]) + kernel) * 0.5).astype(dtype)
@@ -237,6 +239,65 @@ def test_tile_conv(case, dtype, plan, rng, monkeypatch):
     assert_close(dw, rdw, tol, name="dw")
     if bias:
         assert_close(db, rdb, tol, name="db")
+
+
+@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "rows split", "one block, 2-row tiles"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", TILE_CASES)
+def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
+    """tile_wgrad's dw and db (and no db without a bias) against the float64 reference on tile_conv's cases, as
+    planned and with each choice forced: 4 or 8 channels per thread, the rows of a tile split over 2 or 3 thread
+    groups (their sums added at the end), one block walking every tile of 2 rows through both staging buffers (the
+    last tile of an odd row count partial)."""
+    shape, o, ks, padding, activation, bias = case
+    if plan == "4 channels":
+        monkeypatch.setattr(conv_kernels, "_TILE_WG_TO8_THREADS", 1 << 30)
+    if plan == "8 channels":
+        monkeypatch.setattr(conv_kernels, "_TILE_WG_TO8_THREADS", 0)
+    if plan == "rows split":
+        monkeypatch.setattr(conv_kernels, "_TILE_WG_ROWS", 6)
+        monkeypatch.setattr(conv_kernels, "_TILE_WG_SPLIT", 3)
+    if plan == "one block, 2-row tiles":
+        monkeypatch.setattr(conv_kernels, "_TILE_WG_ROWS", 2)
+        monkeypatch.setattr(conv_kernels, "_TILE_WG_GRID", 1)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = (rng.standard_normal((o, shape[1], ks, ks)) * 0.5).astype(dtype)
+    b = rng.standard_normal(o).astype(dtype) if bias else None
+    _, saved = ops.conv2d_forward(g(x), g(w), None if b is None else g(b), 1, padding, 1, 1, activation)
+    tile = conv_kernels._tile_wgrad_plan(saved, np.dtype(dtype).itemsize)
+    if tile is None:   # only MnistCnn's second layer at 4 channels a thread: 8 x 49 threads, over a block's 256
+        assert plan == "4 channels" and -(-o // 4) * (shape[1] * ks + 1) > 256
+        return
+    to, th, rs, threads, grid = tile[:5]
+    assert plan not in ("4 channels", "8 channels") or to == int(plan[0])
+    # the forced split where 3 row groups fit in a block (threads, and their sums in shared memory)
+    base, itemsize = threads // rs, np.dtype(dtype).itemsize
+    split_fits = 3 * base <= 256 and 3 * base * to * ks * itemsize <= 48 * 1024
+    assert plan != "rows split" or (th <= 6 and (rs == 3) == split_fits)
+    assert plan != "one block, 2-row tiles" or (grid == 1 and th <= 2)
+    assert conv_kernels._wgrad_kernel(saved, np.dtype(dtype).itemsize) == "tile"
+    geom = ((1, 1), _pads(padding, (ks, ks), (1, 1)), (1, 1), 1)
+    pre, _ = ref.conv2d(x, w, b, *geom)
+    dout = rng.standard_normal(pre.shape).astype(dtype)
+    _, dw, db = ops.conv2d_backward(g(dout), saved)
+    _, rdw, rdb = ref.conv2d_grads(x, w, ref.act_grad(dout, pre, activation), *geom)
+    assert_close(dw, rdw, ref.tol(dtype), name="dw")
+    assert (db is None) == (not bias)
+    if bias:
+        assert_close(db, rdb, ref.tol(dtype), name="db")
+
+
+def test_tile_wgrad_is_bit_repeatable(rng):
+    """A fixed tile order per block and a fixed reduction: the same bits on every call (MnistCnn's second layer)."""
+    x = cp.asarray(rng.standard_normal((8, 16, 26, 26)), dtype=cp.float32)
+    w = cp.asarray(rng.standard_normal((32, 16, 3, 3)), dtype=cp.float32)
+    out, saved = ops.conv2d_forward(x, w, cp.zeros(32, dtype=cp.float32), activation="relu")
+    dout = cp.asarray(rng.standard_normal(out.shape), dtype=cp.float32)
+    assert conv_kernels._wgrad_kernel(saved, 4) == "tile"
+    first = ops.conv2d_backward(dout, saved)
+    for _ in range(3):
+        again = ops.conv2d_backward(dout, saved)
+        assert all(bool(cp.array_equal(a, b)) for a, b in zip(first, again))
 
 
 def test_tile_conv_leaves_other_geometries_to_the_other_kernels(rng, monkeypatch):

@@ -10,7 +10,8 @@ run the forward as one implicit-GEMM kernel with the same epilogue (igemm_fwd), 
 implicit GEMM from x too (igemm_wgrad + the same reduction): no cols matrix either way. Before all of these,
 stride-1 undilated square 3x3 / 5x5 convolutions run the forward, and where it fills the GPU the input gradient,
 by tile_conv: an input tile and the weights staged in shared memory, register tiles of 4 channels x 4 columns
-(TILE_CONV and the limits below).
+(TILE_CONV and the limits below), and dw and db by tile_wgrad (persistent blocks over row tiles of g and x,
+double-buffered) + the same reduction.
 """
 import functools
 import operator
@@ -78,6 +79,17 @@ _TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this 
 TILE_MIN_K = 16
 TILE_DX_MIN_THREADS_PER_SM = 128
 _TILE_ROWS = None             # rows per block if set (tests: partial last tiles; benchmarks), else planned
+# the weight and bias gradients of the convolutions tile_conv takes (geometry and kernel sizes) by tile_wgrad where
+# its plan fits (_tile_wgrad_plan): persistent blocks over tiles of TH output rows, double-buffered staging, then
+# wgrad_reduce. Tests set TILE_WGRAD = False for the other dw kernels, and the _TILE_WG_* overrides
+_TILE_WG_THREADS = 256        # threads per block at most (also keeps the float64 kernels' registers within a block)
+_TILE_WG_BLOCKS_PER_SM = 4    # the grid: tiles spread evenly over at most this many blocks per SM (H200: MnistCnn's
+                              # second layer backward 63.2 us with 4, 68.9 with 2; LeNet-5's first at b512 53.1, 57.2)
+_TILE_WG_TO8_THREADS = 128    # 8 channels per thread where that makes a block of at least this many threads
+_TILE_WG_ROWS = None          # rows per tile if set (tests: partial tiles), else the most the shared memory holds
+_TILE_WG_GRID = None          # blocks if set (tests: one block walking every tile)
+_TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the largest divisor of TH that fits
+TILE_WGRAD = True
 # bias_act_bwd_rows (a block per row of P elements) where P is at least this; the element-wise kernel below it
 BIAS_ACT_ROWS_MIN_P = 64
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
@@ -278,7 +290,21 @@ def bias_act_backward(dout, y, b, g, n, o, p, act):
         launch("conv", "bias_act_bwd", g.dtype, g.size, args)
 
 
+def _tile_knobs():
+    """The module settings tile_conv's and tile_wgrad's plans depend on (tests and benchmarks change them) and the
+    SM count: part of the plans' cache keys."""
+    return (TILE_CONV, TILE_WGRAD, _TILE_THREADS, _TILE_BLOCKS_PER_SM, _TILE_MIN_THREADS, _TILE_TO8_THREADS_PER_SM,
+            _TILE_ROWS, _TILE_WG_THREADS, _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_GRID,
+            _TILE_WG_SPLIT, _SMEM_BYTES, _sm_count())
+
+
 def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize):
+    """_tile_conv_plan, cached per shapes and _tile_knobs (an eager step plans each convolution 2-3 times)."""
+    return _tile_conv_plan(n, c, tuple(in_hw), o, tuple(out_hw), ks, itemsize, _tile_knobs())
+
+
+@metadata_cache
+def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs):
     """(TO, TH, threads, blocks, shared memory) of tile_conv over n images of c input channels in_hw to o output
     channels out_hw with a ks x ks kernel, or None where it does not take the convolution (TILE_CONV off, ks not
     compiled, nothing to do, indices past 32 bits, a row of tiles over 1024 threads or one row's input and the weights
@@ -292,7 +318,7 @@ def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize):
     if (not TILE_CONV or ks not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * in_hw[0] * in_hw[1] >= _FITS32
             or n * o * ho * wo >= _FITS32):
         return None
-    cg, sms = -(-wo // _TILE_TW), _sm_count()
+    cg, sms = -(-wo // _TILE_TW), knobs[-1]
     to = 8 if n * ho * cg * -(-o // 8) >= _TILE_TO8_THREADS_PER_SM * sms else 4
     og = -(-o // to)
     per_row = og * cg
@@ -353,6 +379,67 @@ def _tile_dx(g, saved):
     _tile_conv(plan, g, saved.weight, None, dx, None, (o,) + tuple(saved.out_hw), (p, n * p),
                (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0)
     return dx
+
+
+def _tile_wgrad_plan(saved, itemsize):
+    """_tile_wgrad_plan_for this convolution, cached per geometry and _tile_knobs."""
+    return _tile_wgrad_plan_for(tuple(saved.x_shape), tuple(saved.weight.shape), tuple(saved.out_hw),
+                                tuple(saved.stride), tuple(saved.dilation), saved.groups, itemsize, _tile_knobs())
+
+
+@metadata_cache
+def _tile_wgrad_plan_for(x_shape, w_shape, out_hw, stride, dilation, groups, itemsize, knobs):
+    """(TO, TH, RS, threads, grid, shared memory) of tile_wgrad for this convolution, or None where it does not take
+    it (TILE_WGRAD off, not tile_conv's geometry or kernel sizes, a block of over _TILE_WG_THREADS threads, tiles too
+    large for the shared memory, 32-bit indices). TO: 8 channels per thread where that makes _TILE_WG_TO8_THREADS
+    threads (MnistCnn's second layer: 4 x 49), else 4. TH: the most rows whose two tile buffers fit, evened out over
+    the image. RS: threads per row group, the largest divisor of TH within _TILE_WG_THREADS (LeNet-5's first layer:
+    12 of 2 x 6 threads). The grid spreads the tiles evenly over up to _TILE_WG_BLOCKS_PER_SM blocks per SM."""
+    n, c, h, wd = x_shape
+    o, cg, kh, kw = w_shape
+    ho, wo = out_hw
+    if (not TILE_WGRAD or stride != (1, 1) or dilation != (1, 1) or groups != 1 or kh != kw
+            or kh not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * h * wd >= _FITS32
+            or o * n * ho * wo >= _FITS32):
+        return None
+    ci = c * kh + 1
+    to = 8 if -(-o // 8) * ci >= _TILE_WG_TO8_THREADS else 4
+    op = -(-o // to) * to
+    base = op // to * ci
+    if base > _TILE_WG_THREADS:
+        return None
+    gw = -(-wo // _TILE_TW) * _TILE_TW
+
+    def buffers(t):   # two tiles of g [OP][t][GW] and x [C][t + KS - 1][GW + 4]
+        return 2 * (op * t * gw + c * (t + kh - 1) * (gw + 4)) * itemsize
+    fits = [t for t in range(1, ho + 1) if buffers(t) <= _SMEM_BYTES]
+    if _TILE_WG_ROWS is not None:
+        fits = [t for t in fits if t <= _TILE_WG_ROWS]
+    if not fits:
+        return None
+    th = fits[-1] if _TILE_WG_ROWS is not None else -(-ho // -(-ho // fits[-1]))
+    splits = [d for d in range(1, max(th, _TILE_WG_SPLIT or 1) + 1) if base * d <= _TILE_WG_THREADS
+              and (d == 1 or base * d * to * kh * itemsize <= _SMEM_BYTES)]   # the row groups' sums meet in smem
+    rs = [d for d in splits if th % d == 0][-1] if _TILE_WG_SPLIT not in splits else _TILE_WG_SPLIT
+    tiles = n * -(-ho // th)
+    grid = -(-tiles // -(-tiles // (_TILE_WG_BLOCKS_PER_SM * knobs[-1])))
+    grid = grid if _TILE_WG_GRID is None else min(_TILE_WG_GRID, tiles)
+    if o * (cg * kh * kw + 1) * grid >= _FITS32:
+        return None
+    red = base * rs * to * kh * itemsize if rs > 1 else 0
+    return to, th, rs, base * rs, grid, max(buffers(th), red)
+
+
+def _tile_weight_grad(x, g, saved, with_bias, plan):
+    """(dw, db or None) by tile_wgrad (its partial rows, one per block) and wgrad_reduce."""
+    to, th, rs, threads, grid, smem = plan
+    n, c, h, wd = saved.x_shape
+    o, _, ks, _ = saved.weight.shape
+    partial = cupy().empty((grid, o * (c * ks * ks + 1)), dtype=g.dtype)
+    get("conv", f"tile_wgrad_k{ks}_to{to}", g.dtype)(
+        (grid,), (threads,), (x, g, partial) + i32s((n, c, h, wd, o) + tuple(saved.out_hw) + (
+            saved.pads[0], saved.pads[2], th, rs)), shared_mem=smem)
+    return _reduce_partials(partial, saved.weight.shape, with_bias)
 
 
 def _direct(x_shape, w_shape, out_hw, groups, itemsize):
@@ -496,12 +583,15 @@ def _sm_count():
 
 
 def _wgrad_kernel(saved, itemsize):
-    """Which kernel computes dw (and db) from the input x the forward kept: 'igemm' (igemm_wgrad) where its best
+    """Which kernel computes dw (and db) from the input x the forward kept: 'tile' (tile_wgrad) where its plan fits,
+    else 'igemm' (igemm_wgrad) where its best
     tile is at least IGEMM_WGRAD_MIN_USE used (O*(K+1) over the tiles' area) or the tiled kernel does not take the
     convolution, else 'tiled' (wgrad_partial, _direct_wgrad's rule); None for cuBLAS over the cols matrix (kept by
     the forward, or made from x)."""
     if saved.x is None:
         return None
+    if _tile_wgrad_plan(saved, itemsize) is not None:
+        return "tile"
     tiled = _direct_wgrad(saved.x_shape, saved.weight.shape, saved.out_hw, saved.groups, itemsize)
     if _igemm_wgrad(saved.x_shape, saved.weight.shape, saved.out_hw, saved.groups, saved.dilation):
         o, cg, kh, kw = saved.weight.shape
@@ -599,7 +689,7 @@ def conv2d_backward(dout, saved, g=None):
 
     Each is None where saved.needs says it is not needed (db also when there was no bias). The activation's
     derivative is applied first (fused with the [N, O] -> [O, N] transpose), then db = sum over N, OH, OW,
-    dw = g @ cols^T (where the forward kept x, both from x by one of two kernels, _wgrad_kernel) and
+    dw = g @ cols^T (where the forward kept x, both from x by one of three kernels, _wgrad_kernel) and
     dx = col2im(w^T @ g), all over the whole batch; on the direct path dx is one gather kernel (_direct_dx).
     """
     op = "conv2d_backward"
@@ -634,7 +724,9 @@ def conv2d_backward(dout, saved, g=None):
         want_b = need_b and saved.bias is not None
         dw = dx = None
         wgrad = _wgrad_kernel(saved, dtype.itemsize) if need_w else None
-        if wgrad == "igemm":   # dw and db from x in one kernel and its reduction
+        if wgrad == "tile":   # dw and db from x in one kernel and its reduction
+            dw, db = _tile_weight_grad(saved.x, g, saved, want_b, _tile_wgrad_plan(saved, dtype.itemsize))   # cached
+        elif wgrad == "igemm":
             dw, db = _igemm_weight_grad(saved.x, g, saved, want_b)
         elif wgrad == "tiled":
             dw, db = _weight_grad(saved.x, g, saved, want_b)

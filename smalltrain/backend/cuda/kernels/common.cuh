@@ -37,6 +37,42 @@ __device__ __forceinline__ void st_async_wait() {
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 #endif
 }
+// Double buffering: st_async_commit closes the copies issued since the last commit into a group;
+// st_async_wait_but_last waits for every group but the one committed last (that one: the next tile's, in flight
+// while this one is computed).
+__device__ __forceinline__ void st_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void st_async_wait_but_last() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+
+// A block-strided walk e = threadIdx.x, + blockDim.x, ... over a [*][D1][D2] index space that keeps e's
+// coordinates (a, b, c) by additions and carries: a division by a runtime value costs ~20 instructions, and a
+// staging loop takes tens of steps per thread.
+struct st_walk3 {
+    int a, b, c, D1, D2, da, db, dc;
+    __device__ st_walk3(int d1, int d2) : D1(d1), D2(d2) {
+        const int line = threadIdx.x / D2, step = blockDim.x / D2;
+        c = threadIdx.x - line * D2;
+        a = line / D1;
+        b = line - a * D1;
+        dc = blockDim.x - step * D2;
+        da = step / D1;
+        db = step - da * D1;
+    }
+    __device__ __forceinline__ void next() {
+        c += dc;
+        b += db;
+        a += da;
+        if (c >= D2) { c -= D2; ++b; }
+        if (b >= D1) { b -= D1; ++a; }
+    }
+};
 
 // Overloads so that templates call the float or double libm function (expf vs exp) for their T.
 __device__ __forceinline__ float st_exp(float x) { return expf(x); }

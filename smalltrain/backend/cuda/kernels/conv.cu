@@ -18,6 +18,8 @@
 //   tile_conv: stride-1, undilated, square 3x3 / 5x5 convolutions: the forward (with direct_fwd's epilogue) and,
 //            as the correlation of g with the flipped kernel, the input gradient, from an input tile and all the
 //            weights staged in shared memory (cp.async), each thread a register tile of TO channels x 4 columns.
+//   tile_wgrad: dw and db of the same convolutions into wgrad_reduce's partial rows, persistent blocks walking row
+//            tiles of g and x staged into two buffers (the next tile's copies in flight during this one's products).
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
 //            and block of CB (8, or 2 for small batches) input channels, dx[n, c, h, w] = sum over (o, i, j) of
 //            g[o, n, oh, ow] * w[o, c, i, j] where oh*sh = h + ph - i*dh and ow*sw = w + pw - j*dw land on an output;
@@ -565,39 +567,25 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     T* ws = reinterpret_cast<T*>(st_smem);   // [K][OP]: tap k = (c*KS + i)*KS + j, channels zero-padded to OP
     T* xs = ws + K * OP;                     // [C][RP][WP]: rows r0 - pt .. r0 - pt + RP - 1, columns -pl ..
     // staged by cp.async (common.cuh): the weights in shared memory's order (consecutive threads write consecutive
-    // words; their strided reads of w hit L1 after the first), x by rows. Each thread steps its element's
-    // coordinates by blockDim.x incrementally: a division by a runtime value costs ~20 instructions, and a thread
-    // stages ~100 elements
-    {
-        const int dk = blockDim.x / OP, dox = blockDim.x - dk * OP;
-        int k = threadIdx.x / OP, o = threadIdx.x - k * OP;
-        for (int e = threadIdx.x; e < K * OP; e += blockDim.x) {
-            int src;
-            if (transposed) {   // w [C][O][KS][KS] in this kernel's names, the taps flipped
-                const int c = k / KK;   // KK: a compile-time constant
-                src = (c * O + o) * KK + (KK - 1 - (k - c * KK));
-            } else {
-                src = o * K + k;
-            }
-            st_async_copy(ws + e, w + (o < O ? src : 0), o < O);
-            k += dk;
-            o += dox;
-            if (o >= OP) { o -= OP; ++k; }
+    // words; their strided reads of w hit L1 after the first), x by rows; coordinates by st_walk3
+    st_walk3 wk(1 << 30, OP);   // (0, k, o)
+    for (int e = threadIdx.x; e < K * OP; e += blockDim.x, wk.next()) {
+        const int k = wk.b, o = wk.c;
+        int src;
+        if (transposed) {   // w [C][O][KS][KS] in this kernel's names, the taps flipped
+            const int c = k / KK;   // KK: a compile-time constant
+            src = (c * O + o) * KK + (KK - 1 - (k - c * KK));
+        } else {
+            src = o * K + k;
         }
+        st_async_copy(ws + e, w + (o < O ? src : 0), o < O);
     }
-    {
-        const T* inn = in + n * in_sn;
-        const int dl = blockDim.x / WP, dsx = blockDim.x - dl * WP;
-        int line = threadIdx.x / WP, s = threadIdx.x - line * WP, c = line / RP, rr = line - c * RP;
-        for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x) {
-            const int h = r0 + rr - pt, wc = s - pl;
-            const bool inside = h >= 0 && h < Hi && wc >= 0 && wc < Wi;
-            st_async_copy(xs + e, inside ? inn + c * in_sc + h * Wi + wc : inn, inside);
-            rr += dl;
-            s += dsx;
-            if (s >= WP) { s -= WP; ++rr; }
-            while (rr >= RP) { rr -= RP; ++c; }
-        }
+    const T* inn = in + n * in_sn;
+    st_walk3 xw(RP, WP);   // (c, row, column)
+    for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x, xw.next()) {
+        const int h = r0 + xw.b - pt, wc = xw.c - pl;
+        const bool inside = h >= 0 && h < Hi && wc >= 0 && wc < Wi;
+        st_async_copy(xs + e, inside ? inn + xw.a * in_sc + h * Wi + wc : inn, inside);
     }
     st_async_wait();
     __syncthreads();
@@ -644,6 +632,120 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             if (b != nullptr) val += b[o];
             out[((n * O + o) * Ho + r) * Wo + s] = act_fwd(val, act);
         }
+    }
+}
+
+// tile_wgrad: the weight and bias gradients of the convolutions tile_conv takes (stride 1, undilated, groups == 1,
+// square KS x KS), as partial[s, o*(K+1) + k] (k == K: the bias) like igemm_wgrad's, for wgrad_reduce:
+//     dw[o, c, i, j] = sum over (n, r, s) of g[o, n, r, s] * x[n, c, r + i - pt, s + j - pl],  db[o] = sum of g[o]
+// A block walks the tiles (image n, TH output rows) blockIdx.x, + gridDim.x, ... (persistent: its partial sums stay in
+// registers), staging each tile's g [OP][TH][GW] and x [C][RP][WP] (zero-padded: padded columns and rows of g are 0,
+// so they add nothing) by cp.async into one of two buffers while the previous tile is computed. Thread (og, ci, rs):
+// TO channels x the KS taps j of input channel c = ci / KS, kernel row i = ci % KS (ci == C*KS: the bias, the sums of
+// g), over the rows rs, rs + RS, ... of each tile; per 4 columns it loads 8 x values and TO 4-vectors of g (shared by
+// the warp: broadcasts) for TO*KS*4 FMAs. RS > 1 (few channels and taps: LeNet-5's first layer) splits the rows over
+// RS threads, whose sums are added in rs order at the end (deterministic, like the fixed tile order).
+template <typename T, int KS, int TO>
+__device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ partial, int N, int C,
+                           int H, int W, int O, int Ho, int Wo, int pt, int pl, int TH, int RS) {
+    static_assert(KS >= 1 && KS <= 5 && TO % 4 == 0, "tile_wgrad: 8 x values per 4 columns cover 4 + KS - 1");
+    extern __shared__ unsigned char st_smem[];
+    const int CG = (Wo + ST_TW - 1) / ST_TW, GW = CG * ST_TW, WP = GW + 4, RP = TH + KS - 1, P = Ho * Wo;
+    const int OG = (O + TO - 1) / TO, OP = OG * TO, CI = C * KS + 1, K = C * KS * KS;
+    const int tiles = (Ho + TH - 1) / TH, total = N * tiles;
+    const int GS = OP * TH * GW, XS = C * RP * WP;   // one buffer: g's tile, then x's
+    T* buf = reinterpret_cast<T*>(st_smem);
+    const int ci = threadIdx.x % CI, rest = threadIdx.x / CI, rs = rest % RS, og = rest / RS;
+    const bool bias = ci == C * KS;
+    const int c = bias ? 0 : ci / KS, i = bias ? 0 : ci - (ci / KS) * KS;
+    auto stage = [&](int t, T* gs) {   // by cp.async, coordinates by st_walk3
+        const int n = t / tiles, r0 = (t - n * tiles) * TH;
+        st_walk3 gw(TH, GW);   // (o, row, column)
+        for (int e = threadIdx.x; e < GS; e += blockDim.x, gw.next()) {
+            const int r = r0 + gw.b;
+            const bool inside = gw.a < O && r < Ho && gw.c < Wo;
+            st_async_copy(gs + e, inside ? g + (gw.a * N + n) * P + r * Wo + gw.c : g, inside);
+        }
+        T* xs = gs + GS;
+        const T* xn = x + n * C * H * W;
+        st_walk3 xw(RP, WP);   // (c, row, column): rows r0 - pt .., columns -pl ..
+        for (int e = threadIdx.x; e < XS; e += blockDim.x, xw.next()) {
+            const int h = r0 + xw.b - pt, wc = xw.c - pl;
+            const bool inside = h >= 0 && h < H && wc >= 0 && wc < W;
+            st_async_copy(xs + e, inside ? xn + (xw.a * H + h) * W + wc : xn, inside);
+        }
+        st_async_commit();
+    };
+    T acc[TO][KS];
+#pragma unroll
+    for (int u = 0; u < TO; ++u)
+#pragma unroll
+        for (int j = 0; j < KS; ++j) acc[u][j] = T(0);
+    if (blockIdx.x < total) stage(blockIdx.x, buf);
+    int cur = 0;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        if (t + gridDim.x < total) stage(t + gridDim.x, buf + (cur ^ 1) * (GS + XS));
+        else st_async_commit();   // an empty group: the wait below still leaves exactly one in flight
+        st_async_wait_but_last();
+        __syncthreads();
+        const T* gs = buf + cur * (GS + XS);
+        const T* xs = gs + GS;
+        if (og < OG) {
+            for (int row = rs; row < TH; row += RS) {
+                const T* grow = gs + (og * TO * TH + row) * GW;
+                const T* xrow = xs + (c * RP + row + i) * WP;
+                for (int q = 0; q < GW; q += ST_TW) {
+                    T gv[TO][ST_TW];
+#pragma unroll
+                    for (int u = 0; u < TO; ++u) load4(grow + u * TH * GW + q, gv[u]);
+                    if (bias) {
+#pragma unroll
+                        for (int u = 0; u < TO; ++u) acc[u][0] += ((gv[u][0] + gv[u][1]) + gv[u][2]) + gv[u][3];
+                    } else {
+                        T xv[8];
+                        load4(xrow + q, xv);
+                        if (KS > 1) load4(xrow + q + 4, xv + 4);
+#pragma unroll
+                        for (int u = 0; u < TO; ++u)
+#pragma unroll
+                            for (int j = 0; j < KS; ++j)
+#pragma unroll
+                                for (int v = 0; v < ST_TW; ++v) acc[u][j] += gv[u][v] * xv[v + j];
+                    }
+                }
+            }
+        }
+        __syncthreads();   // this buffer is restaged by the next iteration's prefetch
+        cur ^= 1;
+    }
+    if (RS > 1) {   // the RS row groups' sums, added in rs order by the rs == 0 thread
+        T* red = buf;   // [threads][TO*KS], the staging buffers' memory (every copy has landed: the last wait)
+#pragma unroll
+        for (int u = 0; u < TO; ++u)
+#pragma unroll
+            for (int j = 0; j < KS; ++j) red[threadIdx.x * TO * KS + u * KS + j] = acc[u][j];
+        __syncthreads();
+        if (rs != 0) return;
+        for (int r = 1; r < RS; ++r) {
+            const T* other = red + (threadIdx.x + r * CI) * TO * KS;
+#pragma unroll
+            for (int u = 0; u < TO; ++u)
+#pragma unroll
+                for (int j = 0; j < KS; ++j) acc[u][j] += other[u * KS + j];
+        }
+    }
+    if (og >= OG) return;
+    T* row_out = partial + blockIdx.x * (O * (K + 1));
+#pragma unroll
+    for (int u = 0; u < TO; ++u) {
+        const int o = og * TO + u;
+        if (o >= O) break;
+        if (bias) {
+            row_out[o * (K + 1) + K] = acc[u][0];
+            continue;
+        }
+#pragma unroll
+        for (int j = 0; j < KS; ++j) row_out[o * (K + 1) + (c * KS + i) * KS + j] = acc[u][j];
     }
 }
 
@@ -810,6 +912,13 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         tile_conv<T, KS, TO>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, transposed, act); \
     }
 
+#define ST_TILE_WGRAD(T, S, KS, TO)                                                                                \
+    extern "C" __global__ void tile_wgrad_k##KS##_to##TO##_##S(const T* x, const T* g, T* partial, int N, int C,     \
+                                                             int H, int W, int O, int Ho, int Wo, int pt, int pl,  \
+                                                             int TH, int RS) {                                     \
+        tile_wgrad<T, KS, TO>(x, g, partial, N, C, H, W, O, Ho, Wo, pt, pl, TH, RS);                               \
+    }
+
 #define ST_CONV(T, S)                                                                                              \
     extern "C" __global__ void im2col_##S(const T* x, T* cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH,  \
                                           i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
@@ -842,6 +951,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8) ST_DIRECT_DX(T, S, 2) ST_DIRECT_DX(T, S, 8)                              \
     ST_IGEMM(T, S, 16) ST_IGEMM(T, S, 32)                                                                          \
     ST_TILE(T, S, 3, 4) ST_TILE(T, S, 3, 8) ST_TILE(T, S, 5, 4) ST_TILE(T, S, 5, 8)                              \
+    ST_TILE_WGRAD(T, S, 3, 4) ST_TILE_WGRAD(T, S, 3, 8) ST_TILE_WGRAD(T, S, 5, 4) ST_TILE_WGRAD(T, S, 5, 8)      \
     ST_IGEMM_WGRAD(T, S, 32, 64, 4, 4) ST_IGEMM_WGRAD(T, S, 16, 128, 4, 4) ST_IGEMM_WGRAD(T, S, 8, 32, 2, 2)       \
     extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
         wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
@@ -855,3 +965,4 @@ ST_CONV(double, f64)
 #undef ST_DIRECT
 #undef ST_DIRECT_DX
 #undef ST_TILE
+#undef ST_TILE_WGRAD
