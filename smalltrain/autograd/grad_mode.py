@@ -14,6 +14,20 @@ def is_grad_enabled():
     return _state.enabled
 
 
+def _with_mode(fn, mode):
+    """fn wrapped so that each call runs with grad mode `mode` and restores the caller's mode after: the decorator
+    form of every grad-mode class."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        prev = _state.enabled
+        _state.enabled = mode
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _state.enabled = prev
+    return wrapper
+
+
 class set_grad_enabled:
     """Set gradient recording on or off for a `with` block or a decorated function."""
 
@@ -31,17 +45,7 @@ class set_grad_enabled:
 
     def __call__(self, fn):
         _state.enabled = self.prev  # used as a decorator: undo the immediate effect
-        mode = self.mode
-
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            prev = _state.enabled
-            _state.enabled = mode
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _state.enabled = prev
-        return wrapper
+        return _with_mode(fn, self.mode)
 
 
 class _GradMode:
@@ -64,17 +68,7 @@ class _GradMode:
         return False
 
     def __call__(self, fn):
-        mode = self.mode
-
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            prev = _state.enabled
-            _state.enabled = mode
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _state.enabled = prev
-        return wrapper
+        return _with_mode(fn, self.mode)
 
 
 class no_grad(_GradMode):
