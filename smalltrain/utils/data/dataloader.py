@@ -30,27 +30,40 @@ def _collate_sequence(batch, elem):
     transposed = list(zip(*batch))
     if isinstance(elem, tuple):
         return [default_collate(s) for s in transposed]      # tuples become lists, as in torch
+    return _rebuild_sequence(elem, [default_collate(s) for s in transposed])
+
+
+def _rebuild_sequence(proto, items):
+    """The list `items` as a sequence of proto's type, as torch's collate and convert do: a mutable sequence is
+    copied and filled in place (it keeps its other attributes), another type is called with the list, and a type
+    that cannot be built either way gives the list."""
     try:
-        if isinstance(elem, collections.abc.MutableSequence):
-            clone = copy.copy(elem)
-            for i, samples in enumerate(transposed):
-                clone[i] = default_collate(samples)
+        if isinstance(proto, collections.abc.MutableSequence):
+            clone = copy.copy(proto)
+            for i, item in enumerate(items):
+                clone[i] = item
             return clone
-        return type(elem)([default_collate(s) for s in transposed])
+        return type(proto)(items)
     except TypeError:
-        return [default_collate(s) for s in transposed]
+        return items
 
 
 def _collate_mapping(batch, elem):
-    collated = {key: default_collate([d[key] for d in batch]) for key in elem}
+    return _rebuild_mapping(elem, {key: default_collate([d[key] for d in batch]) for key in elem})
+
+
+def _rebuild_mapping(proto, items):
+    """The dict `items` as a mapping of proto's type, as torch's collate and convert do: a mutable mapping is copied
+    and updated (it keeps its other attributes), another type is called with the dict, and a type that cannot be
+    built either way gives the dict."""
     try:
-        if isinstance(elem, collections.abc.MutableMapping):
-            clone = copy.copy(elem)
-            clone.update(collated)
+        if isinstance(proto, collections.abc.MutableMapping):
+            clone = copy.copy(proto)
+            clone.update(items)
             return clone
-        return type(elem)(collated)
+        return type(proto)(items)
     except TypeError:
-        return collated
+        return items
 
 
 def default_collate(batch):
@@ -93,29 +106,13 @@ def default_convert(data):
     if _is_numpy_numeric(data):
         return creation.as_tensor(data)
     if isinstance(data, collections.abc.Mapping):
-        converted = {k: default_convert(v) for k, v in data.items()}
-        try:
-            if isinstance(data, collections.abc.MutableMapping):
-                clone = copy.copy(data)
-                clone.update(converted)
-                return clone
-            return type(data)(converted)
-        except TypeError:
-            return converted
+        return _rebuild_mapping(data, {k: default_convert(v) for k, v in data.items()})
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(default_convert(d) for d in data))
     if isinstance(data, tuple):
         return [default_convert(d) for d in data]
     if isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
-        try:
-            if isinstance(data, collections.abc.MutableSequence):
-                clone = copy.copy(data)
-                for i, d in enumerate(data):
-                    clone[i] = default_convert(d)
-                return clone
-            return type(data)([default_convert(d) for d in data])
-        except TypeError:
-            return [default_convert(d) for d in data]
+        return _rebuild_sequence(data, [default_convert(d) for d in data])
     return data
 
 
