@@ -26,6 +26,14 @@ def _check_index(idx, size):
     return idx % size
 
 
+def _delete_and_renumber(container, keys):
+    """Delete the submodules named `keys`, then name the rest 0..n-1 in order, as torch's Sequential and ModuleList
+    do (the names of a Sequential built from an OrderedDict are lost)."""
+    for key in keys:
+        delattr(container, key)
+    container._modules = dict(zip((str(i) for i in range(len(container._modules))), container._modules.values()))
+
+
 class Sequential(Module):
     """Sequential(*modules) or Sequential(OrderedDict of name -> module); forward feeds each output to the next."""
 
@@ -50,11 +58,7 @@ class Sequential(Module):
         setattr(self, self._key_at(idx), module)
 
     def __delitem__(self, idx):
-        keys = list(self._modules)[idx] if isinstance(idx, slice) else [self._key_at(idx)]
-        for key in keys:
-            delattr(self, key)
-        # torch renumbers the remaining modules 0..n-1 (names of an OrderedDict construction are lost)
-        self._modules = dict(zip((str(i) for i in range(len(self._modules))), self._modules.values()))
+        _delete_and_renumber(self, list(self._modules)[idx] if isinstance(idx, slice) else [self._key_at(idx)])
 
     def __len__(self):
         return len(self._modules)
@@ -160,11 +164,8 @@ class ModuleList(Module):
         setattr(self, str(_check_index(idx, len(self))), module)
 
     def __delitem__(self, idx):
-        keys = [str(k) for k in range(len(self))[idx]] if isinstance(idx, slice) else \
-            [str(_check_index(idx, len(self)))]
-        for key in keys:
-            delattr(self, key)
-        self._modules = dict(zip((str(i) for i in range(len(self._modules))), self._modules.values()))
+        _delete_and_renumber(self, [str(k) for k in range(len(self))[idx]] if isinstance(idx, slice) else
+                             [str(_check_index(idx, len(self)))])
 
     def __len__(self):
         return len(self._modules)
