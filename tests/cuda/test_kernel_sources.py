@@ -190,6 +190,13 @@ def test_tile_conv_plans(monkeypatch):
             to, th, threads, blocks, smem = plan
             assert threads <= 1024 and smem <= 48 * 1024 and blocks * th >= n * hw[0] and blocks % n == 0
     assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 7, 4) is None   # not compiled
+    # the forward's geometry and taps: stride, dilation, groups, a non-square or uncompiled kernel, under TILE_MIN_K
+    x, w = (64, 16, 26, 26), (32, 16, 3, 3)
+    assert conv._tile_forward_plan(x, w, (24, 24), (1, 1), (0,) * 4, (1, 1), 1, 4) is not None
+    for stride, dilation, groups, w_shape in [((2, 2), (1, 1), 1, w), ((1, 1), (2, 1), 1, w), ((1, 1), (1, 1), 2, w),
+                                              ((1, 1), (1, 1), 1, (32, 16, 3, 5)), ((1, 1), (1, 1), 1, (32, 16, 7, 7)),
+                                              ((1, 1), (1, 1), 1, (32, 1, 3, 3))]:
+        assert conv._tile_forward_plan(x, w_shape, (24, 24), stride, (0,) * 4, dilation, groups, 4) is None
     monkeypatch.setattr(conv, "TILE_CONV", False)
     assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4) is None
 

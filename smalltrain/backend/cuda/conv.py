@@ -312,8 +312,7 @@ def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs):
     else 4. TH, the output rows per block: of the row counts whose block fits (_TILE_THREADS threads, the shared
     memory), those giving _TILE_BLOCKS_PER_SM blocks per SM of _TILE_MIN_THREADS threads (else those of that many
     threads, else all), the one wasting the least: lanes of partial warps, staged halo rows, rows of a partial last
-    tile (_TILE_ROWS, if set:
-    the most rows up to it that fit)."""
+    tile (_TILE_ROWS, if set: the most rows up to it that fit)."""
     ho, wo = out_hw
     if (not TILE_CONV or ks not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * in_hw[0] * in_hw[1] >= _FITS32
             or n * o * ho * wo >= _FITS32):
@@ -341,11 +340,17 @@ def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs):
     return to, th, og * th * cg, n * tiles, weights + (th + ks - 1) * row_bytes
 
 
+def _tile_geometry(stride, dilation, groups, w_shape):
+    """Whether tile_conv's and tile_wgrad's geometry holds: stride 1, no dilation, groups == 1, a square kernel of a
+    size they are compiled for (_TILE_KS)."""
+    return (tuple(stride) == (1, 1) and tuple(dilation) == (1, 1) and groups == 1 and w_shape[2] == w_shape[3]
+            and w_shape[2] in _TILE_KS)
+
+
 def _tile_forward_plan(x_shape, w_shape, out_hw, stride, pads, dilation, groups, itemsize):
-    """tile_conv's plan (_tile_plan) for this forward, or None: it needs stride 1, no dilation, groups == 1, a
-    square kernel and TILE_MIN_K taps."""
+    """tile_conv's plan (_tile_plan) for this forward, or None: it needs _tile_geometry and TILE_MIN_K taps."""
     o, cg, kh, kw = w_shape
-    if stride != (1, 1) or dilation != (1, 1) or groups != 1 or kh != kw or cg * kh * kw < TILE_MIN_K:
+    if not _tile_geometry(stride, dilation, groups, w_shape) or cg * kh * kw < TILE_MIN_K:
         return None
     return _tile_plan(x_shape[0], cg, x_shape[2:], o, out_hw, kh, itemsize)
 
@@ -368,7 +373,7 @@ def _tile_dx(g, saved):
     geometry, and TILE_DX_MIN_THREADS_PER_SM)."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
-    if saved.stride != (1, 1) or saved.dilation != (1, 1) or saved.groups != 1 or kh != kw:
+    if not _tile_geometry(saved.stride, saved.dilation, saved.groups, saved.weight.shape):
         return None
     plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, g.dtype.itemsize)
     if plan is None or g.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
@@ -398,9 +403,8 @@ def _tile_wgrad_plan_for(x_shape, w_shape, out_hw, stride, dilation, groups, ite
     n, c, h, wd = x_shape
     o, cg, kh, kw = w_shape
     ho, wo = out_hw
-    if (not TILE_WGRAD or stride != (1, 1) or dilation != (1, 1) or groups != 1 or kh != kw
-            or kh not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * h * wd >= _FITS32
-            or o * n * ho * wo >= _FITS32):
+    if (not TILE_WGRAD or not _tile_geometry(stride, dilation, groups, w_shape) or min(n, c, o, ho, wo) <= 0
+            or n * c * h * wd >= _FITS32 or o * n * ho * wo >= _FITS32):
         return None
     ci = c * kh + 1
     to = 8 if -(-o // 8) * ci >= _TILE_WG_TO8_THREADS else 4
