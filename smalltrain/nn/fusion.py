@@ -1,20 +1,22 @@
 """Layer + activation fusion: Linear or Conv2d followed by ReLU or GELU runs as one fused op on CUDA, a
-Conv2d + activation followed by MaxPool2d as one op whose backward is one kernel fewer, and a run of small Linear
-(+ activation) layers as one chain op (one launch forward, two backward).
+Conv2d + activation followed by MaxPool2d, or by Flatten and a last Linear layer, as one op whose backward is one
+kernel fewer, and a run of small Linear (+ activation) layers as one chain op (one launch forward, two backward).
 
 On the GPU a small model's step is bound by launches and per-op dispatch, not arithmetic: applying the bias and
 the activation inside the layer's epilogue kernel (and the activation's derivative inside its backward kernel)
 saves a launch and an autograd node per pair. `nn.Sequential` fuses such adjacent pairs and runs by itself; models
-with their own forward call `layer_act(layer, x, activation)`, `layer_act_pool(...)` and `chain_act(x, pairs)`.
+with their own forward call `layer_act(layer, x, activation)`, `layer_act_pool(...)`, `layer_act_linear(...)` and
+`chain_act(x, pairs)`.
 The values are those of the unfused layers up to float rounding (the chain sums in another order); layers with
 hooks, non-zero padding modes, and CPU tensors take the ordinary path.
 """
 from ..ops.activation import apply_named
-from ..ops.conv import conv2d_act, conv2d_act_pool
+from ..ops.conv import conv2d_act, conv2d_act_linear, conv2d_act_pool
 from ..ops.matmul import linear_act, linear_chain
 from ..tensor import Tensor
 from .modules.activation import GELU, ReLU
 from .modules.conv import Conv2d
+from .modules.flatten import Flatten
 from .modules.linear import Linear
 from .modules.pooling import MaxPool2d
 
@@ -74,6 +76,30 @@ def layer_act_pool(layer, x, activation, pool):
         return pool(layer_act(layer, x, activation))
     return conv2d_act_pool(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups,
                            activation, pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
+
+
+def _conv_and_linear(layer, flatten, linear):
+    """An unhooked zero-padded Conv2d, an unhooked Flatten from dim 1 to the last and an unhooked Linear: the layers
+    Conv2dActLinear takes."""
+    return (type(layer) is Conv2d and _fusable_layer(layer) and type(flatten) is Flatten and not _hooked(flatten)
+            and flatten.start_dim == 1 and flatten.end_dim == -1 and _chain_layer(linear))
+
+
+def linear_fusable(modules, i):
+    """True when modules[i:i + 4] are a Conv2d, a fusable activation, Flatten and a Linear that ends its run of
+    Linear layers (where a chain follows, the chain op pays more than this fusion)."""
+    return (i + 3 < len(modules) and fusable(modules[i], modules[i + 1])
+            and _conv_and_linear(modules[i], modules[i + 2], modules[i + 3])
+            and linear_run(modules, i + 3)[1] == i + 4)
+
+
+def layer_act_linear(layer, x, activation, flatten, linear):
+    """linear(flatten(activation(layer(x)))): one fused op (its backward one kernel fewer) when x is a batched CUDA
+    tensor and the layers are those _conv_and_linear names; else the modules one by one."""
+    if not (isinstance(x, Tensor) and x.is_cuda and x.ndim == 4 and _conv_and_linear(layer, flatten, linear)):
+        return linear(flatten(layer_act(layer, x, activation)))
+    return conv2d_act_linear(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups,
+                             activation, linear.weight, linear.bias)
 
 
 def _chain_layer(module):

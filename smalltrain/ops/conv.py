@@ -10,9 +10,11 @@ import numpy as np
 from ..autograd.function import Function
 from ..backend import cpu, metadata_cache
 from ..backend.cuda import conv as cuda_conv
+from ..backend.cuda import linear as cuda_linear
 from ..backend.cuda import pool as cuda_pool
 from ._util import check_same_device, xp_of
 from .activation import apply_named
+from .matmul import linear
 from .pool import _geometry, max_pool2d
 
 
@@ -254,3 +256,56 @@ def conv2d_act_pool(input, weight, bias=None, stride=1, padding=0, dilation=1, g
                               pool_stride, pool_padding, pool_dilation, ceil_mode)
     return Conv2dActPool.apply(input, weight, bias, stride, pads, dilation, groups, activation,
                                (k, s, p, d, bool(ceil_mode)))
+
+
+class Conv2dActLinear(Function):
+    """linear(flatten(activation(conv2d(x))), W, b) on CUDA: the convolution's kernels, then the linear layer's on
+    the output viewed as [N, O*OH*OW]; backward the linear layer's kernel writes the convolution's g (its output's
+    gradient times the activation's derivative, in the layout conv2d_backward takes: backend/cuda/linear.py
+    linear_backward_into_conv), so the transpose-and-derivative kernel between the two layers is not run.
+    Inputs: x, conv weight, conv bias, the geometry, the activation, linear weight, linear bias."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, stride, pads, dilation, groups, activation, lin_weight, lin_bias):
+        need = ctx.needs_input_grad
+        x, lw = input.array, lin_weight.array
+        m, (f, k) = x.shape[0], lw.shape
+        out, ctx.conv_saved = cuda_conv.conv2d_forward(
+            x, weight.array, None if bias is None else bias.array, stride, pads, dilation, groups,
+            activation=activation, needs_input_grad=need[:3],
+            keep_pre_activation=cuda_linear.into_conv_needs_pre_activation(m, k, f, activation))
+        y, ctx.lin_saved = cuda_linear.linear_act_forward(out.reshape(m, -1), lw,
+                                                          None if lin_bias is None else lin_bias.array)
+        return y
+
+    @staticmethod
+    def backward(ctx, dout):
+        need = ctx.needs_input_grad
+        conv_saved = ctx.conv_saved
+        g, dlw, dlb = cuda_linear.linear_backward_into_conv(dout.array, ctx.lin_saved, conv_saved,
+                                                           (any(need[:3]), need[8], need[9]))
+        dx = dw = db = None
+        if g is not None:
+            dx, dw, db = cuda_conv.conv2d_backward(None, conv_saved, g=g)
+        return dx, dw, db, None, None, None, None, None, dlw, dlb
+
+
+def conv2d_act_linear(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None,  # noqa: A002
+                      lin_weight=None, lin_bias=None):
+    """linear(flatten(activation(conv2d(input, ...))), lin_weight, lin_bias): fused on CUDA for a batched float
+    input whose flattened convolution output matches lin_weight [F, O*OH*OW] (Conv2dActLinear), composed of the
+    separate ops otherwise (which raise the clear errors). Every argument is checked before a kernel runs."""
+    x = input.array
+    if input.is_cuda and x.ndim == 4 and x.dtype.kind == "f":
+        check_same_device("conv2d", input, weight, bias, lin_weight, lin_bias)
+        stride, pads, dilation, groups = _check(x, weight.array, None if bias is None else bias.array, stride,
+                                                padding, dilation, groups)
+        o = weight.array.shape[0]
+        oh, ow = _out_hw(x.shape[2:], weight.array.shape[2:], stride, pads, dilation)
+        lw, lb = lin_weight.array, None if lin_bias is None else lin_bias.array
+        if (lw.ndim == 2 and lw.shape[1] == o * oh * ow and lw.dtype == x.dtype
+                and (lb is None or (lb.shape == (lw.shape[0],) and lb.dtype == x.dtype))):
+            return Conv2dActLinear.apply(input, weight, bias, stride, pads, dilation, groups, activation,
+                                         lin_weight, lin_bias)
+    out = conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation)
+    return linear(out.reshape(out.shape[0], -1), lin_weight, lin_bias)   # nn.Flatten()'s start_dim 1

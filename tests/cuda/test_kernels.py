@@ -417,6 +417,53 @@ def test_wide_linear_is_deterministic_and_leaves_its_counters_at_zero(rng, monke
         assert int(linear_kernels._tickets().max()) == 0   # every ticket reset for the next launch
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [((3, 16, 26, 26), (32, 16, 3, 3), "relu", 10),   # MnistCnn's conv2 + classifier
+                                  ((2, 3, 6, 5), (4, 3, 3, 3), "gelu", 16),          # P = 12: o's rows cut a block
+                                  ((2, 3, 6, 5), (4, 3, 3, 3), None, 1),
+                                  ((2, 3, 7, 7), (5, 3, 3, 3), "relu", 3),
+                                  ((2, 3, 6, 5), (4, 3, 3, 3), "gelu_tanh", 17)])    # not wide: two kernels
+def test_linear_backward_into_conv(case, dtype, rng):
+    """A linear layer over a convolution's activated output flattened: its backward hands the convolution's g
+    [O, N*P] = (dout @ W reshaped [N, O, P]) * act'(pre-activation), transposed, and dw, db, against float64."""
+    x_shape, w_shape, activation, f = case
+    x, w = g(rng.standard_normal(x_shape).astype(dtype)), g((rng.standard_normal(w_shape) * 0.3).astype(dtype))
+    b = g(rng.standard_normal(w_shape[0]).astype(dtype))
+    out, csaved = ops.conv2d_forward(x, w, b, activation=activation)
+    n, o, oh, ow = out.shape
+    lw = g((rng.standard_normal((f, o * oh * ow)) / 30).astype(dtype))
+    lb = g(rng.standard_normal(f).astype(dtype))
+    y, lsaved = ops.linear_act_forward(out.reshape(n, -1), lw, lb)
+    dout = rng.standard_normal((n, f)).astype(dtype)
+    gc, dw, db = linear_kernels.linear_backward_into_conv(g(dout), lsaved, csaved)
+    pre = cp.asnumpy(out if activation is None else csaved.y.reshape(o, n, oh * ow).transpose(1, 0, 2)
+                     + b[None, :, None]).reshape(n, -1)
+    dflat = dout.astype(np.float64) @ cp.asnumpy(lw).astype(np.float64)
+    want = ref.act_grad(dflat, pre, activation).reshape(n, o, -1).transpose(1, 0, 2).reshape(o, -1)
+    tol = ref.tol(dtype) * 4
+    assert gc.shape == (o, n * oh * ow) and gc.dtype == dtype
+    assert_close(gc, want, tol, name="g")
+    flat = cp.asnumpy(out).reshape(n, -1).astype(np.float64)
+    assert_close(dw, dout.astype(np.float64).T @ flat, tol * 8, name="dw")
+    assert_close(db, dout.astype(np.float64).sum(0), tol, name="db")
+    assert linear_kernels.linear_backward_into_conv(g(dout), lsaved, csaved, (False, True, True))[0] is None
+    # without the pre-activation: relu's derivative from the output on the wide path, else a clear error
+    keep = linear_kernels.into_conv_needs_pre_activation(n, lw.shape[1], f, activation)
+    assert keep == (activation is not None and not (activation == "relu" and f <= linear_kernels.WIDE_MAX_F))
+    _, bare = ops.conv2d_forward(x, w, b, activation=activation, keep_pre_activation=False)
+    assert bare.y is None
+    if keep:
+        with pytest.raises(RuntimeError, match="did not keep its output before the activation"):
+            linear_kernels.linear_backward_into_conv(g(dout), lsaved, bare)
+    else:
+        assert cp.array_equal(linear_kernels.linear_backward_into_conv(g(dout), lsaved, bare)[0], gc)
+    if activation is not None:
+        with pytest.raises(RuntimeError, match="pass g instead of grad_output"):
+            ops.conv2d_backward(out, bare)
+    with pytest.raises(RuntimeError, match=r"expected grad_output of shape"):
+        linear_kernels.linear_backward_into_conv(g(dout[:1]), lsaved, csaved)
+
+
 def test_linear_act_errors():
     x, w = cp.ones((4, 5), cp.float32), cp.ones((3, 5), cp.float32)
     with pytest.raises(RuntimeError, match=r"expected weight \[F, 5\]"):

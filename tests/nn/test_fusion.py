@@ -1,12 +1,13 @@
-"""Layer + activation fusion (nn/fusion.py): fused Linear/Conv2d + ReLU/GELU (+ MaxPool2d) and chains of Linear
-(+ activation) layers equal the unfused layers."""
+"""Layer + activation fusion (nn/fusion.py): fused Linear/Conv2d + ReLU/GELU (+ MaxPool2d, or + Flatten + Linear)
+and chains of Linear (+ activation) layers equal the unfused layers."""
 import numpy as np
 import pytest
 
 import smalltrain as st
 from smalltrain import nn
 from smalltrain.nn import functional as F
-from smalltrain.nn.fusion import chain_act, fusable, layer_act, layer_act_pool, linear_run, pool_fusable
+from smalltrain.nn.fusion import (chain_act, fusable, layer_act, layer_act_linear, layer_act_pool, linear_fusable,
+                                  linear_run, pool_fusable)
 
 cuda = pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
 ACTS = [None, "relu", "gelu", "gelu_tanh"]
@@ -192,3 +193,102 @@ def test_pool_fusable():
     assert not pool_fusable(nn.Conv2d(1, 1, 3), nn.GELU(), nn.MaxPool2d(2, return_indices=True))
     assert not pool_fusable(nn.Conv2d(1, 1, 3), nn.GELU(), nn.AvgPool2d(2))
     assert not pool_fusable(nn.Linear(2, 2), nn.ReLU(), nn.MaxPool2d(2))
+
+
+# (conv, linear outputs, input shape): linear outputs <= 16 take the wide kernel writing the convolution's gradient
+# directly, 20 the other linear kernels and then the transpose-and-derivative kernel; the last MnistCnn's second layer
+CONV_LINEAR = [((3, 4, 3, 1), 5, (2, 3, 6, 5)), ((3, 4, 3, 1), 20, (2, 3, 6, 5)), ((2, 3, 5, 0), 1, (1, 2, 7, 9)),
+               ((16, 32, 3, 0), 10, (3, 16, 26, 26))]
+
+
+def _conv_linear(spec, features, shape):
+    st.manual_seed(0)
+    c, o, k, pad = spec
+    conv = nn.Conv2d(c, o, k, padding=pad)
+    oh, ow = shape[2] + 2 * pad - k + 1, shape[3] + 2 * pad - k + 1
+    return nn.Sequential(conv, nn.Linear(o * oh * ow, features)), nn.Flatten()
+
+
+def _conv_linear_fused(act, flatten):
+    return lambda m, v: layer_act_linear(m[0], v, act, flatten, m[1])
+
+
+def _conv_linear_plain(act, flatten):
+    return lambda m, v: m[1](flatten(_unfused(m[0], v, act)))
+
+
+@pytest.mark.parametrize("spec,features,shape", CONV_LINEAR[:2])
+def test_cpu_conv_act_linear_composes_the_unfused_ops(spec, features, shape):
+    layers, flatten = _conv_linear(spec, features, shape)
+    x = st.randn(*shape)
+    a = _grads(layers, x, _conv_linear_fused("relu", flatten))
+    b = _grads(layers, x, _conv_linear_plain("relu", flatten))
+    for u, v in zip(a, b):
+        assert np.array_equal(u, v)
+
+
+@cuda
+@pytest.mark.parametrize("spec,features,shape", CONV_LINEAR)
+@pytest.mark.parametrize("act", ACTS)
+def test_cuda_conv_act_linear_equals_unfused(act, spec, features, shape):
+    layers, flatten = _conv_linear(spec, features, shape)
+    layers = layers.to("cuda")
+    x = st.randn(*shape).to("cuda")
+    out = layer_act_linear(layers[0], x, act, flatten, layers[1])
+    assert "Conv2dActLinear" in out.grad_fn.name()
+    fused = _grads(layers, x, _conv_linear_fused(act, flatten))
+    plain = _grads(layers, x, _conv_linear_plain(act, flatten))
+    for name, u, v in zip(["out", "dx", "conv w", "conv b", "linear w", "linear b"], fused, plain):
+        assert u.shape == v.shape, name
+        err = np.abs(u - v).max() / max(np.abs(v).max(), 1e-30)
+        assert err <= 1e-6, f"{act} {spec} {features} {name}: {err:.2e}"
+
+
+@cuda
+def test_cuda_conv_act_linear_with_a_frozen_convolution():
+    """Only the linear layer trains: no gradient of the convolution is computed, the linear layer's are exact."""
+    layers, flatten = _conv_linear(*CONV_LINEAR[0])
+    layers = layers.to("cuda")
+    layers[0].requires_grad_(False)
+    x = st.randn(*CONV_LINEAR[0][2]).to("cuda")
+    grads = []
+    for fn in (_conv_linear_fused("gelu", flatten), _conv_linear_plain("gelu", flatten)):
+        layers.zero_grad()
+        (fn(layers, x) ** 2).sum().backward()
+        assert layers[0].weight.grad is None and layers[0].bias.grad is None
+        grads.append([p.grad.cpu().numpy() for p in layers[1].parameters()])
+    for u, v in zip(*grads):
+        np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_conv_act_linear_of_mismatched_widths_raises_before_running(device):
+    conv, linear = nn.Conv2d(3, 4, 3).to(device), nn.Linear(99, 5).to(device)   # the flattened output is 4*4*3
+    with pytest.raises(RuntimeError, match=r"48.*99|99.*48"):
+        layer_act_linear(conv, st.randn(2, 3, 6, 5).to(device), "relu", nn.Flatten(), linear)
+
+
+@cuda
+def test_sequential_fuses_conv_act_flatten_linear_only_for_a_last_linear():
+    st.manual_seed(0)
+    seq = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(18, 4)).to("cuda")
+    x = st.randn(3, 1, 5, 5).to("cuda")
+    fused = seq(x)
+    assert "Conv2dActLinear" in fused.grad_fn.name()
+    plain = seq[3](seq[2](F.relu(seq[0](x))))
+    np.testing.assert_allclose(fused.detach().cpu().numpy(), plain.detach().cpu().numpy(), rtol=1e-6, atol=1e-7)
+    seq.append(nn.ReLU()).append(nn.Linear(4, 2).to("cuda"))   # the Linear now starts a chain: that op instead
+    assert "LinearChain" in seq(x).grad_fn.name()
+
+
+def test_linear_fusable():
+    seq = [nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(18, 4)]
+    assert linear_fusable(seq, 0) and not linear_fusable(seq, 1) and not linear_fusable(seq[:3], 0)
+    assert not linear_fusable(seq + [nn.Linear(4, 2)], 0)            # a chain follows
+    assert not linear_fusable(seq + [nn.GELU()], 0)                  # the Linear has its own activation
+    assert linear_fusable(seq + [nn.Dropout()], 0)
+    assert not linear_fusable([seq[0], nn.SiLU()] + seq[2:], 0)
+    assert not linear_fusable(seq[:2] + [nn.Flatten(0)] + seq[3:], 0)
+    flat = nn.Flatten()
+    flat.register_forward_hook(lambda m, i, o: None)
+    assert not linear_fusable(seq[:2] + [flat] + seq[3:], 0)

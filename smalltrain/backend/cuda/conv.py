@@ -215,14 +215,16 @@ def col2im(cols, x_shape, kernel_size, stride, pads, dilation, out_hw):
 
 
 def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None,
-                   needs_input_grad=(True, True, True)):
+                   needs_input_grad=(True, True, True), keep_pre_activation=True):
     """out = act(conv2d(x, w, b)), torch's conv2d followed by the activation: one direct or implicit-GEMM kernel
     where they take the convolution, else im2col + GEMM + epilogue.
 
     x [N, C, H, W], w [O, C/groups, KH, KW], b [O] or None: cupy float32/float64 arrays of one dtype on one device
     (non-contiguous inputs are copied). padding: int, (ph, pw), (top, bottom, left, right), 'valid' or 'same'.
     activation: None, 'relu', 'gelu' (erf) or 'gelu_tanh'. needs_input_grad (input, weight, bias) decides what is
-    saved. Returns (out [N, O, OH, OW], Conv2dSaved). float32 GEMMs are full float32 unless CUPY_TF32=1 is set.
+    saved; keep_pre_activation=False: the output before the activation is not kept where a kernel writes it only for
+    the backward (a caller that derives the activation's derivative otherwise; conv2d_backward then takes g only).
+    Returns (out [N, O, OH, OW], Conv2dSaved). float32 GEMMs are full float32 unless CUPY_TF32=1 is set.
     """
     stride, pads, dilation, groups, out_hw = _validate(x, w, b, stride, padding, dilation, groups, activation)
     needs = tuple(bool(v) for v in needs_input_grad) + (True,) * (3 - len(needs_input_grad))
@@ -233,6 +235,7 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
         o, cg, kh, kw = w.shape
         p = out_hw[0] * out_hw[1]
         act = ACTIVATIONS[activation]
+        keep_y = act and keep_pre_activation
         out = cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
         tile = _tile_forward_plan(x.shape, w.shape, out_hw, stride, pads, dilation, groups, x.dtype.itemsize)
         direct = tile is None and _direct(x.shape, w.shape, out_hw, groups, x.dtype.itemsize)
@@ -242,12 +245,12 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                   or _direct_wgrad(x.shape, w.shape, out_hw, groups, x.dtype.itemsize))
         if tile is not None:
             cols = None
-            y = cp.empty((o, n * p), dtype=x.dtype) if act else None
+            y = cp.empty((o, n * p), dtype=x.dtype) if keep_y else None
             _tile_conv(tile, x, w, b, out, y, x.shape[1:], (x.shape[1] * x.shape[2] * x.shape[3],
                                                              x.shape[2] * x.shape[3]), pads, False, act)
         elif direct:
             cols = None
-            y = cp.empty((o, n * p), dtype=x.dtype) if act else None
+            y = cp.empty((o, n * p), dtype=x.dtype) if keep_y else None
             ob = _direct_ob(n * p, o)
             weights = _direct_smem(o, cg * kh * kw, x.dtype.itemsize, ob)
             image = cg * x.shape[2] * x.shape[3] * x.dtype.itemsize
@@ -259,7 +262,7 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                 shared_mem=smem)
         elif igemm:
             cols = None
-            y = cp.empty((o, n * p), dtype=x.dtype) if act else None
+            y = cp.empty((o, n * p), dtype=x.dtype) if keep_y else None
             bo = 16 if o <= 16 else 32
             blocks = -(-o // bo) * -(-(n * p) // _IGEMM_BQ[bo])
             get("conv", f"igemm_fwd_bo{bo}", x.dtype)(
@@ -275,7 +278,7 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
             y = contiguous(y.reshape(o, n * p))
             launch("conv", "bias_act_fwd", x.dtype, out.size, (y, ptr(b), out, i64(n), i64(o), i64(p), i32(act)))
     saved = Conv2dSaved(tuple(x.shape), w, b, cols if needs[1] and not keep_x else None,
-                        y if act else None, stride, pads, dilation, groups, out_hw, activation, needs[:3],
+                        y if keep_y else None, stride, pads, dilation, groups, out_hw, activation, needs[:3],
                         x if keep_x and needs[1] else None)
     return out, saved
 
@@ -716,6 +719,9 @@ def conv2d_backward(dout, saved, g=None):
         if tuple(dout.shape) != expected:
             raise RuntimeError(f"{op}: expected grad_output of shape {list(expected)}, got {list(dout.shape)}")
         check_dtype(op, "grad_output", dout, dtype)
+        if saved.activation is not None and saved.y is None:
+            raise RuntimeError(f"{op}: the forward did not keep the output before the activation "
+                               f"(keep_pre_activation=False); pass g instead of grad_output")
         given = dout
     same_device(op, given, w)
     cp = cupy()

@@ -143,13 +143,9 @@ def linear_act_forward(x, w, b=None, activation=None):
 
 def linear_act_backward(dout, saved, needs=(True, True, True)):
     """(dx [M, K], dw [F, K], db [F]) from dout [M, F]; None where `needs` (input, weight, bias) says so."""
-    op = "linear_backward"
     x, w = saved.x, saved.weight
     m, f = x.shape[0], w.shape[0]
-    check_array(op, "grad_output", dout, 2)
-    if tuple(dout.shape) != (m, f):
-        raise RuntimeError(f"{op}: expected grad_output of shape {[m, f]}, got {list(dout.shape)}")
-    check_dtype(op, "grad_output", dout, x.dtype)
+    _check_grad_output(dout, m, f, x.dtype)
     need_x, need_w = needs[0], needs[1]
     need_b = len(needs) > 2 and needs[2] and saved.bias is not None
     act = ACTIVATIONS[saved.activation]
@@ -168,6 +164,14 @@ def linear_act_backward(dout, saved, needs=(True, True, True)):
         dw = gemm(gT, x) if need_w else None
         db = sum_rows(gT, 1) if need_b else None
     return dx, dw, db
+
+
+def _check_grad_output(dout, m, f, dtype):
+    op = "linear_backward"
+    check_array(op, "grad_output", dout, 2)
+    if tuple(dout.shape) != (m, f):
+        raise RuntimeError(f"{op}: expected grad_output of shape {[m, f]}, got {list(dout.shape)}")
+    check_dtype(op, "grad_output", dout, dtype)
 
 
 def _small_backward(dout, saved, m, k, f, need_x, need_w, need_b, act):
@@ -193,11 +197,16 @@ def _y_strides(y, item):
     return (y.strides[0] // item, y.strides[1] // item) if y is not None else (0, 0)
 
 
-def _wide_backward(dout, saved, m, k, f, need_x, need_w, need_b, act):
-    """dx, dw, db in one launch of wide_bwd (a thread per column of [x | 1]; column K is db)."""
+def _wide_backward(dout, saved, m, k, f, need_x, need_w, need_b, act, conv=None):
+    """dx, dw, db in one launch of wide_bwd (a thread per column of [x | 1]; column K is db). With `conv` (the
+    Conv2dSaved of the convolution whose activated output x is, flattened), dx is that convolution's g [O, M*P]
+    instead (see linear_backward_into_conv)."""
     cp = cupy()
     x, w, y = saved.x, saved.weight, saved.y
-    dx = cp.empty((m, k), dtype=x.dtype) if need_x else None
+    p, yc, bc, actc = 0, None, None, 0
+    if conv is not None:
+        p, yc, bc, actc = k // conv.weight.shape[0], conv.y, conv.bias, ACTIVATIONS[conv.activation]
+    dx = cp.empty((m, k) if conv is None else (k // p, m * p), dtype=x.dtype) if need_x else None
     dw = cp.empty((f, k), dtype=x.dtype) if need_w else None
     db = cp.empty((f,), dtype=x.dtype) if need_b else None
     if dx is None and dw is None and db is None:
@@ -206,8 +215,48 @@ def _wide_backward(dout, saved, m, k, f, need_x, need_w, need_b, act):
     blocks = -(-(k + 1 if need_b else k) // _WIDE_COLS)
     get("linear", "wide_bwd", x.dtype)((blocks,), (_THREADS,), (dout, ptr(y), ptr(saved.bias), contiguous(x),
                                                                contiguous(w), ptr(dx), ptr(dw), ptr(db), i32(m),
-                                                               i32(k), i32(f), i32(ysm), i32(ysf), i32(act)))
+                                                               i32(k), i32(f), i32(ysm), i32(ysf), i32(act),
+                                                               i32(p), ptr(yc), ptr(bc), i32(actc)))
     return dx, dw, db
+
+
+def into_conv_needs_pre_activation(m, k, f, activation):
+    """Whether linear_backward_into_conv reads the convolution's output before its activation (conv2d_forward's
+    keep_pre_activation) for a [M, K] x [F, K]^T layer: not for relu on the wide path, which takes relu's derivative
+    from x itself (x > 0 exactly where the pre-activation is)."""
+    return activation is not None and not (activation == "relu" and _wide(m, k, f))
+
+
+def linear_backward_into_conv(dout, saved, conv, needs=(True, True, True)):
+    """The backward of a linear layer whose input x [N, O*P] is a convolution's activated output [N, O, P]
+    flattened (conv: that convolution's Conv2dSaved): (g [O, N*P], dw, db) with g the gradient of the convolution's
+    output before its activation, in the layout conv2d_backward(None, conv, g=g) takes. Wide layers (MnistCnn's
+    Linear(18432, 10)) write g directly from wide_bwd, so no transpose-and-derivative kernel runs between the two
+    layers; other shapes run linear_act_backward and then that kernel. g is None where needs[0] is false."""
+    x = saved.x
+    m, k = x.shape
+    o = conv.weight.shape[0]
+    n, p = conv.x_shape[0], conv.out_hw[0] * conv.out_hw[1]
+    if (m, k) != (n, o * p):
+        raise RuntimeError(f"linear_backward_into_conv: expected the linear layer's input to be the convolution's "
+                           f"output [{n}, {o} * {p}] flattened, got {list(x.shape)}")
+    need_b = len(needs) > 2 and needs[2] and saved.bias is not None
+    f = saved.weight.shape[0]
+    if conv.y is None and into_conv_needs_pre_activation(m, k, f, conv.activation):
+        raise RuntimeError("linear_backward_into_conv: the convolution did not keep its output before the activation, "
+                           "which this layer's shape needs (see into_conv_needs_pre_activation)")
+    if _wide(m, k, f):
+        _check_grad_output(dout, m, f, x.dtype)
+        with dout.device:
+            return _wide_backward(contiguous(dout), saved, m, k, f, needs[0], needs[1], need_b,
+                                  ACTIVATIONS[saved.activation], conv)
+    dx, dw, db = linear_act_backward(dout, saved, needs)
+    g = None
+    if dx is not None:
+        with dx.device:
+            g = cupy().empty((o, n * p), dtype=dx.dtype)
+            bias_act_backward(dx, conv.y, conv.bias, g, n, o, p, ACTIVATIONS[conv.activation])
+    return g, dw, db
 
 
 @dataclass

@@ -98,7 +98,7 @@ class Sequential(Module):
 
     def forward(self, input):
         # on CUDA a run of Linear (+ ReLU/GELU) layers runs as one chain op (a single one as a fused layer), a
-        # Conv2d + ReLU/GELU (+ MaxPool2d) as one fused op (see nn/fusion.py)
+        # Conv2d + ReLU/GELU (+ MaxPool2d, or + Flatten + a last Linear) as one fused op (see nn/fusion.py)
         fusion = _fusion()
         modules = list(self._modules.values())
         i = 0
@@ -109,6 +109,10 @@ class Sequential(Module):
             if pairs:   # Linear layers (+ activations): one chain op for a run, one fused layer for a single one
                 input = fusion.chain_act(input, pairs)
                 i = after
+            elif cuda and fusion.linear_fusable(modules, i):
+                input = fusion.layer_act_linear(m, input, fusion.activation_name(modules[i + 1]), modules[i + 2],
+                                                modules[i + 3])
+                i += 4
             elif cuda and i + 2 < len(modules) and fusion.pool_fusable(m, modules[i + 1], modules[i + 2]):
                 input = fusion.layer_act_pool(m, input, fusion.activation_name(modules[i + 1]), modules[i + 2])
                 i += 3

@@ -390,6 +390,10 @@ __device__ void chain_wgrad(const T* g0, const T* g1, const T* g2, const T* g3, 
 //            ST_WBM rows at a time in shared memory, each thread writes dx[m, k] = sum_f g[m, f] * w[f, k] for its
 //            rows and accumulates dw[f, k] = sum_m g[m, f] * x[m, k]; the groups' sums are added in a fixed order.
 //            db is column K, a column of ones (as in linear_bwd). x and dx are read and written once, coalesced.
+//            With P > 0 the input x [M, K] is a convolution's output [M, O, P] flattened, and dx is written as that
+//            convolution's g [O, M * P] = dx * actc'(yc + bc[o]) (yc [O, M * P] its output before the bias):
+//            conv2d_backward's input, so the transpose and derivative kernel between the two layers disappears.
+//            For relu the derivative comes from x itself (x > 0 where yc + bc > 0; yc may then be null).
 // F <= ST_WF; the launcher checks the shapes, the limits and that the indices fit in 32 bits.
 #define ST_WF 16
 #define ST_WK 256
@@ -484,11 +488,18 @@ __device__ void wide_fwd(const T* __restrict__ x, const T* __restrict__ w, const
 template <typename T>
 __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, const T* __restrict__ b,
                          const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ dx, T* __restrict__ dw,
-                         T* __restrict__ db, int M, int K, int F, int ysm, int ysf, int act) {
+                         T* __restrict__ db, int M, int K, int F, int ysm, int ysf, int act, int P,
+                         const T* __restrict__ yc, const T* __restrict__ bc, int actc) {
     __shared__ T gs[ST_WBM][ST_WF];
     __shared__ T red[ST_WBG - 1][ST_WF][ST_WBC];
     const int col = threadIdx.x % ST_WBC, grp = threadIdx.x / ST_WBC, k = blockIdx.x * ST_WBC + col;
     const bool ones = k == K && db != nullptr, in_x = k < K;   // column K: the bias gradient
+    // where this column's dx[m] goes: m * K + k, or in the convolution's layout (k = o * P + p) o * M * P + m * P + p
+    const int co = P > 0 ? k / P : 0, dx_row = P > 0 ? P : K;
+    const int dx_col = P > 0 ? co * M * P + (k - co * P) : k;
+    const T cb = P > 0 && in_x && bc != nullptr ? bc[co] : T(0);
+    const bool relu_x = actc == ST_ACT_RELU, read_x = in_x && (dw != nullptr || (relu_x && dx != nullptr));
+    const bool read_y = actc != ST_ACT_NONE && !relu_x && in_x && dx != nullptr;
     T wv[ST_WF], acc[ST_WF];
 #pragma unroll
     for (int f = 0; f < ST_WF; ++f) {
@@ -498,11 +509,12 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
     constexpr int RT = ST_WBM / ST_WBG;   // rows per thread and stage
     for (int m0 = 0; m0 < M; m0 += ST_WBM) {
         const int n = min(ST_WBM, M - m0);
-        T xv[RT];   // this stage's x first, all at once (HBM latency), then g's rows while they load
+        T xv[RT], yv[RT];   // this stage's x (and yc) first, all at once (memory latency), then g's rows
 #pragma unroll
         for (int t = 0; t < RT; ++t) {
             const int i = grp + t * ST_WBG;
-            xv[t] = i >= n ? T(0) : ones ? T(1) : in_x && dw != nullptr ? x[(m0 + i) * K + k] : T(0);
+            xv[t] = i >= n ? T(0) : ones ? T(1) : read_x ? x[(m0 + i) * K + k] : T(0);
+            yv[t] = read_y && i < n ? yc[(m0 + i) * dx_row + dx_col] : T(0);
         }
         __syncthreads();   // the previous rows are consumed
         for (int e = threadIdx.x; e < ST_WBM * ST_WF; e += ST_WTHREADS) {
@@ -525,7 +537,10 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
                 acc[f] += g * xv[t];
                 s += g * wv[f];
             }
-            if (dx != nullptr && in_x && i < n) dx[(m0 + i) * K + k] = s;
+            if (dx != nullptr && in_x && i < n) {
+                const int at = (m0 + i) * dx_row + dx_col;
+                dx[at] = relu_x ? (xv[t] <= T(0) ? T(0) : s) : read_y ? act_bwd(s, yv[t] + cb, actc) : s;
+            }
         }
     }
     if (dw == nullptr && db == nullptr) return;
@@ -570,8 +585,8 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_WTHREADS)                                                      \
     wide_bwd_##S(const T* dout, const T* y, const T* b, const T* x, const T* w, T* dx, T* dw, T* db, int M, int K, \
-                 int F, int ysm, int ysf, int act) {                                                               \
-        wide_bwd<T>(dout, y, b, x, w, dx, dw, db, M, K, F, ysm, ysf, act);                                         \
+                 int F, int ysm, int ysf, int act, int P, const T* yc, const T* bc, int actc) {                    \
+        wide_bwd<T>(dout, y, b, x, w, dx, dw, db, M, K, F, ysm, ysf, act, P, yc, bc, actc);                        \
     }
 ST_LINEAR(float, f32)
 ST_LINEAR(double, f64)
