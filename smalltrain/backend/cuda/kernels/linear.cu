@@ -462,25 +462,45 @@ __device__ void wide_fwd(const T* __restrict__ x, const T* __restrict__ w, const
     if (threadIdx.x == 0) ticket = atomicAdd(&counters[blockIdx.y], 1u);
     __syncthreads();
     if (ticket != (unsigned)chunks - 1) return;
-    for (int e = threadIdx.x; e < ST_WROWS * F; e += ST_WTHREADS) {
-        const int r = r0 + e / F, f = e % F;
-        if (r >= M) break;
-        // in chunk order, 8 loads in flight at a time (L2: the other blocks wrote them)
-        const T* p = part + r * F + f;
-        const int stride = M * F;
-        T v = T(0);
-        int c = 0;
-        for (; c + 8 <= chunks; c += 8) {
-            T t[8];
+    // each thread adds up to PER of the group's outputs (e = threadIdx.x + j * ST_WTHREADS; part[c] holds the
+    // group's rows contiguous from r0 * F), in chunk order, U chunks of each at a time: PER * U loads in flight (L2:
+    // the other blocks wrote them), so that the last block waits on few round trips
+    constexpr int PER = (ST_WROWS * ST_WF + ST_WTHREADS - 1) / ST_WTHREADS, U = 16;
+    const int outputs = min(ST_WROWS, M - r0) * F, stride = M * F;
+    const T* p = part + r0 * F;
+    T v[PER];
+    bool live[PER];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) t[u] = __ldcg(p + (c + u) * stride);
+    for (int j = 0; j < PER; ++j) {
+        live[j] = threadIdx.x + j * ST_WTHREADS < outputs;
+        v[j] = T(0);
+    }
+    int c = 0;
+    for (; c + U <= chunks; c += U) {
+        T t[PER][U];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) v += t[u];
-        }
-        for (; c < chunks; ++c) v += __ldcg(p + c * stride);
-        if (y != nullptr) y[r * F + f] = v;
-        if (b != nullptr) v += b[f];
-        out[r * F + f] = act_fwd(v, act);
+        for (int j = 0; j < PER; ++j)
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                t[j][u] = live[j] ? __ldcg(p + (c + u) * stride + threadIdx.x + j * ST_WTHREADS) : T(0);
+#pragma unroll
+        for (int j = 0; j < PER; ++j)
+#pragma unroll
+            for (int u = 0; u < U; ++u) v[j] += t[j][u];
+    }
+    for (; c < chunks; ++c) {
+#pragma unroll
+        for (int j = 0; j < PER; ++j)
+            if (live[j]) v[j] += __ldcg(p + c * stride + threadIdx.x + j * ST_WTHREADS);
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        if (!live[j]) continue;
+        const int e = r0 * F + threadIdx.x + j * ST_WTHREADS, f = e % F;
+        T val = v[j];
+        if (y != nullptr) y[e] = val;
+        if (b != nullptr) val += b[f];
+        out[e] = act_fwd(val, act);
     }
     if (threadIdx.x == 0) counters[blockIdx.y] = 0u;
 }
