@@ -52,6 +52,12 @@ def _scale(g, reduction, denom, shape):
         return g if reduction == "sum" else g / denom
 
 
+def _weighted_scale(ctx, dout):
+    """_scale of an elementwise loss's backward (ctx.reduction, ctx.n), times its per-element weight ctx.w if any."""
+    s = _scale(dout.array, ctx.reduction, ctx.n, dout.array.shape)
+    return s if ctx.w is None else s * ctx.w
+
+
 # ---- class-index targets: shared layout and checks -----------------------------------------------------------
 
 def _class_layout(op, a, t, weight):
@@ -265,9 +271,7 @@ class _Elementwise(Function):
 
     @staticmethod
     def backward(ctx, dout):
-        s = _scale(dout.array, ctx.reduction, ctx.n, dout.array.shape)
-        if ctx.w is not None:
-            s = s * ctx.w
+        s = _weighted_scale(ctx, dout)
         dx = ctx.fn.bwd(xp_of(dout.array), s, ctx.saved)
         return dx, (-dx if ctx.needs_input_grad[1] else None), None, None
 
@@ -351,9 +355,7 @@ class BinaryCrossEntropy(Function):
 
     @staticmethod
     def backward(ctx, dout):
-        s = _scale(dout.array, ctx.reduction, ctx.n, dout.array.shape)
-        if ctx.w is not None:
-            s = s * ctx.w
+        s = _weighted_scale(ctx, dout)
         a = ctx.a
         with _quiet():
             dx = s * (a - ctx.b) / xp_of(a).maximum((1 - a) * a, _EPS12)
@@ -377,9 +379,7 @@ class BinaryCrossEntropyWithLogits(Function):
 
     @staticmethod
     def backward(ctx, dout):
-        s = _scale(dout.array, ctx.reduction, ctx.n, dout.array.shape)
-        if ctx.w is not None:
-            s = s * ctx.w
+        s = _weighted_scale(ctx, dout)
         a, b, pw = ctx.a, ctx.b, ctx.pw
         sig = _stable_sigmoid(xp_of(a), a)
         dx = s * (sig - b if pw is None else ctx.lw * sig - pw * b)

@@ -61,26 +61,30 @@ def _check_float(op, a):
 class Var(Function):
     @staticmethod
     def forward(ctx, x, dim=None, correction=1, keepdim=False):
-        a = x.array
-        _check_float("var", a)
-        axes = normalize_dims("var", dim, a.ndim)
-        out, ctx.centered, ctx.denom = _var(a, axes, correction, keepdim)
-        ctx.axes, ctx.keepdim = axes, keepdim
-        return out
+        return _var(ctx, "var", x.array, dim, correction, keepdim)
 
     @staticmethod
     def backward(ctx, dout):
-        g = _expand_back(dout.array, ctx.centered.shape, ctx.axes, ctx.keepdim)
-        scale = 2 / ctx.denom if ctx.denom else math.inf
-        return g * scale * ctx.centered, None, None, None
+        return _var_grad(ctx, dout.array), None, None, None
 
 
-def _var(a, axes, correction, keepdim):
+def _var(ctx, op, a, dim, correction, keepdim):
+    """var(a) over dim, checked as `op`; keeps what _var_grad reads (the centered input, the divisor, the dims)."""
+    _check_float(op, a)
+    axes = normalize_dims(op, dim, a.ndim)
     n = math.prod([a.shape[i] for i in axes])
     with np.errstate(divide="ignore", invalid="ignore"):
         centered = a - a.mean(axis=axes, keepdims=True)
         denom = n - correction if n > correction else 0  # (the builtin max is shadowed here)
-        return (centered * centered).sum(axis=axes, keepdims=keepdim) / denom, centered, denom
+        ctx.centered, ctx.denom, ctx.axes, ctx.keepdim = centered, denom, axes, keepdim
+        return (centered * centered).sum(axis=axes, keepdims=keepdim) / denom
+
+
+def _var_grad(ctx, g):
+    """d var / d a times g (g: the gradient of var's output)."""
+    g = _expand_back(g, ctx.centered.shape, ctx.axes, ctx.keepdim)
+    scale = 2 / ctx.denom if ctx.denom else math.inf
+    return g * scale * ctx.centered
 
 
 class Std(Function):
@@ -88,12 +92,7 @@ class Std(Function):
 
     @staticmethod
     def forward(ctx, x, dim=None, correction=1, keepdim=False):
-        a = x.array
-        _check_float("std", a)
-        axes = normalize_dims("std", dim, a.ndim)
-        v, ctx.centered, ctx.denom = _var(a, axes, correction, keepdim)
-        ctx.out = xp_of(a).sqrt(v)
-        ctx.axes, ctx.keepdim = axes, keepdim
+        ctx.out = xp_of(x.array).sqrt(_var(ctx, "std", x.array, dim, correction, keepdim))
         return ctx.out
 
     @staticmethod
@@ -101,9 +100,7 @@ class Std(Function):
         xp = xp_of(dout.array)
         with np.errstate(divide="ignore", invalid="ignore"):
             gv = xp.where(ctx.out == 0, 0, dout.array / (2 * ctx.out))
-        g = _expand_back(gv, ctx.centered.shape, ctx.axes, ctx.keepdim)
-        scale = 2 / ctx.denom if ctx.denom else math.inf
-        return g * scale * ctx.centered, None, None, None
+        return _var_grad(ctx, gv), None, None, None
 
 
 class MaxMin(Function):
