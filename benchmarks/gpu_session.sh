@@ -20,9 +20,11 @@ if stage tests; then
   timeout ${T_TESTS:-300} python3 -m pytest -v -p no:cacheprovider -n 8 --durations=10 ${TESTS:-tests} > "$OUT/pytest.log" 2>&1
   grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/pytest.log" | sort -u | head -20; tail -1 "$OUT/pytest.log"
 fi
-stage bench && timeout ${T_BENCH:-100} python3 -m smalltrain bench --device cuda --no-torch-compile 2>&1 | tail -12 | tee "$OUT/bench.txt"
-stage compile && timeout ${T_COMPILE:-200} python3 -m smalltrain bench --device cuda --modes torch-compile torch-reduce-overhead 2>&1 \
-  | tail -8 | tee "$OUT/bench_torch_compile.txt"
+# the whole output kept (the table's rows start after the header lines), its table printed
+stage bench && { timeout ${T_BENCH:-100} python3 -m smalltrain bench --device cuda --no-torch-compile > "$OUT/bench.txt" 2>&1
+  sed -n '/^model:batch/,$p' "$OUT/bench.txt"; }
+stage compile && { timeout ${T_COMPILE:-200} python3 -m smalltrain bench --device cuda --modes torch-compile torch-reduce-overhead \
+  > "$OUT/bench_torch_compile.txt" 2>&1; sed -n '/^model:batch/,$p' "$OUT/bench_torch_compile.txt"; }
 stage speedrun && for seed in 0 1 2; do
   timeout 40 python3 -m smalltrain bench --speedrun --seed $seed 2>&1 | grep -E "^(speedrun|warm-up|eval|reached|did not)"
 done | tee "$OUT/speedrun.txt"
