@@ -95,7 +95,8 @@ def linear_fusable(modules, i):
 
 def layer_act_linear(layer, x, activation, flatten, linear):
     """linear(flatten(activation(layer(x)))): one fused op (its backward one kernel fewer) when x is a batched CUDA
-    tensor and the layers are those _conv_and_linear names; else the modules one by one."""
+    tensor and the layers are an unhooked zero-padded Conv2d, Flatten() and an unhooked Linear; else the modules
+    one by one."""
     if not (isinstance(x, Tensor) and x.is_cuda and x.ndim == 4 and _conv_and_linear(layer, flatten, linear)):
         return linear(flatten(layer_act(layer, x, activation)))
     return conv2d_act_linear(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups,
