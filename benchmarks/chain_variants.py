@@ -237,7 +237,7 @@ def main():
         x = cp.asarray(rng.standard_normal((m, widths[0])).astype(np.float32))
         dout = cp.asarray(rng.standard_normal((m, widths[-1])).astype(np.float32))
         # the per-layer path (what the chain replaces): 3 linear_fwd, 3 linear_bwd
-        outs, saved = [], []
+        saved = []
         h = x
         for w, b, a in zip(ws, bs, acts):
             h, s = L.linear_act_forward(h, w, b, a)

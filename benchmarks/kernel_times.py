@@ -58,7 +58,11 @@ def main():
     p.add_argument("--config", default="lenet5:512")
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--summarize", metavar="CSV")
+    p.add_argument("--set", action="append", metavar="MODULE.NAME=VALUE",
+                   help="set a module-level knob first, e.g. smalltrain.backend.cuda.conv.TC_CONV=True (repeatable)")
     args = p.parse_args()
+    from common import apply_settings
+    apply_settings(args.set)
     if args.summarize:
         summarize(args.summarize)
     else:
