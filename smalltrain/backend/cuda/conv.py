@@ -591,10 +591,9 @@ def _sm_count():
 
 def _wgrad_kernel(saved, itemsize):
     """Which kernel computes dw (and db) from the input x the forward kept: 'tile' (tile_wgrad) where its plan fits,
-    else 'igemm' (igemm_wgrad) where its best
-    tile is at least IGEMM_WGRAD_MIN_USE used (O*(K+1) over the tiles' area) or the tiled kernel does not take the
-    convolution, else 'tiled' (wgrad_partial, _direct_wgrad's rule); None for cuBLAS over the cols matrix (kept by
-    the forward, or made from x)."""
+    else 'igemm' (igemm_wgrad) where its best tile is at least IGEMM_WGRAD_MIN_USE used (O*(K+1) over the tiles'
+    area) or the tiled kernel does not take the convolution, else 'tiled' (wgrad_partial, _direct_wgrad's rule);
+    None for cuBLAS over the cols matrix (kept by the forward, or made from x)."""
     if saved.x is None:
         return None
     if _tile_wgrad_plan(saved, itemsize) is not None:
