@@ -247,11 +247,16 @@ class Tensor:
         return self
 
     # ---- autograd --------------------------------------------------------------------------------------------
-    def _seed_grad(self, gradient):
+    def _seed_grad(self, gradient, unit=False):
+        """The seed gradient as an array; unit=True: ones not made yet (autograd.engine.UNIT_SEED) where no
+        gradient is given."""
         if gradient is None:
             if self.array.size != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs (got shape "
                                    f"{list(self.array.shape)}); pass backward(gradient=...)")
+            if unit:
+                from .autograd.engine import UNIT_SEED
+                return UNIT_SEED
             from .backend import get_array_module
             return get_array_module(self.array).ones(self.array.shape, self.array.dtype)
         g = gradient.array if isinstance(gradient, Tensor) else np.asarray(gradient)
@@ -269,7 +274,7 @@ class Tensor:
         from .autograd.engine import run_backward
         if isinstance(inputs, Tensor):
             inputs = (inputs,)
-        run_backward((self,), (self._seed_grad(gradient),), bool(retain_graph), inputs)
+        run_backward((self,), (self._seed_grad(gradient, unit=True),), bool(retain_graph), inputs)
 
     def register_hook(self, hook):
         """Call hook(grad) when this tensor's gradient is computed; a returned tensor replaces the gradient."""

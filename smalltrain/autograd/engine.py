@@ -49,6 +49,29 @@ def _zeros(meta):
     return cuda.cupy().zeros(shape, dtype)
 
 
+class _UnitSeed:
+    """The seed of `loss.backward()` without a gradient: ones of the loss's shape, not made yet. A node whose
+    function has `backward_unit(ctx)` (the gradients of its inputs for an output gradient of ones, or
+    NotImplemented) is asked for those directly, so neither the ones nor, where the op prepared them in its
+    forward, the scaling kernel runs (cross-entropy on CUDA); any other node gets the ones materialized."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "UNIT_SEED"
+
+
+UNIT_SEED = _UnitSeed()
+
+
+def _ones(meta):
+    shape, dtype, array_type = meta
+    if array_type is np.ndarray:
+        return np.ones(shape, dtype)
+    from ..backend import cuda
+    return cuda.cupy().ones(shape, dtype)
+
+
 def _exclusive(g, taken):
     """True when g's memory belongs to g alone and no other leaf took it in this pass, so .grad may be g itself.
 
@@ -102,9 +125,12 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
     only = None if inputs is None else {id(t) for t in inputs}
     # memory a leaf may not take as its .grad: the caller's seed gradients (and, as the pass goes, taken ones)
     taken = {id(g.base if g.base is not None else g) for g in grad_tensors if hasattr(g, "base")}
-    pending = {}   # id(node) -> list of output gradients (arrays or None)
+    pending = {}   # id(node) -> list of output gradients (arrays, UNIT_SEED or None)
     roots = []
     for t, g in zip(tensors, grad_tensors):
+        # only a lone root made by a one-output function keeps it unmade
+        if g is UNIT_SEED and (t._ctx is None or len(tensors) > 1 or len(t._ctx.out_meta) != 1):
+            g = _ones((t.array.shape, t.array.dtype, type(t.array)))
         if t._ctx is None:
             if t.requires_grad and (only is None or id(t) in only):
                 _accumulate_leaf(t, g)
@@ -123,9 +149,15 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
                 continue
             if node.freed:
                 _ = node.saved_tensors   # raises the torch-style "backward through the graph a second time"
+            unit = grads[0] is UNIT_SEED
+            if unit and (node.out_hooks or getattr(node.fn, "backward_unit", None) is None):
+                grads[0], unit = _ones(node.out_meta[0]), False
             if node.out_hooks:
                 _run_tensor_hooks(node, grads)
-            in_grads = _call_backward(node, grads)
+            in_grads = node.fn.backward_unit(node) if unit else None
+            if in_grads is NotImplemented:   # the function has nothing prepared this time: ones after all
+                grads[0], unit = _ones(node.out_meta[0]), False
+            in_grads = _check_in_grads(node, in_grads) if unit else _call_backward(node, grads)
             if not retain_graph:
                 _free(node)
             for t, g in zip(node.inputs, in_grads):
@@ -166,7 +198,11 @@ def _call_backward(node, grads):
                  for g, m in zip(grads, node.out_meta)]
     else:
         grads = [None if g is None else Tensor._wrap(g) for g in grads]
-    in_grads = node.fn.backward(node, *grads)
+    return _check_in_grads(node, node.fn.backward(node, *grads))
+
+
+def _check_in_grads(node, in_grads):
+    """A backward's result as a tuple of one gradient per forward input (torch's errors otherwise)."""
     if not isinstance(in_grads, (tuple, list)):
         in_grads = (in_grads,)
     n = len(node.inputs)

@@ -140,6 +140,16 @@ class CrossEntropy(Function):
         return _reduce(loss.reshape(out_shape), reduction, ctx.denom)
 
     @staticmethod
+    def backward_unit(ctx):
+        """The gradient for `loss.backward()` without a gradient (autograd.engine.UNIT_SEED): on CUDA the forward's
+        last block wrote it where the input was small (cuda_loss.cross_entropy_forward), so no kernel runs here."""
+        saved = getattr(ctx, "kernel_saved", None)
+        if saved is None or saved.unit is None:
+            return NotImplemented
+        dx, saved.unit = saved.unit, None   # handed out once: a retained graph's next pass runs backward
+        return dx, None
+
+    @staticmethod
     def backward(ctx, dout):
         if hasattr(ctx, "kernel_saved"):
             return cuda_loss.cross_entropy_backward(dout.array, ctx.kernel_saved), None

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import smalltrain as st
+from smalltrain.autograd import Function
 from smalltrain.testing import assert_close, golden
 
 
@@ -210,3 +211,71 @@ def test_leaf_gradients_never_alias_each_other_or_the_seed():
     assert w.grad.tolist() == [[1.0, 1.0], [1.0, 1.0]] and x.grad.tolist() == [[3.0, 7.0]]
     (x @ w).sum().backward()   # accumulation into a taken array works like into a copied one
     assert w.grad.tolist() == [[2.0, 2.0], [2.0, 2.0]]
+
+
+class _Square(Function):
+    """x^2 summed, with backward_unit: counts which of its two backward paths the engine took."""
+    calls = []
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return (x.array * x.array).sum()
+
+    @staticmethod
+    def backward(ctx, dout):
+        _Square.calls.append("backward")
+        (x,) = ctx.saved_tensors
+        return 2 * x.array * dout.array
+
+    @staticmethod
+    def backward_unit(ctx):
+        _Square.calls.append("unit")
+        if getattr(ctx, "decline", False):
+            return NotImplemented
+        (x,) = ctx.saved_tensors
+        return 2 * x.array
+
+
+def _square(device, decline=False):
+    x = st.tensor(np.array([1.0, -2.0, 3.0], np.float32), device=device, requires_grad=True)
+    _Square.calls.clear()
+    y = _Square.apply(x)
+    y.grad_fn.decline = decline
+    return x, y
+
+
+def test_backward_without_a_gradient_asks_the_loss_op_for_its_unit_gradient(device):
+    """loss.backward() makes no ones where the root's function has backward_unit; an explicit gradient, a hook on
+    the root, and NotImplemented from backward_unit all take backward with the ones materialized."""
+    want = np.array([2.0, -4.0, 6.0], np.float32)
+    x, y = _square(device)
+    y.backward()
+    assert _Square.calls == ["unit"] and np.array_equal(x.grad.cpu().numpy(), want)
+    x, y = _square(device)
+    y.backward(st.tensor(np.float32(1.0), device=device))
+    assert _Square.calls == ["backward"] and np.array_equal(x.grad.cpu().numpy(), want)
+    x, y = _square(device, decline=True)
+    y.backward()
+    assert _Square.calls == ["unit", "backward"] and np.array_equal(x.grad.cpu().numpy(), want)
+    x, y = _square(device)
+    seen = []
+    y.register_hook(lambda g: seen.append(g.cpu().numpy().tolist()))
+    y.backward()
+    assert seen == [1.0] and _Square.calls == ["backward"] and np.array_equal(x.grad.cpu().numpy(), want)
+    x, y = _square(device)
+    y.backward(retain_graph=True)
+    y.backward()
+    assert _Square.calls == ["unit", "unit"] and np.array_equal(x.grad.cpu().numpy(), 2 * want)
+
+
+def test_unit_seed_is_materialized_for_leaves_several_roots_and_functions_without_it(device):
+    leaf = st.tensor(np.float32(2.0), device=device, requires_grad=True)
+    leaf.backward()
+    assert float(leaf.grad.cpu().numpy()) == 1.0
+    x = st.tensor(np.array([1.0, 2.0], np.float32), device=device, requires_grad=True)
+    (x * 3).sum().backward()   # Sum has no backward_unit: ones as before
+    assert np.array_equal(x.grad.cpu().numpy(), [3.0, 3.0])
+    v, _ = st.max(x * x, dim=0)   # a root made by a two-output function
+    v.backward()
+    assert np.array_equal(x.grad.cpu().numpy(), [3.0, 7.0])

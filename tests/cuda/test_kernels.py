@@ -841,6 +841,48 @@ def test_cross_entropy_forward_and_reduction_in_one_launch(rows, reduction, rng)
     assert np.array_equal(loss.get(), again.get(), equal_nan=True)   # one row, ignored: 'mean' is NaN
     from smalltrain.backend.cuda import _common
     assert int(_common.device_counters("cross_entropy", 1)[0]) == 0
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("shape,weighted,smoothing", [((64, 10), False, 0.0), ((7, 5, 3), True, 0.1),
+                                                      ((3, 4), True, 0.0)])
+def test_cross_entropy_writes_the_unit_gradient_for_small_inputs(shape, weighted, smoothing, reduction, rng,
+                                                                 monkeypatch):
+    """Up to CE_UNIT_MAX elements the forward's last block also writes backward's dx for a loss gradient of 1:
+    bit-equal to cross_entropy_backward with ones (ignored rows exactly 0); larger inputs and 'none' write none."""
+    from smalltrain.backend.cuda import loss as loss_kernels
+    x = rng.standard_normal(shape).astype(np.float32)
+    t = rng.integers(0, shape[1], (shape[0],) + shape[2:])
+    t.reshape(-1)[::4] = -100
+    w = g(rng.uniform(0.5, 2, shape[1]).astype(np.float32)) if weighted else None
+    _, saved = ops.cross_entropy_forward(g(x), g(t), w, reduction=reduction, label_smoothing=smoothing)
+    want = ops.cross_entropy_backward(cp.ones((), cp.float32), saved)
+    assert saved.unit is not None and cp.array_equal(saved.unit, want)
+    assert float(cp.abs(want).max()) > 0 and not cp.isnan(want).any()
+    _, none = ops.cross_entropy_forward(g(x), g(t), w, reduction="none")
+    assert none.unit is None
+    monkeypatch.setattr(loss_kernels, "CE_UNIT_MAX", x.size - 1)
+    assert ops.cross_entropy_forward(g(x), g(t), w, reduction=reduction)[1].unit is None
+
+
+def test_loss_backward_without_a_gradient_runs_no_kernel_after_cross_entropy(rng):
+    """F.cross_entropy(...).backward() takes the forward's unit gradient (autograd.engine.UNIT_SEED): the same
+    gradients as backward with an explicit 1, and a retained graph's second pass scales again."""
+    import smalltrain as st
+    from smalltrain.nn import functional as F
+    x0 = rng.standard_normal((64, 10)).astype(np.float32)
+    t = st.tensor(rng.integers(0, 10, 64), device="cuda")
+    grads = []
+    for seed in (None, st.tensor(np.float32(1.0), device="cuda")):
+        x = st.tensor(x0, device="cuda", requires_grad=True)
+        loss = F.cross_entropy(x * 2, t)
+        unit = loss.grad_fn.kernel_saved.unit
+        loss.backward(seed, retain_graph=True)
+        assert (loss.grad_fn.kernel_saved.unit is None) == (seed is None) and unit is not None
+        grads.append(x.grad.cpu().numpy().copy())
+        loss.backward(seed)
+        assert np.array_equal(x.grad.cpu().numpy(), 2 * grads[-1])
+    assert np.array_equal(grads[0], grads[1])
+
+
 def test_cross_entropy_replays_as_a_cuda_graph(rng):
     """Forward + backward captured once (the host-side target check must skip itself while capturing), then
     replayed on new logits written into the same buffer."""

@@ -71,13 +71,14 @@ def log_softmax_backward(dout, saved):
 class CrossEntropySaved:
     """grad: d(unreduced loss)/d(input), input-shaped; wsum: the 0-d sum of target weights (the 'mean' divisor);
     reduction; target_shape (the 'none' loss shape); target (contiguous) and ignore_index, whose rows backward
-    zeroes."""
+    zeroes; unit: backward's dx for a loss gradient of 1, written by the forward where the input is small, or None."""
     grad: object
     wsum: object
     reduction: str
     target_shape: tuple
     target: object = None
     ignore_index: int = -100
+    unit: object = None
 
 
 def _ce_validate(x, target, weight, reduction, label_smoothing):
@@ -117,6 +118,8 @@ def _ce_validate(x, target, weight, reduction, label_smoothing):
     return c
 
 
+# cross_entropy_forward also writes the gradient for a loss gradient of 1 (in its last block) up to this many elements
+CE_UNIT_MAX = 1 << 14
 _bad_flags = {}   # device id -> a 1-element int32 device array, 0 between calls
 
 
@@ -145,7 +148,9 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     forward kernel flags them and the flag is read back from the GPU (one small copy, which waits for the kernels
     queued before it); None (the default) checks except while a CUDA graph is being captured. Unchecked, such rows
     give NaN (never an out-of-bounds read).
-    compute_grad: also write the gradient (what backward scales). Returns (loss, CrossEntropySaved).
+    compute_grad: also write the gradient (what backward scales), and for 'mean' / 'sum' over at most
+    CE_UNIT_MAX elements the gradient for a loss gradient of 1 too (saved.unit: `loss.backward()` then runs no
+    kernel, ops/loss.py CrossEntropy.backward_unit). Returns (loss, CrossEntropySaved).
     """
     c = _ce_validate(x, target, weight, reduction, float(label_smoothing))
     cp = cupy()
@@ -160,7 +165,7 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
         grad = cp.empty(x.shape, dtype=x.dtype) if compute_grad else None
         args = (x, target, ptr(weight), loss_rows, wt_rows, ptr(grad), i64(rows), i64(c), i64(inner),
                 i64(ignore_index), scalar(label_smoothing, x.dtype), ptr(flag))
-        wsum = None
+        wsum = unit = None
         counter = device_counters("cross_entropy", 1) if reduction != "none" and rows else None
         if reduction == "none":
             launch_rows("loss", "cross_entropy_fwd", x.dtype, rows, args)
@@ -172,8 +177,9 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
             if counter is not None:   # one launch: the last block adds the blocks' sums
                 grid = rows_grid(rows)
                 partial = cp.empty(2 * grid, dtype=x.dtype)
+                unit = cp.empty_like(grad) if grad is not None and grad.size <= CE_UNIT_MAX else None
                 get("loss", "cross_entropy_fwd_reduce", x.dtype)((grid,), (BLOCK,), args + (
-                    partial, counter, i32(mean), loss, ptr(wsum)))
+                    partial, counter, i32(mean), loss, ptr(wsum), ptr(unit)))
             else:   # no rows, or a capture before the counter exists
                 launch_rows("loss", "cross_entropy_fwd", x.dtype, rows, args)
                 get("loss", "cross_entropy_reduce", x.dtype)((1,), (1024,), (loss_rows, wt_rows, i64(rows),
@@ -182,7 +188,7 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
         # only on failure
         if flag is not None and flag.get()[0]:
             _raise_bad_target(target, ignore_index, c, flag)
-    return loss, CrossEntropySaved(grad, wsum, reduction, tuple(target.shape), target, int(ignore_index))
+    return loss, CrossEntropySaved(grad, wsum, reduction, tuple(target.shape), target, int(ignore_index), unit)
 
 
 def cross_entropy_backward(dout, saved):

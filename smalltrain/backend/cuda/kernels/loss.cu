@@ -14,7 +14,9 @@
 //   cross_entropy_fwd_reduce: cross_entropy_fwd and the 'mean' / 'sum' reduction in one launch: each block sums
 //     the losses (and weights) of the rows it computed into partial[2 * block], and the block that finishes last (a
 //     ticket from *counter, which it resets to 0) adds the blocks' sums in block order: deterministic, no atomics on
-//     the values. (Another summation order than cross_entropy_reduce's: the same value up to rounding.)
+//     the values. (Another summation order than cross_entropy_reduce's: the same value up to rounding.) With
+//     unit, the last block also writes cross_entropy_bwd's dx for a loss gradient of 1 (the launcher's choice for
+//     small inputs), so that `loss.backward()` needs no kernel.
 //   cross_entropy_bwd: dx = grad * scale[r * scale_stride] / (*wsum if wsum else 1) (scale_stride 0: dout), and
 //     exactly 0 in rows whose target is ignore_index, as torch, even where the scale is inf or NaN ('mean' with
 //     every target ignored divides by a zero total weight).
@@ -160,7 +162,7 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
                                   T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C,
                                   i64 inner, i64 ignore_index, T ls, int* __restrict__ bad, T* __restrict__ partial,
                                   unsigned* __restrict__ counter, int mean, T* __restrict__ out,
-                                  T* __restrict__ wsum) {
+                                  T* __restrict__ wsum, T* __restrict__ unit) {
     __shared__ unsigned ticket;
     T l = T(0), wv = T(0);
     ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv);
@@ -187,6 +189,14 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
         if (mean) wsum[0] = wv;
         *counter = 0u;
     }
+    if (unit == nullptr) return;
+    // backward's dx for a loss gradient of 1, as ce_backward computes it (grad * (1 / wsum), 0 where ignored)
+    const T scale = T(1) / (mean ? wv : T(1));
+    const i64 n = rows / inner * C * inner;
+    for (i64 k = threadIdx.x; k < n; k += blockDim.x) {
+        const i64 r = (k / (C * inner)) * inner + k % inner;
+        unit[k] = target[r] == ignore_index ? T(0) : __ldcg(grad + k) * scale;
+    }
 }
 
 #define ST_LOSS(T, S)                                                                                               \
@@ -210,9 +220,9 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_fwd_reduce_##S(                                                        \
         const T* x, const i64* target, const T* w, T* loss, T* wt, T* grad, i64 rows, i64 C, i64 inner,             \
-        i64 ignore_index, T ls, int* bad, T* partial, unsigned* counter, int mean, T* out, T* wsum) {               \
+        i64 ignore_index, T ls, int* bad, T* partial, unsigned* counter, int mean, T* out, T* wsum, T* unit) {      \
         ce_forward_reduce<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, partial, counter, \
-                             mean, out, wsum);                                                                      \
+                             mean, out, wsum, unit);                                                                \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_bwd_##S(const T* grad, const i64* target, i64 ignore_index,            \
                                                      const T* scale, i64 scale_stride, const T* wsum, T* dx,        \
