@@ -273,6 +273,18 @@ def test_wide_layer_rule_and_chunks(monkeypatch):
         assert kchunk % 256 == 0 and (chunks - 1) * kchunk < k <= chunks * kchunk, (m, k)
 
 
+def test_pool_tiles_exactly():
+    """pool._tiles_exactly, the tiled max_pool2d_backward_act's rule (no GPU needed): kernel == stride, no padding
+    or dilation, every input row and column in a window, 32-bit indices."""
+    from smalltrain.backend.cuda import pool
+    assert pool._tiles_exactly((64, 6, 24, 24), (2, 2), (2, 2), (0, 0), (1, 1), (12, 12))     # LeNet-5's
+    assert pool._tiles_exactly((2, 3, 9, 12), (3, 3), (3, 3), (0, 0), (1, 1), (3, 4))
+    assert not pool._tiles_exactly((2, 3, 9, 10), (2, 2), (2, 2), (0, 0), (1, 1), (4, 5))      # a row left over
+    assert not pool._tiles_exactly((2, 3, 8, 8), (3, 3), (2, 2), (1, 1), (1, 1), (4, 4))       # overlapping
+    assert not pool._tiles_exactly((2, 3, 8, 8), (2, 2), (2, 2), (0, 0), (2, 2), (2, 2))       # dilated
+    assert not pool._tiles_exactly((2 ** 16, 64, 32, 32), (2, 2), (2, 2), (0, 0), (1, 1), (16, 16))   # 2^32 inputs
+
+
 def test_every_chain_variant_is_instantiated():
     from smalltrain.backend.cuda import linear
     src = loader.read_source(os.path.join(loader.KERNEL_DIR, "linear.cu"))

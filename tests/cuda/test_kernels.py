@@ -678,6 +678,36 @@ def test_conv_act_pool_backward(activation, dtype, rng):
         ops.conv2d_backward(None, csaved, g=gact[:, :9])
 
 
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,pool", [((4, 6, 24, 24), (2, 2, 0)), ((3, 16, 8, 8), (2, 2, 0)),   # LeNet-5's
+                                        ((2, 3, 9, 12), (3, 3, 0)), ((2, 3, 9, 10), (2, 2, 0)),    # 9 rows: gather
+                                        ((2, 3, 8, 8), (3, 2, 1))])                                 # overlapping
+def test_pool_backward_act_by_windows_equals_the_gather(shape, pool, activation, dtype, rng, monkeypatch):
+    """Where the windows tile the input, max_pool2d_backward_act runs a thread per window (the tiled kernel):
+    bit-equal to the gather kernel on the same inputs (ties and the activation's derivative included); elsewhere
+    the gather runs."""
+    from smalltrain.backend.cuda import pool as pool_kernels
+    n, c, h, w = shape
+    x = rng.standard_normal(shape).astype(dtype)
+    x[..., ::3, ::2] = x[..., 1::3, ::2][..., : x[..., ::3, ::2].shape[-2], :]   # equal values: ties in windows
+    y = g(rng.standard_normal((c, n * h * w)).astype(dtype))
+    bias = g(rng.standard_normal(c).astype(dtype))
+    k, s, p = pool
+    pooled, _, saved = ops.max_pool2d_forward(g(x), k, s, p)
+    dpool = g(rng.standard_normal(pooled.shape).astype(dtype))
+    launched = []
+    real_launch = pool_kernels.launch
+    monkeypatch.setattr(pool_kernels, "launch", lambda fam, name, *a: launched.append(name) or real_launch(fam, name,
+                                                                                                        *a))
+    tiled = ops.max_pool2d_backward_act(dpool, saved, y if activation else None, bias, activation)
+    monkeypatch.setattr(pool_kernels, "POOL_TILED", False)
+    gathered = ops.max_pool2d_backward_act(dpool, saved, y if activation else None, bias, activation)
+    exact = k == s and p == 0 and h % k == 0 and w % k == 0
+    assert launched == ["max_pool2d_bwd_act_tiled" if exact else "max_pool2d_bwd_act", "max_pool2d_bwd_act"]
+    assert cp.array_equal(tiled, gathered)
+
+
 @pytest.mark.parametrize("kwargs, exc, msg", [
     ({"kernel_size": 3, "padding": 2}, RuntimeError, "half of effective kernel size"),
     ({"kernel_size": 0}, RuntimeError, "kernel_size"),

@@ -6,7 +6,7 @@ import operator
 import numpy as np
 
 from . import cupy
-from ._common import check_array, check_dtype, check_float, contiguous, i32, i64, launch, pair, ptr
+from ._common import check_array, check_dtype, check_float, contiguous, i32, i32s, i64, launch, pair, ptr
 from .conv import ACTIVATIONS
 
 
@@ -123,11 +123,29 @@ def max_pool2d_backward_act(dout, saved, y, bias, activation):
     with idx.device:
         dout = contiguous(dout)
         g = cp.empty((c, n * h * w), dtype=dtype)
+        if _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw):
+            launch("pool", "max_pool2d_bwd_act_tiled", dtype, dout.size, (
+                dout, idx, g, ptr(y), ptr(bias)) + i32s((n * c, c) + tuple(out_hw) + tuple(kernel) + (
+                    ACTIVATIONS[activation],)))
+            return g
         launch("pool", "max_pool2d_bwd_act", dtype, g.size,
                (dout, idx, g, ptr(y), ptr(bias), i64(n * c), i64(c), i64(h), i64(w), i64(out_hw[0]),
                 i64(out_hw[1]), i64(kernel[0]), i64(kernel[1]), i64(stride[0]), i64(stride[1]), i64(pad[0]),
                 i64(pad[1]), i64(dil[0]), i64(dil[1]), i32(ACTIVATIONS[activation])))
     return g
+
+
+# max_pool2d_backward_act where the windows tile the input exactly: a thread per window (the tiled kernel); tests set
+# it False to compare the gather kernel on the same inputs
+POOL_TILED = True
+
+
+def _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw):
+    """Whether the pooling's windows tile the [N, C, H, W] input exactly: kernel == stride, no padding or dilation,
+    H = OH * kh and W = OW * kw (every input in one window), with 32-bit indices."""
+    n, c, h, w = x_shape
+    return (POOL_TILED and tuple(kernel) == tuple(stride) and tuple(pad) == (0, 0) and tuple(dil) == (1, 1)
+            and h == out_hw[0] * kernel[0] and w == out_hw[1] * kernel[1] and n * c * h * w < 2 ** 31)
 
 
 def _avg_options(op, count_include_pad, divisor_override):

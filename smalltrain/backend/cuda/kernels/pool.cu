@@ -6,7 +6,8 @@
 //   max_pool2d_bwd: dx[b, ih, iw] = sum of dout over the outputs whose index is ih*W + iw. One thread per input
 //                   element gathers from the outputs whose window can hold it: deterministic, no atomics.
 //   max_pool2d_bwd_act: the same gather, times the derivative of the activation before the pooling, written in the
-//                   [C, N, H*W] layout of a convolution's output gradient (conv + activation + pool fused).
+//                   [C, N, H*W] layout of a convolution's output gradient (conv + activation + pool fused);
+//                   max_pool2d_bwd_act_tiled: the same where the windows tile the input, a thread per window.
 //   avg_pool2d_fwd: sum over the window clipped to the input, divided by divisor_override if > 0, else by the
 //                   window size clipped to the padded input (count_include_pad) or to the input.
 //   avg_pool2d_bwd: the same divisors, gathered per input element.
@@ -66,6 +67,35 @@ __device__ void max_pool_bwd(const T* __restrict__ dout, const i64* __restrict__
                 acc = act_bwd(acc, v, act);
             }
             dx[o] = acc;
+        }
+    }
+}
+
+// max_pool2d_bwd_act_tiled: the same result where the windows tile the input exactly (kernel == stride, no padding
+// or dilation, H = OH * kh, W = OW * kw: LeNet-5's 2x2 poolings). A thread per output element writes its whole
+// window, dout at the argmax and 0 elsewhere, each times act'(y + bias[c]): no search over the windows covering an
+// input and 1 / (kh * kw) of the threads and their index arithmetic (the gather above is instruction-bound there).
+template <typename T>
+__device__ void max_pool_bwd_act_tiled(const T* __restrict__ dout, const i64* __restrict__ idx, T* __restrict__ g,
+                                       const T* __restrict__ y, const T* __restrict__ bias, int B, int C, int OH,
+                                       int OW, int kh, int kw, int act) {
+    const int W = OW * kw, HW = OH * kh * W, images = B / C;
+    GRID_STRIDE_I(int, t, B * OH * OW) {
+        const int ow = t % OW, rest = t / OW, oh = rest % OH, b = rest / OH, n = b / C, c = b - n * C;
+        const int target = (int)idx[t];
+        const T d = dout[t], bc = bias != nullptr ? bias[c] : T(0);
+        const int plane = (c * images + n) * HW;
+        for (int i = 0; i < kh; ++i) {
+            for (int j = 0; j < kw; ++j) {
+                const int p = (oh * kh + i) * W + ow * kw + j;
+                T v = p == target ? d : T(0);
+                if (act != ST_ACT_NONE) {
+                    T z = y[plane + p];
+                    if (bias != nullptr) z += bc;
+                    v = act_bwd(v, z, act);
+                }
+                g[plane + p] = v;
+            }
         }
     }
 }
@@ -154,6 +184,11 @@ __device__ void avg_pool_bwd(const T* __restrict__ dout, T* __restrict__ dx, i64
             max_pool_bwd<T, int>(dout, idx, g, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, C, y, bias, act);    \
         else                                                                                                         \
             max_pool_bwd<T, i64>(dout, idx, g, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, C, y, bias, act);    \
+    }                                                                                                                \
+    extern "C" __global__ void max_pool2d_bwd_act_tiled_##S(const T* dout, const i64* idx, T* g, const T* y,          \
+                                                            const T* bias, int B, int C, int OH, int OW, int kh,   \
+                                                            int kw, int act) {                                     \
+        max_pool_bwd_act_tiled<T>(dout, idx, g, y, bias, B, C, OH, OW, kh, kw, act);                                 \
     }                                                                                                                \
     extern "C" __global__ void avg_pool2d_fwd_##S(const T* x, T* out, i64 B, i64 H, i64 W, i64 OH, i64 OW, i64 kh,   \
                                                   i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int cip, i64 divisor) {    \
