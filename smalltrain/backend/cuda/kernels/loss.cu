@@ -191,11 +191,27 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
     }
     if (unit == nullptr) return;
     // backward's dx for a loss gradient of 1, as ce_backward computes it (grad * (1 / wsum), 0 where ignored)
+    // One block writes all of it, so its loads are issued UNIT_LOADS at a time (one L2 round trip per batch, not per
+    // element), with 32-bit indices: the launcher asks for unit only up to CE_UNIT_MAX elements.
+    constexpr int UNIT_LOADS = 8;
     const T scale = T(1) / (mean ? wv : T(1));
-    const i64 n = rows / inner * C * inner;
-    for (i64 k = threadIdx.x; k < n; k += blockDim.x) {
-        const i64 r = (k / (C * inner)) * inner + k % inner;
-        unit[k] = target[r] == ignore_index ? T(0) : __ldcg(grad + k) * scale;
+    const unsigned n = unsigned(rows * C), row_len = unsigned(C * inner), in = unsigned(inner);
+    for (unsigned k0 = threadIdx.x; k0 < n; k0 += UNIT_LOADS * blockDim.x) {
+        T g[UNIT_LOADS];
+        bool ignored[UNIT_LOADS];
+#pragma unroll
+        for (int j = 0; j < UNIT_LOADS; ++j) {
+            const unsigned k = k0 + j * blockDim.x;
+            if (k < n) {
+                g[j] = __ldcg(grad + k);
+                ignored[j] = target[(k / row_len) * in + k % in] == ignore_index;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < UNIT_LOADS; ++j) {
+            const unsigned k = k0 + j * blockDim.x;
+            if (k < n) unit[k] = ignored[j] ? T(0) : g[j] * scale;
+        }
     }
 }
 
