@@ -35,6 +35,8 @@ VARIANTS = {   # name: conv.py limits (and, for NEVER, a rule switched off)
     "as shipped": {},
     "no tile_conv": {"TILE_CONV": False},
     "no tile_wgrad": {"TILE_WGRAD": False},
+    "wgrad beside dx": {"WGRAD_BESIDE_MAX_OUTPUTS": BIG},
+    "wgrad after dx": {"WGRAD_BESIDE_MAX_OUTPUTS": 0},
     "tile_wgrad, 1 block/SM": {"_TILE_WG_BLOCKS_PER_SM": 1},
     "tile_wgrad, 4 blocks/SM": {"_TILE_WG_BLOCKS_PER_SM": 4},
     "tile_conv, 4 channels": {"_TILE_TO8_THREADS_PER_SM": BIG},

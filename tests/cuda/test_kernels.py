@@ -297,6 +297,40 @@ def test_tile_wgrad_is_bit_repeatable(rng):
         assert all(bool(cp.array_equal(a, b)) for a, b in zip(first, again))
 
 
+@pytest.mark.parametrize("x_shape, w_shape, stride, wgrad", [
+    ((8, 16, 26, 26), (32, 16, 3, 3), 1, "tile"),      # MnistCnn's second layer
+    ((4, 6, 14, 14), (16, 6, 5, 5), 2, None),          # strided: another weight-gradient kernel
+])
+def test_weight_grad_beside_input_grad_gives_the_same_bits(x_shape, w_shape, stride, wgrad, rng, monkeypatch):
+    """conv2d_backward with the weight gradient on the side stream (WGRAD_BESIDE_MAX_OUTPUTS) returns what it
+    returns on one stream, bit for bit, eagerly and as a CUDA graph replayed on new output gradients (the fork and
+    the join are captured as edges; a missing join would let the replay's result be read before the side stream
+    wrote it)."""
+    x = cp.asarray(rng.standard_normal(x_shape), dtype=cp.float32)
+    w = cp.asarray(rng.standard_normal(w_shape) * 0.2, dtype=cp.float32)
+    out, saved = ops.conv2d_forward(x, w, cp.asarray(rng.standard_normal(w_shape[0]), dtype=cp.float32),
+                                    stride=stride, activation="relu")
+    if wgrad is not None:
+        assert conv_kernels._wgrad_kernel(saved, 4) == wgrad
+    douts = [cp.asarray(rng.standard_normal(out.shape), dtype=cp.float32) for _ in range(3)]
+    monkeypatch.setattr(conv_kernels, "WGRAD_BESIDE_MAX_OUTPUTS", 0)
+    alone = [ops.conv2d_backward(d, saved) for d in douts]
+    monkeypatch.setattr(conv_kernels, "WGRAD_BESIDE_MAX_OUTPUTS", 1 << 40)
+    for d, want in zip(douts, alone):
+        got = ops.conv2d_backward(d, saved)
+        assert all(a is not None and bool(cp.array_equal(a, b)) for a, b in zip(got, want))
+    static = douts[0].copy()
+    cp.cuda.Device().synchronize()
+    graph = smalltrain.cuda.CUDAGraph()
+    with smalltrain.cuda.graph(graph):
+        got = ops.conv2d_backward(static, saved)
+    for d, want in zip(douts[1:], alone[1:]):
+        static[...] = d
+        graph.replay()
+        smalltrain.cuda.synchronize()
+        assert all(bool(cp.array_equal(a, b)) for a, b in zip(got, want))
+
+
 def test_tile_conv_leaves_other_geometries_to_the_other_kernels(rng, monkeypatch):
     """Strided, dilated, grouped and non-square convolutions do not launch tile_conv (nor do kernel sizes it is not
     compiled for), and its forward writes y (the sum before bias) exactly where an activation needs it."""

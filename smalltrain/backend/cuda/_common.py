@@ -165,6 +165,41 @@ def device_counters(name, size):
     return counters
 
 
+_side = {}   # device id -> (side stream, fork event, join event)
+
+
+def run_beside(side_work, main_work, enabled=True):
+    """(side_work(), main_work()), the first queued on the current device's side stream, the second on the current
+    stream, so that the GPU runs them at the same time: the side stream first waits for everything queued on the
+    current stream so far, and before returning the current stream waits for the side stream's work (a fork and a
+    join, which a CUDA graph capture records as two edges). For independent work of small kernels that leave most
+    SMs idle, such as a convolution's weight gradient beside its input gradient. enabled=False runs both on the
+    current stream, side_work first.
+
+    Memory: the side stream's allocations come from its own part of the pool, and the join precedes every later
+    free on the current stream; the arrays both read are referenced by the caller until this returns. So no block
+    is reused while the other stream may still touch it."""
+    if not enabled:
+        return side_work(), main_work()
+    cp = cupy()
+    dev = cp.cuda.Device().id
+    if dev not in _side:
+        _side[dev] = (cp.cuda.Stream(non_blocking=True), cp.cuda.Event(disable_timing=True),
+                      cp.cuda.Event(disable_timing=True))
+    side, fork, join = _side[dev]
+    main = cp.cuda.get_current_stream()
+    fork.record(main)
+    side.wait_event(fork)
+    try:
+        with side:
+            first = side_work()
+        second = main_work()
+    finally:
+        join.record(side)
+        main.wait_event(join)
+    return first, second
+
+
 def dim_index(op, dim, ndim):
     """A dim in [-ndim, ndim) made non-negative (0-d arrays take dim 0 or -1), IndexError otherwise."""
     n = max(ndim, 1)

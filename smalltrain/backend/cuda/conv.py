@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from . import cupy
 from .. import metadata_cache
 from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, get, i32, i32s, i64, launch,
-                      pair, ptr, same_device)
+                      pair, ptr, run_beside, same_device)
 from .blas import gemm, sum_rows
 from .loader import MAX_BLOCKS
 
@@ -90,6 +90,11 @@ _TILE_WG_ROWS = None          # rows per tile if set (tests: partial tiles), els
 _TILE_WG_GRID = None          # blocks if set (tests: one block walking every tile)
 _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the largest divisor of TH that fits
 TILE_WGRAD = True
+# conv2d_backward queues the weight gradient on a side stream beside the input gradient (_common.run_beside) where
+# the output has at most this many elements (N*O*OH*OW). H200, captured steps: LeNet-5 b64's second layer (65,536)
+# 98.3 -> 94.0 us per step; b512's (524,288) and MnistCnn b64's (1,179,648) lose (209.6 -> 234.8, 147.7 -> 158.8 us):
+# their kernels fill the GPU alone and slow each other down. 0: never.
+WGRAD_BESIDE_MAX_OUTPUTS = 1 << 17
 # bias_act_bwd_rows (a block per row of P elements) where P is at least this; the element-wise kernel below it
 BIAS_ACT_ROWS_MIN_P = 64
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
@@ -731,34 +736,45 @@ def conv2d_backward(dout, saved, g=None):
             g = cp.empty((o, n * p), dtype=dtype)
             bias_act_backward(dout, saved.y, saved.bias, g, n, o, p, ACTIVATIONS[saved.activation])
         want_b = need_b and saved.bias is not None
-        dw = dx = None
         wgrad = _wgrad_kernel(saved, dtype.itemsize) if need_w else None
-        if wgrad == "tile":   # dw and db from x in one kernel and its reduction
-            dw, db = _tile_weight_grad(saved.x, g, saved, want_b, _tile_wgrad_plan(saved, dtype.itemsize))   # cached
-        elif wgrad == "igemm":
-            dw, db = _igemm_weight_grad(saved.x, g, saved, want_b)
-        elif wgrad == "tiled":
-            dw, db = _weight_grad(saved.x, g, saved, want_b)
-        else:
+
+        def weight_grads():
+            if wgrad == "tile":   # dw and db from x in one kernel and its reduction
+                return _tile_weight_grad(saved.x, g, saved, want_b, _tile_wgrad_plan(saved, dtype.itemsize))
+            if wgrad == "igemm":
+                return _igemm_weight_grad(saved.x, g, saved, want_b)
+            if wgrad == "tiled":
+                return _weight_grad(saved.x, g, saved, want_b)
             db = sum_rows(g, 1) if want_b else None
-            if need_w:   # cols: kept by the forward, or made now from x where neither dw kernel takes it
-                cols = saved.cols if saved.x is None else im2col(saved.x, (kh, kw), saved.stride, saved.pads,
-                                                                 saved.dilation, saved.out_hw)
-                if g_ == 1:
-                    dw = gemm(g, cols.T)
-                else:
-                    dw = gemm(g.reshape(g_, o // g_, n * p), cols.reshape(g_, k, n * p).transpose(0, 2, 1))
-                dw = dw.reshape(o, cg, kh, kw)
-        if need_x:
-            dx = _tile_dx(g, saved)
-        if need_x and dx is None:
-            dx = _direct_dx(g, saved)
-        if need_x and dx is None:
+            if not need_w:
+                return None, db
+            # cols: kept by the forward, or made now from x where neither dw kernel takes it
+            cols = saved.cols if saved.x is None else im2col(saved.x, (kh, kw), saved.stride, saved.pads,
+                                                             saved.dilation, saved.out_hw)
             if g_ == 1:
-                dcols = gemm(w.reshape(o, k).T, g)
+                dw = gemm(g, cols.T)
             else:
-                dcols = gemm(w.reshape(g_, o // g_, k).transpose(0, 2, 1), g.reshape(g_, o // g_, n * p))
-            dx = col2im(dcols.reshape(c * kh * kw, n * p), (n, c, h, wd), (kh, kw), saved.stride, saved.pads,
-                        saved.dilation, saved.out_hw)
+                dw = gemm(g.reshape(g_, o // g_, n * p), cols.reshape(g_, k, n * p).transpose(0, 2, 1))
+            return dw.reshape(o, cg, kh, kw), db
+
+        def input_grad():
+            if not need_x:
+                return None
+            dx = _tile_dx(g, saved)
+            if dx is None:
+                dx = _direct_dx(g, saved)
+            if dx is None:
+                if g_ == 1:
+                    dcols = gemm(w.reshape(o, k).T, g)
+                else:
+                    dcols = gemm(w.reshape(g_, o // g_, k).transpose(0, 2, 1), g.reshape(g_, o // g_, n * p))
+                dx = col2im(dcols.reshape(c * kh * kw, n * p), (n, c, h, wd), (kh, kw), saved.stride, saved.pads,
+                            saved.dilation, saved.out_hw)
+            return dx
+
+        # the weight gradient's kernels beside the input gradient's where there are both; our own kernels only: the
+        # input gradient may run cuBLAS, and one cuBLAS handle's workspace must not serve two streams at once
+        beside = need_x and wgrad in ("tile", "igemm", "tiled") and n * o * p <= WGRAD_BESIDE_MAX_OUTPUTS
+        (dw, db), dx = run_beside(weight_grads, input_grad, beside)
     return dx, dw, db
 
