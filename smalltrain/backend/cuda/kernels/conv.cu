@@ -538,10 +538,10 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // fastest, each compute TO channels x ST_TW consecutive columns of one row. Per input channel and kernel row a thread
 // loads 8 x values (two 4-vectors: the padded row width WP is a multiple of 4) and KS x TO/4 weight vectors (a warp
 // shares og: broadcasts) for KS*TO*ST_TW FMAs (igemm_fwd: 8 shared loads per 16), and no bounds are checked inside
-// the loop: the padding is zeros in shared memory. Still not at the FMA rate: ncu on the H200, MnistCnn's second
-// layer at batch 64 (24.5 us, ~30% of the FMA peak), shows the warps waiting mostly on the staging (long scoreboard)
-// with ~4 warps per scheduler; staging the next tile while computing this one (a persistent, double-buffered block)
-// is the next step.
+// the loop: the padding is zeros in shared memory. The epilogue stores a thread's 4 columns as one vector (or two
+// pairs) where the rows allow it. Measured on the H200 (ncu, MnistCnn's second layer at batch 64): ~50% of the issue
+// slots busy, L1 64-76% busy; rows padded so that no two threads of a quarter warp share a bank removed 3/4 of the
+// shared-load conflicts and changed nothing, the vector stores took the forward from 21.8 to 19.1 us.
 #define ST_TW 4
 
 template <typename T>
@@ -553,6 +553,22 @@ __device__ __forceinline__ void load4(const T* p, T* r) {   // 4 consecutive val
         const double2 a = *reinterpret_cast<const double2*>(p), b = *reinterpret_cast<const double2*>(p + 2);
         r[0] = a.x; r[1] = a.y; r[2] = b.x; r[3] = b.y;
     }
+}
+
+template <typename T>
+__device__ __forceinline__ void store4(T* p, const T* r) {   // load4's counterpart
+    if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
+    } else {
+        *reinterpret_cast<double2*>(p) = make_double2(r[0], r[1]);
+        *reinterpret_cast<double2*>(p + 2) = make_double2(r[2], r[3]);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void store2(T* p, const T* r) {   // 2 consecutive values, 8 (float) or 16 bytes aligned
+    if constexpr (sizeof(T) == 4) *reinterpret_cast<float2*>(p) = make_float2(r[0], r[1]);
+    else *reinterpret_cast<double2*>(p) = make_double2(r[0], r[1]);
 }
 
 template <typename T, int KS, int TO>
@@ -618,19 +634,42 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         }
     }
     if (r >= Ho) return;   // the last tile's rows past the image
-    const int P = Ho * Wo;
+    const int P = Ho * Wo, s0 = cg * ST_TW;
+    // the 4 columns in one store where every row starts aligned (Wo a multiple of 4), in two where rows start at even
+    // columns, else one by one: a warp's scalar stores 4 columns apart use a quarter of each 32-byte sector
+    const int vec = Wo % ST_TW == 0 ? 4 : Wo % 2 == 0 ? 2 : 1;
 #pragma unroll
     for (int u = 0; u < TO; ++u) {
         const int o = og * TO + u;
         if (o >= O) break;
+        T pre[ST_TW], val[ST_TW];
+        const T bo = b != nullptr ? b[o] : T(0);
 #pragma unroll
         for (int v = 0; v < ST_TW; ++v) {
-            const int s = cg * ST_TW + v;
-            if (s >= Wo) break;
-            T val = acc[u][v];
-            if (y != nullptr) y[(o * N + n) * P + r * Wo + s] = val;
-            if (b != nullptr) val += b[o];
-            out[((n * O + o) * Ho + r) * Wo + s] = act_fwd(val, act);
+            pre[v] = acc[u][v];
+            val[v] = act_fwd(b != nullptr ? pre[v] + bo : pre[v], act);
+        }
+        T* orow = out + ((n * O + o) * Ho + r) * Wo + s0;
+        T* yrow = y != nullptr ? y + (o * N + n) * P + r * Wo + s0 : nullptr;
+        if (vec == 4) {
+            store4(orow, val);
+            if (yrow != nullptr) store4(yrow, pre);
+            continue;
+        }
+        if (vec == 2) {   // Wo even: a thread's pairs are whole (s0 + 1 < Wo where s0 < Wo)
+#pragma unroll
+            for (int v = 0; v < ST_TW; v += 2) {
+                if (s0 + v >= Wo) break;
+                store2(orow + v, val + v);
+                if (yrow != nullptr) store2(yrow + v, pre + v);
+            }
+            continue;
+        }
+#pragma unroll
+        for (int v = 0; v < ST_TW; ++v) {
+            if (s0 + v >= Wo) break;
+            orow[v] = val[v];
+            if (yrow != nullptr) yrow[v] = pre[v];
         }
     }
 }
@@ -912,8 +951,13 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         tile_conv<T, KS, TO>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, transposed, act); \
     }
 
+// tile_wgrad's blocks have at most ST_TILE_WG_THREADS threads (conv.py _TILE_WG_THREADS); in float32 the compiler
+// keeps three such blocks' registers on an SM (MnistCnn's second layer at batch 64: 384 blocks in one wave on 132
+// SMs, not 2 per SM at 96 registers a thread) where that spills nothing (5x5 taps of 8 channels would)
+#define ST_TILE_WG_THREADS 256
 #define ST_TILE_WGRAD(T, S, KS, TO)                                                                                \
-    extern "C" __global__ void tile_wgrad_k##KS##_to##TO##_##S(const T* x, const T* g, T* partial, int N, int C,     \
+    extern "C" __global__ void __launch_bounds__(ST_TILE_WG_THREADS, sizeof(T) == 4 && KS * TO <= 24 ? 3 : 1)    \
+    tile_wgrad_k##KS##_to##TO##_##S(const T* x, const T* g, T* partial, int N, int C,                              \
                                                              int H, int W, int O, int Ho, int Wo, int pt, int pl,  \
                                                              int TH, int RS) {                                     \
         tile_wgrad<T, KS, TO>(x, g, partial, N, C, H, W, O, Ho, Wo, pt, pl, TH, RS);                               \
