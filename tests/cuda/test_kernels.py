@@ -905,6 +905,8 @@ def test_cross_entropy_forward_and_reduction_in_one_launch(rows, reduction, rng)
     assert np.array_equal(loss.get(), again.get(), equal_nan=True)   # one row, ignored: 'mean' is NaN
     from smalltrain.backend.cuda import _common
     assert int(_common.device_counters("cross_entropy", 1)[0]) == 0
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("shape,weighted,smoothing", [((64, 10), False, 0.0), ((7, 5, 3), True, 0.1),
                                                       ((3, 4), True, 0.0)])
