@@ -41,12 +41,14 @@ def _topological_order(roots):
     return order
 
 
-def _zeros(meta):
+def _filled(meta, kind):
+    """An array of an output's (shape, dtype, array type) meta, made by the array module's `kind` ('zeros' for a
+    missing gradient, 'ones' for the unit seed)."""
     shape, dtype, array_type = meta
     if array_type is np.ndarray:
-        return np.zeros(shape, dtype)
+        return getattr(np, kind)(shape, dtype)
     from ..backend import cuda
-    return cuda.cupy().zeros(shape, dtype)
+    return getattr(cuda.cupy(), kind)(shape, dtype)
 
 
 class _UnitSeed:
@@ -62,14 +64,6 @@ class _UnitSeed:
 
 
 UNIT_SEED = _UnitSeed()
-
-
-def _ones(meta):
-    shape, dtype, array_type = meta
-    if array_type is np.ndarray:
-        return np.ones(shape, dtype)
-    from ..backend import cuda
-    return cuda.cupy().ones(shape, dtype)
 
 
 def _exclusive(g, taken):
@@ -130,7 +124,7 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
     for t, g in zip(tensors, grad_tensors):
         # only a lone root made by a one-output function keeps it unmade
         if g is UNIT_SEED and (t._ctx is None or len(tensors) > 1 or len(t._ctx.out_meta) != 1):
-            g = _ones((t.array.shape, t.array.dtype, type(t.array)))
+            g = _filled((t.array.shape, t.array.dtype, type(t.array)), "ones")
         if t._ctx is None:
             if t.requires_grad and (only is None or id(t) in only):
                 _accumulate_leaf(t, g)
@@ -149,15 +143,15 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
                 continue
             if node.freed:
                 _ = node.saved_tensors   # raises the torch-style "backward through the graph a second time"
-            unit = grads[0] is UNIT_SEED
-            if unit and (node.out_hooks or getattr(node.fn, "backward_unit", None) is None):
-                grads[0], unit = _ones(node.out_meta[0]), False
+            in_grads = NotImplemented
+            if grads[0] is UNIT_SEED:   # a hook sees the ones; else the function's prepared gradients if it has any
+                if not node.out_hooks and getattr(node.fn, "backward_unit", None) is not None:
+                    in_grads = node.fn.backward_unit(node)
+                if in_grads is NotImplemented:
+                    grads[0] = _filled(node.out_meta[0], "ones")
             if node.out_hooks:
                 _run_tensor_hooks(node, grads)
-            in_grads = node.fn.backward_unit(node) if unit else None
-            if in_grads is NotImplemented:   # the function has nothing prepared this time: ones after all
-                grads[0], unit = _ones(node.out_meta[0]), False
-            in_grads = _check_in_grads(node, in_grads) if unit else _call_backward(node, grads)
+            in_grads = _call_backward(node, grads) if in_grads is NotImplemented else _check_in_grads(node, in_grads)
             if not retain_graph:
                 _free(node)
             for t, g in zip(node.inputs, in_grads):
@@ -194,7 +188,7 @@ def _run_tensor_hooks(node, grads):
 
 def _call_backward(node, grads):
     if node.materialize:
-        grads = [Tensor._wrap(g if g is not None else _zeros(m)) if m is not None else None
+        grads = [Tensor._wrap(g if g is not None else _filled(m, "zeros")) if m is not None else None
                  for g, m in zip(grads, node.out_meta)]
     else:
         grads = [None if g is None else Tensor._wrap(g) for g in grads]
