@@ -199,13 +199,15 @@ TILE_CASES = [  # x shape, out channels, kernel size, padding, activation, bias
 ]
 
 
-@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "row tiles"])
+@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "row tiles", "2 channel splits",
+                                  "3 channel splits"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES)
 def test_tile_conv(case, dtype, plan, rng, monkeypatch):
     """tile_conv takes the forward and dx of stride-1, undilated 3x3 and 5x5 convolutions (whatever the padding),
-    against the float64 reference, on its own choices and with each forced: 4 or 8 channels per thread, and blocks
-    of few rows (several row tiles per image, the last one partial). dw by the implicit GEMM from the kept x."""
+    against the float64 reference, on its own choices and with each forced: 4 or 8 channels per thread, blocks
+    of few rows (several row tiles per image, the last one partial), the input channels split over 2 or 3 thread
+    groups (uneven where C is not a multiple; one group where C is 1). dw by the implicit GEMM from the kept x."""
     shape, o, ks, padding, activation, bias = case
     monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)                   # tile_conv on every case: the kernel's
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)   # values, not where it pays
@@ -215,6 +217,8 @@ def test_tile_conv(case, dtype, plan, rng, monkeypatch):
         monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 0)
     if plan == "row tiles":
         monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 3)   # 3 rows per block: 9 of 12, 26 of 28 ... the last partial
+    if plan.endswith("channel splits"):
+        monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", int(plan[0]))
     launched = []
     real_get = conv_kernels.get
     monkeypatch.setattr(conv_kernels, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,

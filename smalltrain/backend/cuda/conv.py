@@ -79,6 +79,9 @@ _TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this 
 TILE_MIN_K = 16
 TILE_DX_MIN_THREADS_PER_SM = 128
 _TILE_ROWS = None             # rows per block if set (tests: partial last tiles; benchmarks), else planned
+_TILE_SPLIT_THREADS_PER_SM = 0    # channel splits while the grid keeps at most this many threads per SM (0: none)
+_TILE_SPLIT_MAX_THREADS = 512     # ... and a float32 block at most this many (float64: _TILE_THREADS)
+_TILE_SPLITS = None           # channel splits if set (tests, benchmarks), else planned
 # the weight and bias gradients of the convolutions tile_conv takes (geometry and kernel sizes) by tile_wgrad where
 # its plan fits (_tile_wgrad_plan): persistent blocks over tiles of TH output rows, double-buffered staging, then
 # wgrad_reduce. Tests set TILE_WGRAD = False for the other dw kernels, and the _TILE_WG_* overrides
@@ -302,8 +305,9 @@ def _tile_knobs():
     """The module settings tile_conv's and tile_wgrad's plans depend on (tests and benchmarks change them) and the
     SM count: part of the plans' cache keys."""
     return (TILE_CONV, TILE_WGRAD, _TILE_THREADS, _TILE_BLOCKS_PER_SM, _TILE_MIN_THREADS, _TILE_TO8_THREADS_PER_SM,
-            _TILE_ROWS, _TILE_WG_THREADS, _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_GRID,
-            _TILE_WG_SPLIT, _SMEM_BYTES, _sm_count())
+            _TILE_ROWS, _TILE_SPLIT_THREADS_PER_SM, _TILE_SPLIT_MAX_THREADS, _TILE_SPLITS, _TILE_WG_THREADS,
+            _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_GRID, _TILE_WG_SPLIT, _SMEM_BYTES,
+            _sm_count())
 
 
 def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize):
@@ -313,14 +317,14 @@ def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize):
 
 @metadata_cache
 def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs):
-    """(TO, TH, threads, blocks, shared memory) of tile_conv over n images of c input channels in_hw to o output
+    """(TO, TH, threads, blocks, shared memory, CS) of tile_conv over n images of c input channels in_hw to o output
     channels out_hw with a ks x ks kernel, or None where it does not take the convolution (TILE_CONV off, ks not
     compiled, nothing to do, indices past 32 bits, a row of tiles over 1024 threads or one row's input and the weights
     over the shared memory). TO: 8 channels per thread where that leaves _TILE_TO8_THREADS_PER_SM threads per SM,
     else 4. TH, the output rows per block: of the row counts whose block fits (_TILE_THREADS threads, the shared
     memory), those giving _TILE_BLOCKS_PER_SM blocks per SM of _TILE_MIN_THREADS threads (else those of that many
     threads, else all), the one wasting the least: lanes of partial warps, staged halo rows, rows of a partial last
-    tile (_TILE_ROWS, if set: the most rows up to it that fit)."""
+    tile (_TILE_ROWS, if set: the most rows up to it that fit). CS: the input channels' splits over thread groups."""
     ho, wo = out_hw
     if (not TILE_CONV or ks not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * in_hw[0] * in_hw[1] >= _FITS32
             or n * o * ho * wo >= _FITS32):
@@ -345,7 +349,24 @@ def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs):
                 * ho / (-(-ho // t) * t), t)
     th = max(spread or full or fits, key=useful)
     tiles = -(-ho // th)
-    return to, th, og * th * cg, n * tiles, weights + (th + ks - 1) * row_bytes
+    # channel splits: the most (up to c, at least 2 channels each unless forced) that keep the grid's threads per SM
+    # within _TILE_SPLIT_THREADS_PER_SM and a block within _TILE_SPLIT_MAX_THREADS (_TILE_SPLITS, if set: that many)
+    threads = og * th * cg
+
+    def reduction(split):   # the shared memory the other groups' sums pass through
+        return (split - 1) * threads * to * _TILE_TW * itemsize
+    most = _TILE_SPLIT_MAX_THREADS if itemsize == 4 else _TILE_THREADS   # float64: ~160 registers a thread
+    cs = 1
+    for split in range(2, c // 2 + 1):
+        if (n * tiles * threads * split > _TILE_SPLIT_THREADS_PER_SM * sms or threads * split > most
+                or reduction(split) > _SMEM_BYTES):
+            break
+        cs = split
+    if _TILE_SPLITS is not None:
+        cs = max([1] + [k for k in range(2, min(_TILE_SPLITS, c) + 1)
+                        if threads * k <= most and reduction(k) <= _SMEM_BYTES])
+    smem = max(weights + (th + ks - 1) * row_bytes, reduction(cs))
+    return to, th, threads * cs, n * tiles, smem, cs
 
 
 def _tile_geometry(stride, dilation, groups, w_shape):
@@ -367,11 +388,11 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
     of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped)."""
-    to, th, threads, blocks, smem = plan
+    to, th, threads, blocks, smem, cs = plan
     n, o, ho, wo = out.shape
     get("conv", f"tile_conv_k{w.shape[3]}_to{to}", out.dtype)(
         (blocks,), (threads,), (inp, w, ptr(b), out, ptr(y)) + i32s(
-            (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, int(transposed), act)),
+            (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed), act)),
         shared_mem=smem)
 
 
