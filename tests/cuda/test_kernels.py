@@ -913,7 +913,7 @@ def test_cross_entropy_forward_and_reduction_in_one_launch(rows, reduction, rng)
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("shape,weighted,smoothing", [((64, 10), False, 0.0), ((7, 5, 3), True, 0.1),
-                                                      ((3, 4), True, 0.0)])
+                                                      ((3, 4), True, 0.0), ((512, 10), True, 0.0)])
 def test_cross_entropy_writes_the_unit_gradient_for_small_inputs(shape, weighted, smoothing, reduction, rng,
                                                                  monkeypatch):
     """Up to CE_UNIT_MAX elements the forward's last block also writes backward's dx for a loss gradient of 1:
@@ -923,7 +923,9 @@ def test_cross_entropy_writes_the_unit_gradient_for_small_inputs(shape, weighted
     t = rng.integers(0, shape[1], (shape[0],) + shape[2:])
     t.reshape(-1)[::4] = -100
     w = g(rng.uniform(0.5, 2, shape[1]).astype(np.float32)) if weighted else None
-    _, saved = ops.cross_entropy_forward(g(x), g(t), w, reduction=reduction, label_smoothing=smoothing)
+    loss, saved = ops.cross_entropy_forward(g(x), g(t), w, reduction=reduction, label_smoothing=smoothing)
+    assert_close(loss, ref.cross_entropy(x, t, None if w is None else w.get(), -100, smoothing, reduction), 1e-5,
+                 name="loss")
     want = ops.cross_entropy_backward(cp.ones((), cp.float32), saved)
     assert saved.unit is not None and cp.array_equal(saved.unit, want)
     assert float(cp.abs(want).max()) > 0 and not cp.isnan(want).any()
