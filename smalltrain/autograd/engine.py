@@ -66,6 +66,51 @@ class _UnitSeed:
 UNIT_SEED = _UnitSeed()
 
 
+class Prepared:
+    """A gradient handed to the node that produced a tensor in a form that node defines (`kind`), instead of an
+    array of the tensor's shape: a backward may return one for input i only where the engine offered that kind in
+    `ctx.prepared_for[i]`, i.e. where the producer's function names it (`prepared_kind(producer_ctx)`) and the
+    tensor has no other consumer in this pass and no hooks (nothing else may see or add to its gradient). The
+    producer's backward then receives it as its output gradient. Example: a convolution's input gradient written
+    directly as the previous convolution's g (its activation's derivative applied, in its kernels' layout)."""
+
+    __slots__ = ("kind", "value")
+
+    def __init__(self, kind, value):
+        self.kind, self.value = kind, value
+
+    def __repr__(self):
+        return f"Prepared({self.kind!r})"
+
+
+def _offer_prepared(order, roots_out):
+    """Set ctx.prepared_for on the nodes whose functions make prepared gradients (`makes_prepared`): per input,
+    the kind its producer takes where this node is the tensor's only consumer in this pass, else None."""
+    if not any(getattr(node.fn, "makes_prepared", False) for node in order):
+        return
+    uses = {}   # (id(producer), output index) -> gradient contributions this pass
+    for key in roots_out:
+        uses[key] = uses.get(key, 0) + 1
+    for node in order:
+        for t in node.inputs:
+            if t is not None and t._ctx is not None:
+                key = (id(t._ctx), t._out_idx)
+                uses[key] = uses.get(key, 0) + 1
+    for node in order:
+        if not getattr(node.fn, "makes_prepared", False):
+            continue
+        kinds = []
+        for t in node.inputs:
+            kind = None
+            if t is not None and t._ctx is not None and uses.get((id(t._ctx), t._out_idx)) == 1:
+                producer = t._ctx
+                taker = getattr(producer.fn, "prepared_kind", None)
+                if taker is not None and not (producer.out_hooks and producer.out_hooks.get(t._out_idx)):
+                    kind = taker(producer)
+            kinds.append(kind)
+        node.prepared_for = tuple(kinds)
+
+
 def _exclusive(g, taken):
     """True when g's memory belongs to g alone and no other leaf took it in this pass, so .grad may be g itself.
 
@@ -137,7 +182,9 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
     prev = grad_mode._state.enabled
     grad_mode._state.enabled = False
     try:
-        for node in _topological_order(roots):
+        order = _topological_order(roots)
+        _offer_prepared(order, [(id(t._ctx), t._out_idx) for t in tensors if t._ctx is not None])
+        for node in order:
             grads = pending.pop(id(node), None)
             if grads is None:
                 continue
@@ -154,8 +201,15 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
             in_grads = _call_backward(node, grads) if in_grads is NotImplemented else _check_in_grads(node, in_grads)
             if not retain_graph:
                 _free(node)
-            for t, g in zip(node.inputs, in_grads):
+            for i, (t, g) in enumerate(zip(node.inputs, in_grads)):
                 if t is None or g is None:
+                    continue
+                if isinstance(g, Prepared):   # offered above: this node is the tensor's only consumer
+                    offered = node.__dict__.get("prepared_for") or (None,) * len(node.inputs)
+                    if offered[i] != g.kind:
+                        raise RuntimeError(f"{node.name()}: backward returned a Prepared({g.kind!r}) gradient for "
+                                           f"input {i}, but the engine offered {offered[i]!r}")
+                    pending.setdefault(id(t._ctx), [None] * len(t._ctx.out_meta))[t._out_idx] = g
                     continue
                 g = g.array if isinstance(g, Tensor) else g
                 leaf = t._ctx is None
@@ -188,10 +242,10 @@ def _run_tensor_hooks(node, grads):
 
 def _call_backward(node, grads):
     if node.materialize:
-        grads = [Tensor._wrap(g if g is not None else _filled(m, "zeros")) if m is not None else None
-                 for g, m in zip(grads, node.out_meta)]
+        grads = [(g if isinstance(g, Prepared) else Tensor._wrap(g if g is not None else _filled(m, "zeros")))
+                 if m is not None else None for g, m in zip(grads, node.out_meta)]
     else:
-        grads = [None if g is None else Tensor._wrap(g) for g in grads]
+        grads = [g if g is None or isinstance(g, Prepared) else Tensor._wrap(g) for g in grads]
     return _check_in_grads(node, node.fn.backward(node, *grads))
 
 

@@ -7,6 +7,7 @@ import operator
 
 import numpy as np
 
+from ..autograd.engine import Prepared
 from ..autograd.function import Function
 from ..backend import cpu, metadata_cache
 from ..backend.cuda import conv as cuda_conv
@@ -154,7 +155,15 @@ class Conv2d(Function):
         return out[0] if unbatched else out
 
     @staticmethod
+    def prepared_kind(ctx):
+        """On CUDA (batched) the next layer may hand this one its g ready-made (autograd.engine.Prepared, kind
+        "conv_g": the output's gradient times the activation's derivative, [O, N*OH*OW]): see Conv2dActLinear."""
+        return "conv_g" if hasattr(ctx, "kernel_saved") and not ctx.unbatched else None
+
+    @staticmethod
     def backward(ctx, dout):
+        if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind)
+            return cuda_conv.conv2d_backward(None, ctx.kernel_saved, g=dout.value)
         if hasattr(ctx, "kernel_saved"):
             dx, dw, db = cuda_conv.conv2d_backward(dout.array[None] if ctx.unbatched else dout.array, ctx.kernel_saved)
             return (dx[0] if ctx.unbatched and dx is not None else dx), dw, db
@@ -262,8 +271,11 @@ class Conv2dActLinear(Function):
     """linear(flatten(activation(conv2d(x))), W, b) on CUDA: the convolution's kernels, then the linear layer's on
     the output viewed as [N, O*OH*OW]; backward the linear layer's kernel writes the convolution's g (its output's
     gradient times the activation's derivative, in the layout conv2d_backward takes: backend/cuda/linear.py
-    linear_backward_into_conv), so the transpose-and-derivative kernel between the two layers is not run.
+    linear_backward_into_conv), so the transpose-and-derivative kernel between the two layers is not run. Where x
+    comes from another CUDA convolution with no other consumer (the engine offers "conv_g"), the input gradient is
+    written as that convolution's g the same way (conv2d_backward's `into`).
     Inputs: x, conv weight, conv bias, the geometry, the activation, linear weight, linear bias."""
+    makes_prepared = True
 
     @staticmethod
     def forward(ctx, input, weight, bias, stride, pads, dilation, groups, activation, lin_weight, lin_bias):
@@ -286,7 +298,11 @@ class Conv2dActLinear(Function):
                                                            (any(need[:3]), need[8], need[9]))
         dx = dw = db = None
         if g is not None:
-            dx, dw, db = cuda_conv.conv2d_backward(None, conv_saved, g=g)
+            offered = ctx.__dict__.get("prepared_for")
+            into = ctx.inputs[0]._ctx.kernel_saved if offered and offered[0] == "conv_g" else None
+            dx, dw, db = cuda_conv.conv2d_backward(None, conv_saved, g=g, into=into)
+            if dx is not None and dx.ndim == 2:   # written as the producer's g
+                dx = Prepared("conv_g", dx)
         return dx, dw, db, None, None, None, None, None, dlw, dlb
 
 

@@ -9,6 +9,7 @@ import torch
 
 import smalltrain as st
 from smalltrain.autograd import Function
+from smalltrain.autograd.engine import Prepared
 from smalltrain.testing import assert_close, golden
 
 
@@ -279,3 +280,84 @@ def test_unit_seed_is_materialized_for_leaves_several_roots_and_functions_withou
     v, _ = st.max(x * x, dim=0)   # a root made by a two-output function
     v.backward()
     assert np.array_equal(x.grad.cpu().numpy(), [3.0, 7.0])
+
+
+class _Cube(Function):
+    """x ** 3, taking its input gradient ready-made (kind "dx") from a consumer that is offered it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.x = x.array
+        return x.array ** 3
+
+    @staticmethod
+    def prepared_kind(ctx):
+        return "dx"
+
+    @staticmethod
+    def backward(ctx, dout):
+        if isinstance(dout, Prepared):
+            return dout.value
+        return dout.array * 3 * ctx.x ** 2
+
+
+class _Scale(Function):
+    """3 * y, handing y's producer (a _Cube) its input gradient directly where the engine offers it."""
+    makes_prepared = True
+
+    offers = []   # what the engine offered, per backward (the test reads it)
+
+    @staticmethod
+    def forward(ctx, y):
+        return y.array * 3
+
+    @staticmethod
+    def backward(ctx, dout):
+        kind = ctx.prepared_for[0]
+        _Scale.offers.append(kind)
+        if kind == "dx":
+            cube = ctx.inputs[0]._ctx
+            return Prepared("dx", dout.array * 3 * (3 * cube.x ** 2))
+        return dout.array * 3
+
+
+def test_prepared_gradient_goes_to_the_producer_only_where_the_engine_offers_it(device):
+    """A consumer hands its input's producer a gradient in the producer's own form (engine.Prepared) only where
+    the tensor has no other consumer and no hook: the same gradients as the plain path either way."""
+    x0 = np.array([0.5, -1.5, 2.0], np.float32)
+
+    def run(extra):
+        _Scale.offers = []
+        x = st.tensor(x0, device=device, requires_grad=True)
+        y = _Cube.apply(x)
+        out = _Scale.apply(y).sum()
+        if extra == "second consumer":
+            out = out + y.sum()
+        if extra == "hook":
+            y.register_hook(lambda g: g)
+        if extra == "retain_grad":
+            y.retain_grad()
+        out.backward()
+        return x.grad.cpu().numpy(), _Scale.offers
+    want = 9 * x0 ** 2
+    grad, offers = run(None)
+    assert offers == ["dx"] and np.allclose(grad, want)
+    grad, offers = run("second consumer")
+    assert offers == [None] and np.allclose(grad, want + 3 * x0 ** 2)
+    for extra in ("hook", "retain_grad"):
+        grad, offers = run(extra)
+        assert offers == [None] and np.allclose(grad, want), extra
+
+
+def test_a_prepared_gradient_nobody_offered_is_an_error(device):
+    class Rogue(Function):
+        @staticmethod
+        def forward(ctx, y):
+            return y.array * 2
+
+        @staticmethod
+        def backward(ctx, dout):
+            return Prepared("dx", dout.array)
+    x = st.tensor(np.ones(2, np.float32), device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"Prepared\('dx'\).*offered None"):
+        Rogue.apply(_Cube.apply(x)).sum().backward()

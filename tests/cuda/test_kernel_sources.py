@@ -169,14 +169,24 @@ def test_tile_wgrad_plans(monkeypatch):
 
 
 def test_tile_conv_plans(monkeypatch):
-    """_tile_plan on 132 SMs, no GPU needed: (channels per thread, rows per block, threads, blocks, shared bytes)."""
+    """_tile_plan on 132 SMs, no GPU needed: (channels per thread, rows per block, threads, blocks, shared bytes,
+    channel splits)."""
     from smalltrain.backend.cuda import conv
     monkeypatch.setattr(conv, "_sm_count", lambda: 132)
     # MnistCnn's second layer at batch 64: 4 channels x 4 columns per thread (8 would leave 279 threads per SM), 48
     # threads a row; 4 rows a block (6 full warps, 2.9 blocks per SM) rather than 5 (7.5 warps, a partial last
     # tile) or 2 (as many halo rows staged as output rows)
-    to, th, threads, blocks, smem = conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)
-    assert (to, th, threads, blocks) == (4, 4, 192, 384) and smem == (144 * 32 + 16 * 6 * 28) * 4
+    to, th, threads, blocks, smem, cs = conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)
+    assert (to, th, threads, blocks, cs) == (4, 4, 192, 384, 1) and smem == (144 * 32 + 16 * 6 * 28) * 4
+    # channel splits (off by default) where the grid leaves the SMs few threads: its input gradient (448 blocks of
+    # 112 threads, 380 per SM) in 2 groups of 16 channels, within 1024 threads per SM; the forward (558) stays whole
+    monkeypatch.setattr(conv, "_TILE_SPLIT_THREADS_PER_SM", 1024)
+    assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[2:] == (224, 448, (288 * 16 + 32 * 6 * 32) * 4, 2)
+    assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)[5] == 1
+    monkeypatch.setattr(conv, "_TILE_SPLITS", 3)   # forced: 3 groups of 10, 11, 11 channels; their sums in smem
+    assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[4:] == ((288 * 16 + 32 * 6 * 32) * 4, 3)
+    monkeypatch.setattr(conv, "_TILE_SPLITS", None)
+    monkeypatch.setattr(conv, "_TILE_SPLIT_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv, "_TILE_TO8_THREADS_PER_SM", 256)
     assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)[:4] == (8, 4, 96, 384)
     monkeypatch.setattr(conv, "_TILE_TO8_THREADS_PER_SM", 1024)
@@ -187,8 +197,8 @@ def test_tile_conv_plans(monkeypatch):
                             (2, 3, 200, (30, 90), 5)]:
         plan = conv._tile_plan(n, c, (hw[0] + ks - 1, hw[1] + ks - 1), o, hw, ks, 8)
         if plan is not None:
-            to, th, threads, blocks, smem = plan
-            assert threads <= 1024 and smem <= 48 * 1024 and blocks * th >= n * hw[0] and blocks % n == 0
+            to, th, threads, blocks, smem, cs = plan
+            assert cs == 1 and threads <= 1024 and smem <= 48 * 1024 and blocks * th >= n * hw[0] and blocks % n == 0
     assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 7, 4) is None   # not compiled
     # the forward's geometry and taps: stride, dilation, groups, a non-square or uncompiled kernel, under TILE_MIN_K
     x, w = (64, 16, 26, 26), (32, 16, 3, 3)

@@ -199,13 +199,15 @@ TILE_CASES = [  # x shape, out channels, kernel size, padding, activation, bias
 ]
 
 
-@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "row tiles"])
+@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "row tiles", "2 channel splits",
+                                  "3 channel splits"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES)
 def test_tile_conv(case, dtype, plan, rng, monkeypatch):
     """tile_conv takes the forward and dx of stride-1, undilated 3x3 and 5x5 convolutions (whatever the padding),
-    against the float64 reference, on its own choices and with each forced: 4 or 8 channels per thread, and blocks
-    of few rows (several row tiles per image, the last one partial). dw by the implicit GEMM from the kept x."""
+    against the float64 reference, on its own choices and with each forced: 4 or 8 channels per thread, blocks
+    of few rows (several row tiles per image, the last one partial), the input channels split over 2 or 3 thread
+    groups (uneven where C is not a multiple; one group where C is 1). dw by the implicit GEMM from the kept x."""
     shape, o, ks, padding, activation, bias = case
     monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)                   # tile_conv on every case: the kernel's
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)   # values, not where it pays
@@ -215,6 +217,8 @@ def test_tile_conv(case, dtype, plan, rng, monkeypatch):
         monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 0)
     if plan == "row tiles":
         monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 3)   # 3 rows per block: 9 of 12, 26 of 28 ... the last partial
+    if plan.endswith("channel splits"):
+        monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", int(plan[0]))
     launched = []
     real_get = conv_kernels.get
     monkeypatch.setattr(conv_kernels, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
@@ -909,7 +913,7 @@ def test_cross_entropy_forward_and_reduction_in_one_launch(rows, reduction, rng)
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("shape,weighted,smoothing", [((64, 10), False, 0.0), ((7, 5, 3), True, 0.1),
-                                                      ((3, 4), True, 0.0)])
+                                                      ((3, 4), True, 0.0), ((512, 10), True, 0.0)])
 def test_cross_entropy_writes_the_unit_gradient_for_small_inputs(shape, weighted, smoothing, reduction, rng,
                                                                  monkeypatch):
     """Up to CE_UNIT_MAX elements the forward's last block also writes backward's dx for a loss gradient of 1:
@@ -919,7 +923,9 @@ def test_cross_entropy_writes_the_unit_gradient_for_small_inputs(shape, weighted
     t = rng.integers(0, shape[1], (shape[0],) + shape[2:])
     t.reshape(-1)[::4] = -100
     w = g(rng.uniform(0.5, 2, shape[1]).astype(np.float32)) if weighted else None
-    _, saved = ops.cross_entropy_forward(g(x), g(t), w, reduction=reduction, label_smoothing=smoothing)
+    loss, saved = ops.cross_entropy_forward(g(x), g(t), w, reduction=reduction, label_smoothing=smoothing)
+    assert_close(loss, ref.cross_entropy(x, t, None if w is None else w.get(), -100, smoothing, reduction), 1e-5,
+                 name="loss")
     want = ops.cross_entropy_backward(cp.ones((), cp.float32), saved)
     assert saved.unit is not None and cp.array_equal(saved.unit, want)
     assert float(cp.abs(want).max()) > 0 and not cp.isnan(want).any()

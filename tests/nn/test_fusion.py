@@ -292,3 +292,54 @@ def test_linear_fusable():
     flat = nn.Flatten()
     flat.register_forward_hook(lambda m, i, o: None)
     assert not linear_fusable(seq[:2] + [flat] + seq[3:], 0)
+
+
+@cuda
+@pytest.mark.parametrize("act1", ["relu", "gelu", None])
+def test_cuda_convolution_hands_the_previous_one_its_g(act1, monkeypatch):
+    """MnistCnn's layout: Conv2d + act, then Conv2d + ReLU + Flatten + Linear. Where nothing else reads the first
+    layer's output, the second layer's backward writes the first's g (autograd.engine.Prepared "conv_g": its input
+    gradient times the first activation's derivative, in the first layer's kernels' layout), so no
+    transpose-and-derivative kernel runs; the gradients are those of the hand-off switched off, bit for bit, and
+    of the unfused layers. A second consumer of that output, or a hook on it, keeps the plain path."""
+    from smalltrain.backend.cuda import conv as cuda_conv
+    monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
+    launched = []
+    real_get = cuda_conv.get
+    monkeypatch.setattr(cuda_conv, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
+                                                                                                    *a))
+    st.manual_seed(0)
+    c1, c2, fc = nn.Conv2d(1, 16, 3).to("cuda"), nn.Conv2d(16, 32, 3).to("cuda"), nn.Linear(32 * 10 * 10, 10)
+    fc, flatten = fc.to("cuda"), nn.Flatten()
+    params = list(c1.parameters()) + list(c2.parameters()) + list(fc.parameters())
+    x = st.randn(8, 1, 14, 14).to("cuda")
+
+    def grads(mode, fused=True):
+        for p in params:
+            p.grad = None
+        launched.clear()
+        h = layer_act(c1, x, act1) if fused else _unfused(c1, x, act1)
+        if mode == "hook":
+            h.register_hook(lambda g: g)
+        out = layer_act_linear(c2, h, "relu", flatten, fc) if fused else fc(flatten(F.relu(c2(h))))
+        loss = (out * out).sum()
+        if mode == "second consumer":
+            loss = loss + (h * 0).sum()
+        loss.backward()
+        return [p.grad.cpu().numpy() for p in params]
+    handed = grads(None)
+    assert not any(n.startswith("bias_act") for n in launched), launched
+    monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", False)
+    plain = grads(None)
+    assert any(n.startswith("bias_act") for n in launched), launched
+    monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", True)
+    for u, v in zip(handed, plain):
+        assert np.array_equal(u, v)
+    unfused = grads(None, fused=False)
+    for u, v in zip(handed, unfused):
+        assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0)
+    for mode in ("second consumer", "hook"):
+        other = grads(mode)
+        assert any(n.startswith("bias_act") for n in launched), (mode, launched)
+        for u, v in zip(other, handed):
+            assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0), mode

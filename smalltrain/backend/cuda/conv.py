@@ -79,6 +79,9 @@ _TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this 
 TILE_MIN_K = 16
 TILE_DX_MIN_THREADS_PER_SM = 128
 _TILE_ROWS = None             # rows per block if set (tests: partial last tiles; benchmarks), else planned
+_TILE_SPLIT_THREADS_PER_SM = 0    # channel splits while the grid keeps at most this many threads per SM (0: none)
+_TILE_SPLIT_MAX_THREADS = 512     # ... and a float32 block at most this many (float64: _TILE_THREADS)
+_TILE_SPLITS = None           # channel splits if set (tests, benchmarks), else planned
 # the weight and bias gradients of the convolutions tile_conv takes (geometry and kernel sizes) by tile_wgrad where
 # its plan fits (_tile_wgrad_plan): persistent blocks over tiles of TH output rows, double-buffered staging, then
 # wgrad_reduce. Tests set TILE_WGRAD = False for the other dw kernels, and the _TILE_WG_* overrides
@@ -90,6 +93,8 @@ _TILE_WG_ROWS = None          # rows per tile if set (tests: partial tiles), els
 _TILE_WG_GRID = None          # blocks if set (tests: one block walking every tile)
 _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the largest divisor of TH that fits
 TILE_WGRAD = True
+# conv2d_backward writes its input gradient as the previous convolution's g where its caller passes `into`
+INTO_PRODUCER = True
 # conv2d_backward queues the weight gradient on a side stream beside the input gradient (_common.run_beside) where
 # the output has at most this many elements (N*O*OH*OW). H200, captured steps: LeNet-5 b64's second layer (65,536)
 # 98.3 -> 94.0 us per step; b512's (524,288) and MnistCnn b64's (1,179,648) lose (209.6 -> 234.8, 147.7 -> 158.8 us):
@@ -302,8 +307,9 @@ def _tile_knobs():
     """The module settings tile_conv's and tile_wgrad's plans depend on (tests and benchmarks change them) and the
     SM count: part of the plans' cache keys."""
     return (TILE_CONV, TILE_WGRAD, _TILE_THREADS, _TILE_BLOCKS_PER_SM, _TILE_MIN_THREADS, _TILE_TO8_THREADS_PER_SM,
-            _TILE_ROWS, _TILE_WG_THREADS, _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_GRID,
-            _TILE_WG_SPLIT, _SMEM_BYTES, _sm_count())
+            _TILE_ROWS, _TILE_SPLIT_THREADS_PER_SM, _TILE_SPLIT_MAX_THREADS, _TILE_SPLITS, _TILE_WG_THREADS,
+            _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_GRID, _TILE_WG_SPLIT, _SMEM_BYTES,
+            _sm_count())
 
 
 def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize):
@@ -313,14 +319,14 @@ def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize):
 
 @metadata_cache
 def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs):
-    """(TO, TH, threads, blocks, shared memory) of tile_conv over n images of c input channels in_hw to o output
+    """(TO, TH, threads, blocks, shared memory, CS) of tile_conv over n images of c input channels in_hw to o output
     channels out_hw with a ks x ks kernel, or None where it does not take the convolution (TILE_CONV off, ks not
     compiled, nothing to do, indices past 32 bits, a row of tiles over 1024 threads or one row's input and the weights
     over the shared memory). TO: 8 channels per thread where that leaves _TILE_TO8_THREADS_PER_SM threads per SM,
     else 4. TH, the output rows per block: of the row counts whose block fits (_TILE_THREADS threads, the shared
     memory), those giving _TILE_BLOCKS_PER_SM blocks per SM of _TILE_MIN_THREADS threads (else those of that many
     threads, else all), the one wasting the least: lanes of partial warps, staged halo rows, rows of a partial last
-    tile (_TILE_ROWS, if set: the most rows up to it that fit)."""
+    tile (_TILE_ROWS, if set: the most rows up to it that fit). CS: the input channels' splits over thread groups."""
     ho, wo = out_hw
     if (not TILE_CONV or ks not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * in_hw[0] * in_hw[1] >= _FITS32
             or n * o * ho * wo >= _FITS32):
@@ -345,7 +351,24 @@ def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs):
                 * ho / (-(-ho // t) * t), t)
     th = max(spread or full or fits, key=useful)
     tiles = -(-ho // th)
-    return to, th, og * th * cg, n * tiles, weights + (th + ks - 1) * row_bytes
+    # channel splits: the most (up to c, at least 2 channels each unless forced) that keep the grid's threads per SM
+    # within _TILE_SPLIT_THREADS_PER_SM and a block within _TILE_SPLIT_MAX_THREADS (_TILE_SPLITS, if set: that many)
+    threads = og * th * cg
+
+    def reduction(split):   # the shared memory the other groups' sums pass through
+        return (split - 1) * threads * to * _TILE_TW * itemsize
+    most = _TILE_SPLIT_MAX_THREADS if itemsize == 4 else _TILE_THREADS   # float64: ~160 registers a thread
+    cs = 1
+    for split in range(2, c // 2 + 1):
+        if (n * tiles * threads * split > _TILE_SPLIT_THREADS_PER_SM * sms or threads * split > most
+                or reduction(split) > _SMEM_BYTES):
+            break
+        cs = split
+    if _TILE_SPLITS is not None:
+        cs = max([1] + [k for k in range(2, min(_TILE_SPLITS, c) + 1)
+                        if threads * k <= most and reduction(k) <= _SMEM_BYTES])
+    smem = max(weights + (th + ks - 1) * row_bytes, reduction(cs))
+    return to, th, threads * cs, n * tiles, smem, cs
 
 
 def _tile_geometry(stride, dilation, groups, w_shape):
@@ -363,22 +386,26 @@ def _tile_forward_plan(x_shape, w_shape, out_hw, stride, pads, dilation, groups,
     return _tile_plan(x_shape[0], cg, x_shape[2:], o, out_hw, kh, itemsize)
 
 
-def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act):
+def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None):
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
-    of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped)."""
-    to, th, threads, blocks, smem = plan
-    n, o, ho, wo = out.shape
+    of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped).
+    into_nchw (with transposed): the result's shape (N, O, Ho, Wo), written to out [O, N*Ho*Wo] times
+    act'(y + b), y and b read (conv.cu, "into")."""
+    to, th, threads, blocks, smem, cs = plan
+    n, o, ho, wo = out.shape if into_nchw is None else into_nchw
     get("conv", f"tile_conv_k{w.shape[3]}_to{to}", out.dtype)(
         (blocks,), (threads,), (inp, w, ptr(b), out, ptr(y)) + i32s(
-            (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, int(transposed), act)),
+            (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
+                                                        int(into_nchw is not None), act)),
         shared_mem=smem)
 
 
-def _tile_dx(g, saved):
+def _tile_dx(g, saved, into=None):
     """dx [N, C, H, W] from g [O, N*OH*OW] by tile_conv (the full correlation of g with the flipped kernel), or
     None where it does not take the convolution (_tile_forward_plan's rules but the taps' on the transposed
-    geometry, and TILE_DX_MIN_THREADS_PER_SM)."""
+    geometry, and TILE_DX_MIN_THREADS_PER_SM). With `into` (the Conv2dSaved of the convolution whose output x is,
+    fitting _into_ok), dx is written as that convolution's g [C, N*H*W]: times its activation's derivative."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
     if not _tile_geometry(saved.stride, saved.dilation, saved.groups, saved.weight.shape):
@@ -386,12 +413,30 @@ def _tile_dx(g, saved):
     plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, g.dtype.itemsize)
     if plan is None or g.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
         return None
-    dx = cupy().empty(tuple(saved.x_shape), dtype=g.dtype)
+    shape = (c, n * h * wd) if into is not None else tuple(saved.x_shape)
+    dx = cupy().empty(shape, dtype=g.dtype)
     p = saved.out_hw[0] * saved.out_hw[1]
     pads = saved.pads
-    _tile_conv(plan, g, saved.weight, None, dx, None, (o,) + tuple(saved.out_hw), (p, n * p),
-               (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0)
+    if into is None:
+        _tile_conv(plan, g, saved.weight, None, dx, None, (o,) + tuple(saved.out_hw), (p, n * p),
+                   (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0)
+    else:   # y and b are the producer's, read; the output in its g layout (conv.cu, "into")
+        act = ACTIVATIONS[into.activation]
+        _tile_conv(plan, g, saved.weight, into.bias if act else None, dx, into.y if act else None,
+                   (o,) + tuple(saved.out_hw), (p, n * p), (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
+                   tuple(saved.x_shape))
     return dx
+
+
+def _into_ok(saved, into, dtype):
+    """Whether conv2d_backward can write its input gradient as `into`'s g: `into` made x (its output's shape and
+    dtype), keeps what its activation's derivative needs (the output before the bias), and computes no g itself."""
+    if into is None or into.weight.dtype != dtype:
+        return False
+    o = into.weight.shape[0]
+    if (into.x_shape[0], o) + tuple(into.out_hw) != tuple(saved.x_shape):
+        return False
+    return into.activation is None or into.y is not None
 
 
 def _tile_wgrad_plan(saved, itemsize):
@@ -693,7 +738,7 @@ def _weight_grad(x, g, saved, with_bias):
     return _reduce_partials(partial, saved.weight.shape, with_bias)
 
 
-def conv2d_backward(dout, saved, g=None):
+def conv2d_backward(dout, saved, g=None, into=None):
     """Gradients of conv2d_forward's output: dout [N, O, OH, OW] -> (dx, dw, db); or, with dout None, from g
     [O, N*OH*OW], the gradient after the activation's derivative, already in the kernels' layout (a fused
     pooling's backward computes it: pool.max_pool2d_backward_act).
@@ -702,6 +747,9 @@ def conv2d_backward(dout, saved, g=None):
     derivative is applied first (fused with the [N, O] -> [O, N] transpose), then db = sum over N, OH, OW,
     dw = g @ cols^T (where the forward kept x, both from x by one of three kernels, _wgrad_kernel) and
     dx = col2im(w^T @ g), all over the whole batch; on the direct path dx is one gather kernel (_direct_dx).
+    into: the Conv2dSaved of the convolution that made x; where tile_conv takes dx (and _into_ok), dx is returned
+    as that convolution's g [C, N*H*W] instead (its activation's derivative applied), for its conv2d_backward(None,
+    into, g=dx); else as usual [N, C, H, W].
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -760,6 +808,10 @@ def conv2d_backward(dout, saved, g=None):
         def input_grad():
             if not need_x:
                 return None
+            if INTO_PRODUCER and _into_ok(saved, into, dtype):
+                dx = _tile_dx(g, saved, into)
+                if dx is not None:
+                    return dx
             dx = _tile_dx(g, saved)
             if dx is None:
                 dx = _direct_dx(g, saved)

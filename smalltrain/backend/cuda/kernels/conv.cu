@@ -534,8 +534,13 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // Forward (transposed == 0): in = x [N, C, H, W], wt = w, then igemm_fwd's epilogue (y before bias, bias,
 // activation). Input gradient (transposed == 1): in = g [O, N, OH, OW] (in_sn = OH*OW, in_sc = N*OH*OW), wt(c, o, i,
 // j) = w[o, c, KS-1-i, KS-1-j] and pt = KS-1-ph, pl = KS-1-pw: the full correlation of g with the flipped kernel,
-// which is dx; no bias, activation or y. A block takes one image and TH output rows; its threads (og, row, cg), cg
-// fastest, each compute TO channels x ST_TW consecutive columns of one row. Per input channel and kernel row a thread
+// which is dx; no bias, activation or y, unless into: then dx is written as the g of the convolution that made
+// the input ([C, N, H, W] in this kernel's O, N, Ho, Wo), times that convolution's act'(y + b[o]) with its y
+// ([O, N, P], the output before the bias) and b read: its transpose-and-derivative kernel is not run. A block
+// takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
+// consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
+// where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
+// end). Per input channel and kernel row a thread
 // loads 8 x values (two 4-vectors: the padded row width WP is a multiple of 4) and KS x TO/4 weight vectors (a warp
 // shares og: broadcasts) for KS*TO*ST_TW FMAs (igemm_fwd: 8 shared loads per 16), and no bounds are checked inside
 // the loop: the padding is zeros in shared memory. The epilogue stores a thread's 4 columns as one vector (or two
@@ -574,7 +579,8 @@ __device__ __forceinline__ void store2(T* p, const T* r) {   // 2 consecutive va
 template <typename T, int KS, int TO>
 __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ b,
                           T* __restrict__ out, T* __restrict__ y, int N, int C, int Hi, int Wi, int in_sn, int in_sc,
-                          int O, int Ho, int Wo, int pt, int pl, int TH, int transposed, int act) {
+                          int O, int Ho, int Wo, int pt, int pl, int TH, int CS, int transposed, int into,
+                          int act) {
     static_assert(KS >= 1 && KS <= 5 && TO % 4 == 0, "tile_conv: 8 x values per row cover TW + KS - 1");
     extern __shared__ unsigned char st_smem[];
     const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TO, KK = KS * KS, K = C * KK;
@@ -605,7 +611,10 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     }
     st_async_wait();
     __syncthreads();
-    const int cg = threadIdx.x % CG, rt = threadIdx.x / CG, row = rt % TH, og = rt / TH, r = r0 + row;
+    // CS channel splits: thread group cs (whole warps where G is a multiple of 32) sums the input channels
+    // [cs*C/CS, (cs+1)*C/CS); the groups' sums are added in cs order at the end
+    const int G = CG * TH * OG, cs = threadIdx.x / G, tid = threadIdx.x - cs * G;
+    const int cg = tid % CG, rt = tid / CG, row = rt % TH, og = rt / TH, r = r0 + row;
     T acc[TO][ST_TW];
 #pragma unroll
     for (int u = 0; u < TO; ++u)
@@ -613,7 +622,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         for (int v = 0; v < ST_TW; ++v) acc[u][v] = T(0);
     const T* xrow = xs + row * WP + cg * ST_TW;
     const T* wcol = ws + og * TO;
-    for (int c = 0; c < C; ++c) {
+    for (int c = cs * C / CS, c_end = (cs + 1) * C / CS; c < c_end; ++c) {
 #pragma unroll
         for (int i = 0; i < KS; ++i) {
             T xv[8];
@@ -633,6 +642,23 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             }
         }
     }
+    if (CS > 1) {   // the other groups' sums through shared memory (the staged tiles are read by now)
+        __syncthreads();
+        T* red = reinterpret_cast<T*>(st_smem);   // [CS - 1][G][TO * ST_TW]
+        if (cs > 0) {
+#pragma unroll
+            for (int u = 0; u < TO; ++u)
+#pragma unroll
+                for (int v = 0; v < ST_TW; ++v) red[((cs - 1) * G + tid) * TO * ST_TW + u * ST_TW + v] = acc[u][v];
+        }
+        __syncthreads();
+        if (cs > 0) return;
+        for (int k = 1; k < CS; ++k)
+#pragma unroll
+            for (int u = 0; u < TO; ++u)
+#pragma unroll
+                for (int v = 0; v < ST_TW; ++v) acc[u][v] += red[((k - 1) * G + tid) * TO * ST_TW + u * ST_TW + v];
+    }
     if (r >= Ho) return;   // the last tile's rows past the image
     const int P = Ho * Wo, s0 = cg * ST_TW;
     // the 4 columns in one store where every row starts aligned (Wo a multiple of 4), in two where rows start at even
@@ -644,13 +670,24 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         if (o >= O) break;
         T pre[ST_TW], val[ST_TW];
         const T bo = b != nullptr ? b[o] : T(0);
-#pragma unroll
-        for (int v = 0; v < ST_TW; ++v) {
-            pre[v] = acc[u][v];
-            val[v] = act_fwd(b != nullptr ? pre[v] + bo : pre[v], act);
-        }
-        T* orow = out + ((n * O + o) * Ho + r) * Wo + s0;
         T* yrow = y != nullptr ? y + (o * N + n) * P + r * Wo + s0 : nullptr;
+        T* orow;
+        if (into) {   // the producer's g [O, N*P]: dx * act'(y + b), y and b the producer's (read, not written)
+#pragma unroll
+            for (int v = 0; v < ST_TW; ++v) {
+                pre[v] = acc[u][v];
+                val[v] = act == ST_ACT_NONE || s0 + v >= Wo ? pre[v] : act_bwd(pre[v], yrow[v] + bo, act);
+            }
+            orow = out + (o * N + n) * P + r * Wo + s0;
+            yrow = nullptr;
+        } else {
+#pragma unroll
+            for (int v = 0; v < ST_TW; ++v) {
+                pre[v] = acc[u][v];
+                val[v] = act_fwd(b != nullptr ? pre[v] + bo : pre[v], act);
+            }
+            orow = out + ((n * O + o) * Ho + r) * Wo + s0;
+        }
         if (vec == 4) {
             store4(orow, val);
             if (yrow != nullptr) store4(yrow, pre);
@@ -946,9 +983,10 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
 #define ST_TILE(T, S, KS, TO)                                                                                      \
     extern "C" __global__ void tile_conv_k##KS##_to##TO##_##S(const T* in, const T* w, const T* b, T* out, T* y,     \
                                                             int N, int C, int Hi, int Wi, int in_sn, int in_sc,    \
-                                                            int O, int Ho, int Wo, int pt, int pl, int TH,         \
-                                                            int transposed, int act) {                             \
-        tile_conv<T, KS, TO>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, transposed, act); \
+                                                            int O, int Ho, int Wo, int pt, int pl, int TH, int CS, \
+                                                            int transposed, int into, int act) {                   \
+        tile_conv<T, KS, TO>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS, transposed,   \
+                             into, act);                                                                           \
     }
 
 // tile_wgrad's blocks have at most ST_TILE_WG_THREADS threads (conv.py _TILE_WG_THREADS); in float32 the compiler

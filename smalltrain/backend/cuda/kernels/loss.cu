@@ -15,8 +15,9 @@
 //     the losses (and weights) of the rows it computed into partial[2 * block], and the block that finishes last (a
 //     ticket from *counter, which it resets to 0) adds the blocks' sums in block order: deterministic, no atomics on
 //     the values. (Another summation order than cross_entropy_reduce's: the same value up to rounding.) With
-//     unit, the last block also writes cross_entropy_bwd's dx for a loss gradient of 1 (the launcher's choice for
-//     small inputs), so that `loss.backward()` needs no kernel.
+//     unit (the launcher's choice for small inputs), every block also writes its rows' cross_entropy_bwd dx for a
+//     loss gradient of 1, so that `loss.backward()` needs no kernel: each block first adds all the targets' weights
+//     itself (the same order in every block), which the mean then divides by.
 //   cross_entropy_bwd: dx = grad * scale[r * scale_stride] / (*wsum if wsum else 1) (scale_stride 0: dout), and
 //     exactly 0 in rows whose target is ignore_index, as torch, even where the scale is inf or NaN ('mean' with
 //     every target ignored divides by a zero total weight).
@@ -66,8 +67,10 @@ __device__ void softmax_backward(const T* __restrict__ dy, const T* __restrict__
 template <typename T>
 __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
                            T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C, i64 inner,
-                           i64 ignore_index, T ls, int* __restrict__ bad, T& loss_sum, T& wt_sum) {
-    // loss_sum, wt_sum: lane 0 of each warp adds up the loss and weight of its rows (0 on the other lanes)
+                           i64 ignore_index, T ls, int* __restrict__ bad, T& loss_sum, T& wt_sum,
+                           T* __restrict__ unit = nullptr, T unit_scale = T(0)) {
+    // loss_sum, wt_sum: lane 0 of each warp adds up the loss and weight of its rows (0 on the other lanes); unit
+    // (with grad): also grad * unit_scale, 0 where the target is ignored (cross_entropy_bwd's dx for a gradient of 1)
     const int lane = threadIdx.x & 31;
     const i64 warps = blockDim.x >> 5;
     for (i64 r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
@@ -84,7 +87,10 @@ __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ targ
                 if (!ignored && bad != nullptr) *bad = 1;  // every writer stores the same value: no atomic needed
             }
             if (grad != nullptr)
-                for (i64 c = lane; c < C; c += 32) grad[base + c * inner] = fill;
+                for (i64 c = lane; c < C; c += 32) {
+                    grad[base + c * inner] = fill;
+                    if (unit != nullptr) unit[base + c * inner] = ignored ? T(0) : fill * unit_scale;
+                }
             continue;
         }
         T m = st_neg_inf<T>();
@@ -112,6 +118,7 @@ __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ targ
                     T g = (T(1) - ls) * w_t * (p - (c == t ? T(1) : T(0)));
                     if (ls != T(0)) g += (ls / T(C)) * (p * wsum - wc);
                     grad[k] = g;
+                    if (unit != nullptr) unit[k] = g * unit_scale;
                 }
             }
             smooth = warp_sum(smooth);
@@ -164,8 +171,19 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
                                   unsigned* __restrict__ counter, int mean, T* __restrict__ out,
                                   T* __restrict__ wsum, T* __restrict__ unit) {
     __shared__ unsigned ticket;
+    // With unit, every block first adds the weights of all the targets (a few hundred loads, the same order in every
+    // block), so that each writes its rows' unit gradient while it computes them; the mean then divides by this sum.
+    T all_w = T(0);
+    if (unit != nullptr && mean) {
+        for (i64 r = threadIdx.x; r < rows; r += blockDim.x) {
+            const i64 t = target[r];
+            all_w += t == ignore_index ? T(0) : t < 0 || t >= C ? st_nan<T>() : w != nullptr ? w[t] : T(1);
+        }
+        all_w = block_sum(all_w);
+    }
     T l = T(0), wv = T(0);
-    ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv);
+    ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv, unit,
+                  T(1) / (mean ? all_w : T(1)));
     l = block_sum(l);
     wv = block_sum(wv);
     if (threadIdx.x == 0) {
@@ -184,34 +202,11 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
     }
     l = block_sum(l);
     wv = block_sum(wv);
+    if (unit != nullptr) wv = all_w;   // the divisor the unit gradient used: the backward's too
     if (threadIdx.x == 0) {
         out[0] = mean ? l / wv : l;
         if (mean) wsum[0] = wv;
         *counter = 0u;
-    }
-    if (unit == nullptr) return;
-    // backward's dx for a loss gradient of 1, as ce_backward computes it (grad * (1 / wsum), 0 where ignored)
-    // One block writes all of it, so its loads are issued UNIT_LOADS at a time (one L2 round trip per batch, not per
-    // element), with 32-bit indices: the launcher asks for unit only up to CE_UNIT_MAX elements.
-    constexpr int UNIT_LOADS = 8;
-    const T scale = T(1) / (mean ? wv : T(1));
-    const unsigned n = unsigned(rows * C), row_len = unsigned(C * inner), in = unsigned(inner);
-    for (unsigned k0 = threadIdx.x; k0 < n; k0 += UNIT_LOADS * blockDim.x) {
-        T g[UNIT_LOADS];
-        bool ignored[UNIT_LOADS];
-#pragma unroll
-        for (int j = 0; j < UNIT_LOADS; ++j) {
-            const unsigned k = k0 + j * blockDim.x;
-            if (k < n) {
-                g[j] = __ldcg(grad + k);
-                ignored[j] = target[(k / row_len) * in + k % in] == ignore_index;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < UNIT_LOADS; ++j) {
-            const unsigned k = k0 + j * blockDim.x;
-            if (k < n) unit[k] = ignored[j] ? T(0) : g[j] * scale;
-        }
     }
 }
 
