@@ -178,9 +178,9 @@ def test_tile_conv_plans(monkeypatch):
     # tile) or 2 (as many halo rows staged as output rows)
     to, th, threads, blocks, smem, cs = conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)
     assert (to, th, threads, blocks, cs) == (4, 4, 192, 384, 1) and smem == (144 * 32 + 16 * 6 * 28) * 4
-    # channel splits (off by default) where the grid leaves the SMs few threads: its input gradient (448 blocks of
-    # 112 threads, 380 per SM) in 2 groups of 16 channels, within 1024 threads per SM; the forward (558) stays whole
-    monkeypatch.setattr(conv, "_TILE_SPLIT_THREADS_PER_SM", 1024)
+    # channel splits where the grid leaves the SMs few threads: its input gradient (448 blocks of 112 threads, 380
+    # per SM) in 2 groups of 16 channels, within 1024 threads per SM (the default); the forward (558) stays whole
+    assert conv._TILE_SPLIT_THREADS_PER_SM == 1024
     assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[2:] == (224, 448, (288 * 16 + 32 * 6 * 32) * 4, 2)
     assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)[5] == 1
     monkeypatch.setattr(conv, "_TILE_SPLITS", 3)   # forced: 3 groups of 10, 11, 11 channels; their sums in smem
