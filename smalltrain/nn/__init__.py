@@ -7,7 +7,7 @@ from .module import Module
 from .modules import *
 from .parameter import Buffer, Parameter
 
-__all__ = ["Buffer", "Module", "Parameter", "functional", "init", "parallel", "utils"]
+__all__ = ["Buffer", "Module", "Parameter", "functional", "init", "parallel", "utils"]  # noqa: F405 (parallel: lazy)
 __all__ += modules.__all__
 
 

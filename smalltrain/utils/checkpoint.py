@@ -58,8 +58,9 @@ def _prepare_tensors(tensors):
         array = np.asarray(array)
         dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
         if dtype not in _NAMES:
+            supported = ", ".join(sorted(str(np.dtype(d)) for d in _DTYPES.values()))
             raise TypeError(f"save_checkpoint: tensor {name!r} has dtype {array.dtype}, which safetensors "
-                            f"cannot store (supported: {', '.join(sorted(str(np.dtype(d)) for d in _DTYPES.values()))})")
+                            f"cannot store (supported: {supported})")
         prepared.append((name, array.astype(dtype, order="C", copy=False)))  # ascontiguousarray makes 0-d 1-d
     prepared.sort(key=lambda item: (-item[1].dtype.itemsize, item[0]))
     return prepared

@@ -224,7 +224,8 @@ class _EventFileWriter:
         os.makedirs(log_dir, exist_ok=True)
         # torch's name, except that the counter is zero-padded: readers load files in name order, and with torch's
         # unpadded counter a file ".10" opened in the same second as ".9" would be read (and purged) out of order.
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_file_counter):06d}"
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+                f".{next(_file_counter):06d}")
         self.log_dir = log_dir
         self.path = os.path.join(log_dir, name + filename_suffix)
         self.max_queue = max_queue

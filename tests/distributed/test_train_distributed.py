@@ -22,7 +22,8 @@ from workers._launch import requires_mpi, run_python, run_worker
 @requires_mpi
 def test_train_two_processes_only_rank0_writes(tmp_path):
     out = tmp_path / "run"
-    _, log = run_python(["-m", "smalltrain", "train", "--distributed", "--model", "mlp", "--epochs", "1", "--limit-train-batches", "50",
+    _, log = run_python(["-m", "smalltrain", "train", "--distributed", "--model", "mlp", "--epochs", "1",
+                         "--limit-train-batches", "50",
                          "--no-tensorboard", "--out", out], n=2)
     assert log.count("done: best test accuracy") == 1, log       # rank 0 alone reports
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint_epoch1.json", "checkpoint_epoch1.safetensors",

@@ -103,7 +103,8 @@ def test_layer_reprs_equal_torch(torch_repr):
 def test_batchnorm_scale_without_shift_matches_torch(cls, shape, device):
     if "bias" not in inspect.signature(torch.nn.BatchNorm1d).parameters:
         pytest.skip("this torch's BatchNorm has no bias keyword")
-    build = lambda n: getattr(n, cls)(4, bias=False)
+    def build(n):
+        return getattr(n, cls)(4, bias=False)
     assert build(nn).bias is None and list(build(nn).state_dict()) == list(build(torch.nn).state_dict())
     assert repr(build(nn)) == repr(build(torch.nn))
     run_pair(build, [randn(*shape, seed=3)], device)
@@ -164,7 +165,8 @@ CTOR_ERRORS = [
     (lambda n: n.Conv2d(3, 6, 3, stride=2, padding="same"), ValueError,
      "padding='same' is not supported for strided convolutions"),
     (lambda n: n.Conv2d(3, 6, 3, padding_mode="bogus"), ValueError, "padding_mode must be one of"),
-    (lambda n: n.Conv2d(3, -1, 3), RuntimeError, r"Trying to create tensor with negative dimension -1: \[-1, 3, 3, 3\]"),
+    (lambda n: n.Conv2d(3, -1, 3), RuntimeError,
+     r"Trying to create tensor with negative dimension -1: \[-1, 3, 3, 3\]"),
     (lambda n: n.Linear(-2, 3), RuntimeError, r"Trying to create tensor with negative dimension -2: \[3, -2\]"),
     (lambda n: n.BatchNorm2d(-1), RuntimeError, "negative dimension -1"),
     (lambda n: n.Dropout(1.5), ValueError, "dropout probability has to be between 0 and 1, but got 1.5"),

@@ -131,7 +131,8 @@ PLATEAUS = [
     ("min-rel", {}),
     ("min-abs-cooldown", {"patience": 3, "threshold": 1e-3, "threshold_mode": "abs", "cooldown": 4, "factor": 0.5}),
     ("max-rel", {"mode": "max", "patience": 2, "factor": 0.7}),
-    ("max-abs-min_lr-list", {"mode": "max", "threshold_mode": "abs", "patience": 1, "min_lr": [0.05, 1e-3], "factor": 0.2}),
+    ("max-abs-min_lr-list", {"mode": "max", "threshold_mode": "abs", "patience": 1, "min_lr": [0.05, 1e-3],
+                             "factor": 0.2}),
     ("eps", {"patience": 0, "factor": 0.5, "eps": 1e-3}),
     ("zero-threshold", {"threshold": 0.0, "patience": 4}),  # an equal metric is not an improvement
 ]

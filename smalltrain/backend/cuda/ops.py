@@ -18,7 +18,8 @@ from .pool import (avg_pool2d_backward, avg_pool2d_forward, max_pool2d_backward,
                    max_pool2d_forward)
 
 __all__ = ["conv2d_forward", "conv2d_backward", "Conv2dSaved", "im2col", "col2im",
-           "max_pool2d_forward", "max_pool2d_backward", "max_pool2d_backward_act", "avg_pool2d_forward", "avg_pool2d_backward",
+           "max_pool2d_forward", "max_pool2d_backward", "max_pool2d_backward_act", "avg_pool2d_forward",
+           "avg_pool2d_backward",
            "relu_forward", "relu_backward", "gelu_forward", "gelu_backward",
            "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
            "cross_entropy_forward", "cross_entropy_backward", "CrossEntropySaved",
