@@ -281,13 +281,17 @@ class Conv2dActLinear(Function):
     def forward(ctx, input, weight, bias, stride, pads, dilation, groups, activation, lin_weight, lin_bias):
         need = ctx.needs_input_grad
         x, lw = input.array, lin_weight.array
+        lb = None if lin_bias is None else lin_bias.array
         m, (f, k) = x.shape[0], lw.shape
-        out, ctx.conv_saved = cuda_conv.conv2d_forward(
+        # the convolution's epilogue computes the linear layer too where it can (conv2d_forward's `linear`)
+        out, ctx.conv_saved, y = cuda_conv.conv2d_forward(
             x, weight.array, None if bias is None else bias.array, stride, pads, dilation, groups,
             activation=activation, needs_input_grad=need[:3],
-            keep_pre_activation=cuda_linear.into_conv_needs_pre_activation(m, k, f, activation))
-        y, ctx.lin_saved = cuda_linear.linear_act_forward(out.reshape(m, -1), lw,
-                                                          None if lin_bias is None else lin_bias.array)
+            keep_pre_activation=cuda_linear.into_conv_needs_pre_activation(m, k, f, activation), linear=(lw, lb))
+        if y is None:
+            y, ctx.lin_saved = cuda_linear.linear_act_forward(out.reshape(m, -1), lw, lb)
+        else:
+            ctx.lin_saved = cuda_linear.LinearSaved(out.reshape(m, -1), lw, lb, None, None)
         return y
 
     @staticmethod

@@ -250,6 +250,107 @@ def test_tile_conv(case, dtype, plan, rng, monkeypatch):
         assert_close(db, rdb, tol, name="db")
 
 
+LINEAR_CASES = [   # (x shape, w shape, padding, activation, F, biases, rows per block or None: as planned)
+    ((64, 16, 26, 26), (32, 16, 3, 3), 0, "relu", 10, True, None),   # MnistCnn's conv2 + classifier: vector loads
+    ((2, 4, 9, 13), (5, 4, 3, 3), 1, "gelu", 16, True, 4),   # 13 columns: scalar loads; rows past the image
+    ((2, 6, 12, 12), (16, 6, 5, 5), 0, None, 1, False, 4),   # 5x5, one output, no biases
+]
+
+
+def _linear_reference(x, w, b, padding, activation, lw, lb):
+    pre, _ = ref.conv2d(x, w, b, (1, 1), _pads(padding, w.shape[2:], (1, 1)), (1, 1), 1)
+    flat = ref.act(pre, activation).reshape(x.shape[0], -1)
+    return flat @ lw.T + (0 if lb is None else lb)
+
+
+@pytest.mark.parametrize("plan", ["as planned", "2 channel splits", "unaligned weight"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", LINEAR_CASES)
+def test_tile_conv_linear_epilogue(case, dtype, plan, rng, monkeypatch):
+    """conv2d_forward's `linear`: tile_conv_lin's epilogue gives flatten(act(conv(x))) @ lw^T + lb beside the
+    convolution's output, against the float64 reference: with the input channels split over 2 thread groups (the
+    idle groups' threads still join the block sums), and with lw at an address no vector load may read (scalar
+    loads). The same bits on a second call (its counters reset), and none left above zero."""
+    shape, w_shape, padding, activation, f, bias, rows = case
+    monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)
+    monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 1 << 30)   # 4 channels a thread: whole warps
+    if rows is not None:
+        monkeypatch.setattr(conv_kernels, "_TILE_ROWS", rows)
+    if plan == "2 channel splits":
+        monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", 2)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = (rng.standard_normal(w_shape) * 0.3).astype(dtype)
+    b = rng.standard_normal(w_shape[0]).astype(dtype) if bias else None
+    out_hw = [s + 2 * padding - w_shape[2] + 1 for s in shape[2:]]
+    k = w_shape[0] * out_hw[0] * out_hw[1]
+    lw = (rng.standard_normal((f, k)) / np.sqrt(k)).astype(dtype)
+    lb = rng.standard_normal(f).astype(dtype) if bias else None
+    glw = g(lw)
+    if plan == "unaligned weight":   # contiguous, one element past an aligned address
+        glw = cp.empty(f * k + 1, dtype=dtype)[1:].reshape(f, k)
+        glw[...] = g(lw)
+    args = (g(x), g(w), None if b is None else g(b), 1, padding, 1, 1, activation)
+    lin = (glw, None if lb is None else g(lb))
+    out, saved, logits = conv_kernels.conv2d_forward(*args, linear=lin)
+    plan_threads = conv_kernels._tile_plan(shape[0], shape[1], shape[2:], w_shape[0], out_hw, w_shape[2],
+                                           np.dtype(dtype).itemsize)[2]
+    if plan_threads % 32:   # float64 MnistCnn as planned: blocks of 48 threads (one row), declined, as in the next test
+        assert logits is None
+        return
+    assert logits is not None and logits.shape == (shape[0], f)
+    tol = ref.tol(dtype)
+    want = _linear_reference(x, w, b, padding, activation, lw, lb)
+    assert_close(logits, want, tol * max(1, np.sqrt(k) / 8), name="logits")
+    assert_close(logits, cp.asnumpy(out).reshape(shape[0], -1).astype(np.float64) @ lw.T + (0 if lb is None else lb),
+                 tol * max(1, np.sqrt(k) / 8), name="logits against the output it wrote")
+    assert cp.array_equal(conv_kernels.conv2d_forward(*args, linear=lin)[2], logits)
+    assert int(conv_kernels.device_counters("tile_conv_lin", conv_kernels._TILE_LINEAR_IMAGES).max()) == 0
+
+
+def test_tile_conv_linear_epilogue_declines_what_it_cannot_take(rng, monkeypatch):
+    """17 outputs (over ST_LF), blocks of partial warps, TILE_LINEAR off: logits None (the caller runs the linear
+    layer), the convolution's output unchanged."""
+    x = g(rng.standard_normal((2, 4, 9, 13)).astype(np.float32))
+    w = g(rng.standard_normal((5, 4, 3, 3)).astype(np.float32))
+    monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)
+    monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 1 << 30)
+    monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 4)   # 32 threads a block
+    plain, _ = conv_kernels.conv2d_forward(x, w, None, 1, 1)
+    for f, rows, on in [(17, 4, True), (3, 3, True), (3, 4, False)]:   # 3 rows: 24 threads
+        monkeypatch.setattr(conv_kernels, "_TILE_ROWS", rows)
+        monkeypatch.setattr(conv_kernels, "TILE_LINEAR", on)
+        lw = g(np.ones((f, 5 * 9 * 13), np.float32))
+        out, _, logits = conv_kernels.conv2d_forward(x, w, None, 1, 1, linear=(lw, None))
+        assert logits is None, (f, rows, on)
+        assert cp.array_equal(out, plain)
+
+
+def test_tile_conv_linear_epilogue_replays_as_a_cuda_graph(rng):
+    """MnistCnn's conv2 + classifier captured once (counters made by the eager warm-up), replayed on new inputs
+    twice: the logits of each, so the counters start from zero on every replay."""
+    x = g(rng.standard_normal((8, 16, 26, 26)).astype(np.float32))
+    w = g((rng.standard_normal((32, 16, 3, 3)) * 0.3).astype(np.float32))
+    b = g(rng.standard_normal(32).astype(np.float32))
+    lw = rng.standard_normal((10, 32 * 24 * 24)).astype(np.float32) / 100
+    lb = rng.standard_normal(10).astype(np.float32)
+    lin = (g(lw), g(lb))
+    assert conv_kernels.conv2d_forward(x, w, b, activation="relu", linear=lin)[2] is not None   # eager warm-up
+    cp.cuda.Device().synchronize()
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with stream, cp.cuda.using_allocator(pool.malloc):
+        stream.begin_capture()
+        _, _, logits = conv_kernels.conv2d_forward(x, w, b, activation="relu", linear=lin)
+        graph = stream.end_capture()
+        for _ in range(2):
+            new = rng.standard_normal((8, 16, 26, 26)).astype(np.float32)
+            x.set(new, stream=stream)
+            graph.launch(stream)
+            stream.synchronize()
+            want = _linear_reference(new.astype(np.float64), cp.asnumpy(w).astype(np.float64), cp.asnumpy(b), 0,
+                                     "relu", lw.astype(np.float64), lb)
+            assert_close(logits, want, 1e-5 * np.sqrt(32 * 24 * 24) / 8, name="replayed logits")
+
+
 @pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "rows split", "one block, 2-row tiles"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES)

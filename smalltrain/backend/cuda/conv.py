@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from . import cupy
 from .. import metadata_cache
-from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, get, i32, i32s, i64, launch,
-                      pair, ptr, run_beside, same_device)
+from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, device_counters, get, i32,
+                      i32s, i64, launch, pair, ptr, run_beside, same_device)
 from .blas import gemm, sum_rows
 from .loader import MAX_BLOCKS
 
@@ -97,6 +97,13 @@ _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the
 TILE_WGRAD = True
 # conv2d_backward writes its input gradient as the previous convolution's g where its caller passes `into`
 INTO_PRODUCER = True
+# conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
+# TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images
+# (its per-image counters), so that the layer's own kernel does not read the output again. Tests set TILE_LINEAR =
+# False for the linear layer's kernels
+TILE_LINEAR = True
+TILE_LINEAR_MAX_F = 16
+_TILE_LINEAR_IMAGES = 1 << 16
 # conv2d_backward queues the weight gradient on a side stream beside the input gradient (_common.run_beside) where
 # the output has at most this many elements (N*O*OH*OW). H200, captured steps: LeNet-5 b64's second layer (65,536)
 # 98.3 -> 94.0 us per step; b512's (524,288) and MnistCnn b64's (1,179,648) lose (209.6 -> 234.8, 147.7 -> 158.8 us):
@@ -227,7 +234,7 @@ def col2im(cols, x_shape, kernel_size, stride, pads, dilation, out_hw):
 
 
 def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None,
-                   needs_input_grad=(True, True, True), keep_pre_activation=True):
+                   needs_input_grad=(True, True, True), keep_pre_activation=True, linear=None):
     """out = act(conv2d(x, w, b)), torch's conv2d followed by the activation: one direct or implicit-GEMM kernel
     where they take the convolution, else im2col + GEMM + epilogue.
 
@@ -237,6 +244,9 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
     saved; keep_pre_activation=False: the output before the activation is not kept where a kernel writes it only for
     the backward (a caller that derives the activation's derivative otherwise; conv2d_backward then takes g only).
     Returns (out [N, O, OH, OW], Conv2dSaved). float32 GEMMs are full float32 unless CUPY_TF32=1 is set.
+    linear=(lw [F, O*OH*OW], lb [F] or None) of x's dtype and device (the caller checks them): returns (out, saved,
+    logits) with logits = flatten(out) @ lw^T + lb [N, F] where tile_conv's epilogue computes it (_tile_linear_ok),
+    else None (the caller runs the linear layer).
     """
     stride, pads, dilation, groups, out_hw = _validate(x, w, b, stride, padding, dilation, groups, activation)
     needs = tuple(bool(v) for v in needs_input_grad) + (True,) * (3 - len(needs_input_grad))
@@ -255,11 +265,18 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
         # x is kept (cols not) where the weight gradient's tiled kernel reads it or no cols matrix is made
         keep_x = (tile is not None or direct or igemm
                   or _direct_wgrad(x.shape, w.shape, out_hw, groups, x.dtype.itemsize))
+        logits = None
         if tile is not None:
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if keep_y else None
+            lin = None
+            if linear is not None and (counters := _tile_linear_ok(tile, n, linear[0])) is not None:
+                f = linear[0].shape[0]
+                logits = cp.empty((n, f), dtype=x.dtype)
+                lin = (contiguous(linear[0]), contiguous(linear[1]), logits, cp.empty((tile[3], f), dtype=x.dtype),
+                       counters, f)
             _tile_conv(tile, x, w, b, out, y, x.shape[1:], (x.shape[1] * x.shape[2] * x.shape[3],
-                                                             x.shape[2] * x.shape[3]), pads, False, act)
+                                                             x.shape[2] * x.shape[3]), pads, False, act, lin=lin)
         elif direct:
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if keep_y else None
@@ -292,7 +309,7 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
     saved = Conv2dSaved(tuple(x.shape), w, b, cols if needs[1] and not keep_x else None,
                         y if keep_y else None, stride, pads, dilation, groups, out_hw, activation, needs[:3],
                         x if keep_x and needs[1] else None)
-    return out, saved
+    return (out, saved) if linear is None else (out, saved, logits)
 
 
 def bias_act_backward(dout, y, b, g, n, o, p, act):
@@ -388,18 +405,35 @@ def _tile_forward_plan(x_shape, w_shape, out_hw, stride, pads, dilation, groups,
     return _tile_plan(x_shape[0], cg, x_shape[2:], o, out_hw, kh, itemsize)
 
 
-def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None):
+def _tile_linear_ok(plan, n, lw):
+    """The per-image counters for tile_conv's linear epilogue (conv.cu, tile_conv_lin) with this forward plan and
+    linear weight lw [F, K], or None where it does not take it: TILE_LINEAR off, F over TILE_LINEAR_MAX_F, a block
+    of partial warps (its warp sums), more images than counters, indices past 32 bits, or counters not made yet
+    while a CUDA graph is captured."""
+    f, k = lw.shape
+    if (not TILE_LINEAR or not 0 < f <= TILE_LINEAR_MAX_F or plan[2] % 32 or n > _TILE_LINEAR_IMAGES
+            or f * k >= _FITS32 or plan[3] * f >= _FITS32):
+        return None
+    return device_counters("tile_conv_lin", _TILE_LINEAR_IMAGES)
+
+
+def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None, lin=None):
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
     of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped).
     into_nchw (with transposed): the result's shape (N, O, Ho, Wo), written to out [O, N*Ho*Wo] times
-    act'(y + b), y and b read (conv.cu, "into")."""
+    act'(y + b), y and b read (conv.cu, "into"). lin (forward): (lw [F, O*Ho*Wo], lb or None, logits [N, F],
+    partials [blocks, F], counters, F) for tile_conv_lin's linear epilogue (_tile_linear_ok)."""
     to, th, threads, blocks, smem, cs = plan
     n, o, ho, wo = out.shape if into_nchw is None else into_nchw
-    get("conv", f"tile_conv_k{w.shape[3]}_to{to}", out.dtype)(
+    name, lin_args = "tile_conv", (ptr(None),) * 5 + (i32(0),)
+    if lin is not None:   # its block sums and ticket pass through the shared memory after the tiles
+        name, lin_args = "tile_conv_lin", (lin[0], ptr(lin[1]), lin[2], lin[3], lin[4], i32(lin[5]))
+        smem = max(smem, threads // 32 * TILE_LINEAR_MAX_F * out.dtype.itemsize + 4)
+    get("conv", f"{name}_k{w.shape[3]}_to{to}", out.dtype)(
         (blocks,), (threads,), (inp, w, ptr(b), out, ptr(y)) + i32s(
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
-                                                        int(into_nchw is not None), act)),
+                                                        int(into_nchw is not None), act)) + lin_args,
         shared_mem=smem)
 
 

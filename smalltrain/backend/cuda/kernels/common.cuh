@@ -100,6 +100,34 @@ template <typename T> __device__ __forceinline__ T st_max_nan(T a, T b) {
     return (a > b || st_isnan(a)) ? a : b;
 }
 
+// 4 (or 2) consecutive values as one vector access: float4 / float2, or double2 pairs
+template <typename T>
+__device__ __forceinline__ void load4(const T* p, T* r) {   // 4 consecutive values, 16 (float) or 32 bytes aligned
+    if constexpr (sizeof(T) == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+    } else {
+        const double2 a = *reinterpret_cast<const double2*>(p), b = *reinterpret_cast<const double2*>(p + 2);
+        r[0] = a.x; r[1] = a.y; r[2] = b.x; r[3] = b.y;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void store4(T* p, const T* r) {   // load4's counterpart
+    if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
+    } else {
+        *reinterpret_cast<double2*>(p) = make_double2(r[0], r[1]);
+        *reinterpret_cast<double2*>(p + 2) = make_double2(r[2], r[3]);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void store2(T* p, const T* r) {   // 2 consecutive values, 8 (float) or 16 bytes aligned
+    if constexpr (sizeof(T) == 4) *reinterpret_cast<float2*>(p) = make_float2(r[0], r[1]);
+    else *reinterpret_cast<double2*>(p) = make_double2(r[0], r[1]);
+}
+
 template <typename T> __device__ __forceinline__ T warp_sum(T v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     return v;

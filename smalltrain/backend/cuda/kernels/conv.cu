@@ -549,38 +549,93 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // shared-load conflicts and changed nothing, the vector stores took the forward from 21.8 to 19.1 us.
 #define ST_TW 4
 
-template <typename T>
-__device__ __forceinline__ void load4(const T* p, T* r) {   // 4 consecutive values, 16 (float) or 32 bytes aligned
-    if constexpr (sizeof(T) == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(p);
-        r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
-    } else {
-        const double2 a = *reinterpret_cast<const double2*>(p), b = *reinterpret_cast<const double2*>(p + 2);
-        r[0] = a.x; r[1] = a.y; r[2] = b.x; r[3] = b.y;
+// The forward's linear epilogue (LIN, the tile_conv_lin kernels; Conv2dActLinear: linear(flatten(act(conv(x))), lw, lb) with F <=
+// ST_LF outputs): each thread adds its outputs times lw's matching columns (lw [F, O*Ho*Wo], read once per block,
+// no reuse: L2), a warp sum and the block's warps in order give the tile's partial sums lpart[n, tile, f], and the
+// block that finishes image n last (a ticket from lcount[n], reset to 0 after) adds the tiles' partials in order and
+// the bias into lout[n, f]. A fixed order throughout: deterministic. Needs whole warps (blockDim.x a multiple of
+// 32) and dynamic shared memory for [warps][ST_LF] values and the ticket (conv.py checks both).
+#define ST_LF 16
+
+// linear_sums: this thread's share of the F outputs, lsum[f] = sum over its channels u < nu and columns v < cols of
+// val[u][v] * lw[f, (o0 + u)*P + r*Wo + s0 + v] (wp points at u = v = 0 of f = 0). The weights of FB outputs for all
+// TO channels are loaded before any is used (predicated, not behind a branch), so that a thread waits on F / FB L2
+// round trips rather than F * TO: the epilogue is latency-bound, each weight read once per block.
+template <typename T, int TO>
+__device__ __forceinline__ void linear_sums(const T (&val)[TO][ST_TW], const T* __restrict__ wp, int K, int P, int nu,
+                                            int cols, int F, bool vec, T* lsum) {
+    constexpr int FB = TO == 4 ? 2 : 1;   // 32 registers of weights in flight
+#pragma unroll
+    for (int f0 = 0; f0 < ST_LF; f0 += FB) {
+        if (f0 >= F) break;
+        T wv[FB][TO][ST_TW];
+#pragma unroll
+        for (int d = 0; d < FB; ++d)
+#pragma unroll
+            for (int u = 0; u < TO; ++u) {
+                const T* q = wp + (f0 + d) * K + u * P;
+                const bool ok = f0 + d < F && u < nu;
+                if (vec) {
+                    if (ok) load4(q, wv[d][u]);
+                    else wv[d][u][0] = wv[d][u][1] = wv[d][u][2] = wv[d][u][3] = T(0);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < ST_TW; ++v) wv[d][u][v] = ok && v < cols ? q[v] : T(0);
+                }
+            }
+#pragma unroll
+        for (int d = 0; d < FB; ++d) {
+            T s = T(0);
+#pragma unroll
+            for (int u = 0; u < TO; ++u)
+#pragma unroll
+                for (int v = 0; v < ST_TW; ++v) s += (u < nu && v < cols ? val[u][v] : T(0)) * wv[d][u][v];
+            if (f0 + d < ST_LF) lsum[f0 + d] = s;
+        }
     }
 }
 
 template <typename T>
-__device__ __forceinline__ void store4(T* p, const T* r) {   // load4's counterpart
-    if constexpr (sizeof(T) == 4) {
-        *reinterpret_cast<float4*>(p) = make_float4(r[0], r[1], r[2], r[3]);
-    } else {
-        *reinterpret_cast<double2*>(p) = make_double2(r[0], r[1]);
-        *reinterpret_cast<double2*>(p + 2) = make_double2(r[2], r[3]);
+__device__ void linear_finish(const T* lsum, const T* __restrict__ lb, T* __restrict__ lout, T* __restrict__ lpart,
+                              unsigned* lcount, int F, int n, int tile, int tiles) {
+    extern __shared__ unsigned char st_smem[];
+    T* red = reinterpret_cast<T*>(st_smem);   // [warps][ST_LF], then the ticket
+    unsigned* ticket = reinterpret_cast<unsigned*>(red + (blockDim.x / 32) * ST_LF);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    __syncthreads();   // every thread is done with the staged tiles (and the splits' sums)
+#pragma unroll
+    for (int f = 0; f < ST_LF; ++f) {
+        if (f >= F) break;
+        const T v = warp_sum(lsum[f]);
+        if (lane == 0) red[warp * ST_LF + f] = v;
     }
+    __syncthreads();
+    if (threadIdx.x < F) {
+        T s = T(0);
+        for (int k = 0; k < warps; ++k) s += red[k * ST_LF + threadIdx.x];
+        lpart[(n * tiles + tile) * F + threadIdx.x] = s;
+        // the partials are visible to the block that adds them (only their writers fence: a fence waits for all
+        // of a thread's earlier writes, here the convolution's output too)
+        __threadfence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *ticket = atomicAdd(&lcount[n], 1u);
+    __syncthreads();
+    if (*ticket != (unsigned)tiles - 1) return;
+    if (threadIdx.x < F) {
+        T s = T(0);
+        for (int k = 0; k < tiles; ++k) s += __ldcg(lpart + (n * tiles + k) * F + threadIdx.x);
+        lout[n * F + threadIdx.x] = lb != nullptr ? s + lb[threadIdx.x] : s;
+    }
+    if (threadIdx.x == 0) lcount[n] = 0u;
 }
 
-template <typename T>
-__device__ __forceinline__ void store2(T* p, const T* r) {   // 2 consecutive values, 8 (float) or 16 bytes aligned
-    if constexpr (sizeof(T) == 4) *reinterpret_cast<float2*>(p) = make_float2(r[0], r[1]);
-    else *reinterpret_cast<double2*>(p) = make_double2(r[0], r[1]);
-}
-
-template <typename T, int KS, int TO>
+template <typename T, int KS, int TO, bool LIN>
 __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ b,
                           T* __restrict__ out, T* __restrict__ y, int N, int C, int Hi, int Wi, int in_sn, int in_sc,
                           int O, int Ho, int Wo, int pt, int pl, int TH, int CS, int transposed, int into,
-                          int act) {
+                          int act, const T* __restrict__ lw, const T* __restrict__ lb, T* __restrict__ lout,
+                          T* __restrict__ lpart, unsigned* lcount, int F) {
     static_assert(KS >= 1 && KS <= 5 && TO % 4 == 0, "tile_conv: 8 x values per row cover TW + KS - 1");
     extern __shared__ unsigned char st_smem[];
     const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TO, KK = KS * KS, K = C * KK;
@@ -652,22 +707,29 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                 for (int v = 0; v < ST_TW; ++v) red[((cs - 1) * G + tid) * TO * ST_TW + u * ST_TW + v] = acc[u][v];
         }
         __syncthreads();
-        if (cs > 0) return;
-        for (int k = 1; k < CS; ++k)
+        if (!LIN && cs > 0) return;
+        if (cs == 0) {
+            for (int k = 1; k < CS; ++k)
 #pragma unroll
-            for (int u = 0; u < TO; ++u)
+                for (int u = 0; u < TO; ++u)
 #pragma unroll
-                for (int v = 0; v < ST_TW; ++v) acc[u][v] += red[((k - 1) * G + tid) * TO * ST_TW + u * ST_TW + v];
+                    for (int v = 0; v < ST_TW; ++v)
+                        acc[u][v] += red[((k - 1) * G + tid) * TO * ST_TW + u * ST_TW + v];
+        }
     }
-    if (r >= Ho) return;   // the last tile's rows past the image
+    // the outputs of the threads of split 0 on rows of the image (the last tile's rows may lie past it); with LIN no
+    // thread returns before the linear layer's block sum
+    if (!LIN && r >= Ho) return;
+    const bool live = cs == 0 && r < Ho;
     const int P = Ho * Wo, s0 = cg * ST_TW;
     // the 4 columns in one store where every row starts aligned (Wo a multiple of 4), in two where rows start at even
     // columns, else one by one: a warp's scalar stores 4 columns apart use a quarter of each 32-byte sector
     const int vec = Wo % ST_TW == 0 ? 4 : Wo % 2 == 0 ? 2 : 1;
+    const bool lin_vec = LIN && vec == 4 && reinterpret_cast<size_t>(lw) % (4 * sizeof(T)) == 0;
 #pragma unroll
     for (int u = 0; u < TO; ++u) {
         const int o = og * TO + u;
-        if (o >= O) break;
+        if (!live || o >= O) break;
         T pre[ST_TW], val[ST_TW];
         const T bo = b != nullptr ? b[o] : T(0);
         T* yrow = y != nullptr ? y + (o * N + n) * P + r * Wo + s0 : nullptr;
@@ -687,6 +749,10 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                 val[v] = act_fwd(b != nullptr ? pre[v] + bo : pre[v], act);
             }
             orow = out + ((n * O + o) * Ho + r) * Wo + s0;
+            if (LIN) {   // kept for the linear layer's sums
+#pragma unroll
+                for (int v = 0; v < ST_TW; ++v) acc[u][v] = val[v];
+            }
         }
         if (vec == 4) {
             store4(orow, val);
@@ -708,6 +774,12 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             orow[v] = val[v];
             if (yrow != nullptr) yrow[v] = pre[v];
         }
+    }
+    if (LIN) {   // this thread's outputs times the linear layer's weights, then the block's and the image's sums
+        T lsum[ST_LF];
+        linear_sums<T, TO>(acc, lw + og * TO * P + r * Wo + s0, O * P, P, live ? min(TO, O - og * TO) : 0, Wo - s0,
+                           F, lin_vec, lsum);
+        linear_finish<T>(lsum, lb, lout, lpart, lcount, F, n, blockIdx.x - n * tiles, tiles);
     }
 }
 
@@ -980,14 +1052,17 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         wgrad_partial<T, R>(x, g, partial, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, TQ, with_bias);  \
     }
 
-#define ST_TILE(T, S, KS, TO)                                                                                      \
-    extern "C" __global__ void tile_conv_k##KS##_to##TO##_##S(const T* in, const T* w, const T* b, T* out, T* y,     \
-                                                            int N, int C, int Hi, int Wi, int in_sn, int in_sc,    \
-                                                            int O, int Ho, int Wo, int pt, int pl, int TH, int CS, \
-                                                            int transposed, int into, int act) {                   \
-        tile_conv<T, KS, TO>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS, transposed,   \
-                             into, act);                                                                           \
+#define ST_TILE_ONE(T, S, KS, TO, NAME, LIN)                                                                       \
+    extern "C" __global__ void NAME##_k##KS##_to##TO##_##S(const T* in, const T* w, const T* b, T* out, T* y, int N, \
+                                                         int C, int Hi, int Wi, int in_sn, int in_sc, int O, int Ho, \
+                                                         int Wo, int pt, int pl, int TH, int CS, int transposed,     \
+                                                         int into, int act, const T* lw, const T* lb, T* lout,       \
+                                                         T* lpart, unsigned* lcount, int F) {                        \
+        tile_conv<T, KS, TO, LIN>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS,           \
+                                  transposed, into, act, lw, lb, lout, lpart, lcount, F);                            \
     }
+#define ST_TILE(T, S, KS, TO)                                                                                      \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv, false) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, true)
 
 // tile_wgrad's blocks have at most ST_TILE_WG_THREADS threads (conv.py _TILE_WG_THREADS); in float32 the compiler
 // keeps three such blocks' registers on an SM (MnistCnn's second layer at batch 64: 384 blocks in one wave on 132
