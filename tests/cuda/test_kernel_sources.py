@@ -26,7 +26,7 @@ def _macro_kernels(src):
     """Names made by the ST_*(float, f32) / (double, f64) instantiation macros: name_##S -> name_f32, name_f64."""
     names = set()
     for body in re.findall(r"#define ST_\w+\(T, S\)(.*?)\n#undef", src, flags=re.S):
-        for stem in re.findall(r"void\s+(?:__launch_bounds__\(\w+\)[\s\\]*)?(\w+?)_##S\(", body):
+        for stem in re.findall(r"void\s+(?:__launch_bounds__\((?:[^()]|\([^()]*\))*\)[\s\\]*)?(\w+?)_##S\(", body):
             names |= {stem + "_f32", stem + "_f64"}
     return names
 

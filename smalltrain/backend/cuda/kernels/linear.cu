@@ -510,7 +510,7 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
                          const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ dx, T* __restrict__ dw,
                          T* __restrict__ db, int M, int K, int F, int ysm, int ysf, int act, int P,
                          const T* __restrict__ yc, const T* __restrict__ bc, int actc) {
-    __shared__ T gs[ST_WBM][ST_WF];
+    __shared__ __align__(32) T gs[ST_WBM][ST_WF];   // rows read 4 outputs at a time (load4)
     __shared__ T red[ST_WBG - 1][ST_WF][ST_WBC];
     const int col = threadIdx.x % ST_WBC, grp = threadIdx.x / ST_WBC, k = blockIdx.x * ST_WBC + col;
     const bool ones = k == K && db != nullptr, in_x = k < K;   // column K: the bias gradient
@@ -552,10 +552,15 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
             const int i = grp + t * ST_WBG;
             T s = T(0);
 #pragma unroll
-            for (int f = 0; f < ST_WF; ++f) {
-                const T g = gs[i][f];   // 0 past M and F
-                acc[f] += g * xv[t];
-                s += g * wv[f];
+            for (int f = 0; f < ST_WF; f += 4) {   // the outputs up to F rounded up to 4 (gs is 0 past M and F)
+                if (f >= F) break;
+                T g[4];
+                load4(&gs[i][f], g);
+#pragma unroll
+                for (int d = 0; d < 4; ++d) {
+                    acc[f + d] += g[d] * xv[t];
+                    s += g[d] * wv[f + d];
+                }
             }
             if (dx != nullptr && in_x && i < n) {
                 const int at = (m0 + i) * dx_row + dx_col;
@@ -581,6 +586,10 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
     }
 }
 
+// wide_bwd asks for three resident blocks per SM in float32 (80 registers, 32 bytes of spill): it is latency-bound
+// on the 18432-wide MnistCnn head, and the extra blocks hide more of it than the spill costs (H200, ncu, MnistCnn
+// b64: 13.0 -> 10.1 us; captured step 137.8 -> 133.0 us). float64 keeps the plain bound (its registers double).
+#define ST_WIDE_BWD_MIN_BLOCKS(T) (sizeof(T) == 4 ? 3 : 1)
 #define ST_LINEAR(T, S)                                                                                            \
     extern "C" __global__ void __launch_bounds__(ST_LTHREADS)                                                      \
     linear_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, int M, int K, int F, int act) {               \
@@ -603,7 +612,7 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
                  int F, int act, int kchunk) {                                                                     \
         wide_fwd<T>(x, w, b, out, y, part, counters, M, K, F, act, kchunk);                                        \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(ST_WTHREADS)                                                      \
+    extern "C" __global__ void __launch_bounds__(ST_WTHREADS, ST_WIDE_BWD_MIN_BLOCKS(T))                          \
     wide_bwd_##S(const T* dout, const T* y, const T* b, const T* x, const T* w, T* dx, T* dw, T* db, int M, int K, \
                  int F, int ysm, int ysf, int act, int P, const T* yc, const T* bc, int actc) {                    \
         wide_bwd<T>(dout, y, b, x, w, dx, dw, db, M, K, F, ysm, ysf, act, P, yc, bc, actc);                        \
@@ -611,6 +620,7 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
 ST_LINEAR(float, f32)
 ST_LINEAR(double, f64)
 #undef ST_LINEAR
+#undef ST_WIDE_BWD_MIN_BLOCKS
 
 // chain_fwd_r{R} and chain_bwd_rows_r{R}: R rows per block (the launcher picks R from the batch)
 #define ST_CHAIN(T, S, R)                                                                                          \
