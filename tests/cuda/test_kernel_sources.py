@@ -178,17 +178,19 @@ def test_tile_conv_plans(monkeypatch):
     # tile) or 2 (as many halo rows staged as output rows)
     to, th, threads, blocks, smem, cs = conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)
     assert (to, th, threads, blocks, cs) == (4, 4, 192, 384, 1) and smem == (144 * 32 + 16 * 6 * 28) * 4
-    # channel splits where the grid leaves the SMs few threads: its input gradient (448 blocks of 112 threads, 380
-    # per SM) in 2 groups of 16 channels, within 1024 threads per SM (the default); the forward (558) stays whole
-    assert conv._TILE_SPLIT_THREADS_PER_SM == 1024
-    assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[2:] == (224, 448, (288 * 16 + 32 * 6 * 32) * 4, 2)
+    # channel splits where the grid leaves the SMs few threads: its input gradient (5 of 26 rows a block, the fewest
+    # giving _TILE_MIN_THREADS = 128 threads: 384 blocks of 140 threads, 407 per SM) in 2 groups of 16 channels,
+    # within 1024 threads per SM (the default); the forward (558) stays whole
+    assert conv._TILE_SPLIT_THREADS_PER_SM == 1024 and conv._TILE_MIN_THREADS == 128
+    assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[1:] == (5, 280, 384, (288 * 16 + 32 * 7 * 32) * 4, 2)
     assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)[5] == 1
     monkeypatch.setattr(conv, "_TILE_SPLITS", 3)   # forced: 3 groups of 10, 11, 11 channels; their sums in smem
-    assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[4:] == ((288 * 16 + 32 * 6 * 32) * 4, 3)
+    assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[4:] == ((288 * 16 + 32 * 7 * 32) * 4, 3)
     monkeypatch.setattr(conv, "_TILE_SPLITS", None)
     monkeypatch.setattr(conv, "_TILE_SPLIT_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv, "_TILE_TO8_THREADS_PER_SM", 256)
-    assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)[:4] == (8, 4, 96, 384)
+    # 8 channels a thread: 24 threads a row, 8 rows (the fewest with 128 threads that divide the 24 rows evenly)
+    assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)[:4] == (8, 8, 192, 192)
     monkeypatch.setattr(conv, "_TILE_TO8_THREADS_PER_SM", 1024)
     # LeNet-5's first layer at batch 512: 2 blocks per image, 13 + 11 rows of 12 threads (24 rows would be 288)
     assert conv._tile_plan(512, 1, (28, 28), 6, (24, 24), 5, 4)[:4] == (4, 13, 156, 1024)

@@ -70,7 +70,9 @@ _TILE_KS = (3, 5)             # kernel sizes tile_conv is compiled for (ST_TILE 
 _TILE_TW = 4                  # output columns per thread (conv.cu ST_TW)
 _TILE_THREADS = 256           # threads per block at most (fewer where the rows' tiles are spread, below)
 _TILE_BLOCKS_PER_SM = 2       # rows per block chosen for at least this many blocks per SM ...
-_TILE_MIN_THREADS = 64        # ... of at least this many threads where the rows allow
+_TILE_MIN_THREADS = 128       # ... of at least this many threads where the rows allow. H200, captured steps with 64 /
+                              # 128: MnistCnn b64 132.7 / 129.9-130.1 us (its conv2 input gradient: 5-row tiles, 384
+                              # blocks of 280 threads, for 4-row ones, 448 of 224); LeNet-5's plans are the same
 _TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this many threads per SM, else 4
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
