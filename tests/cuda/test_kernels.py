@@ -254,6 +254,7 @@ LINEAR_CASES = [   # (x shape, w shape, padding, activation, F, biases, rows per
     ((64, 16, 26, 26), (32, 16, 3, 3), 0, "relu", 10, True, None),   # MnistCnn's conv2 + classifier: vector loads
     ((2, 4, 9, 13), (5, 4, 3, 3), 1, "gelu", 16, True, 4),   # 13 columns: scalar loads; rows past the image
     ((2, 6, 12, 12), (16, 6, 5, 5), 0, None, 1, False, 4),   # 5x5, one output, no biases
+    ((3, 4, 9, 16), (5, 4, 3, 3), 1, "relu", 7, True, 4),    # an odd batch, 7 outputs
 ]
 
 
