@@ -304,3 +304,27 @@ def test_every_chain_variant_is_instantiated():
     for dtype, s in (("float", "f32"), ("double", "f64")):
         for r in linear._CHAIN_ROWS:
             assert f"ST_CHAIN({dtype}, {s}, {r})" in src, (s, r)
+
+
+def test_tile_linear_epilogue_choice(monkeypatch):
+    """_tile_linear_ok on the CPU (the counters stubbed): tile_conv_lin takes the linear layer after MnistCnn's
+    second convolution (10 outputs, 192-thread blocks) and declines more than TILE_LINEAR_MAX_F outputs, blocks of
+    partial warps, more images than counters, TILE_LINEAR off and counters not made yet (a capture in progress)."""
+    from types import SimpleNamespace
+
+    from smalltrain.backend.cuda import conv
+    made = []
+    monkeypatch.setattr(conv, "device_counters", lambda name, size: made.append((name, size)) or "counters")
+    plan = (4, 4, 192, 384, 29184, 1)
+    lw = SimpleNamespace(shape=(10, 18432))
+    assert conv._tile_linear_ok(plan, 64, lw) == "counters"
+    assert made == [("tile_conv_lin", conv._TILE_LINEAR_IMAGES)]
+    assert conv._tile_linear_ok(plan, 64, SimpleNamespace(shape=(conv.TILE_LINEAR_MAX_F, 18432))) == "counters"
+    assert conv._tile_linear_ok(plan, 64, SimpleNamespace(shape=(conv.TILE_LINEAR_MAX_F + 1, 18432))) is None
+    assert conv._tile_linear_ok((4, 1, 48, 1536, 8000, 1), 64, lw) is None             # 48-thread blocks
+    assert conv._tile_linear_ok(plan, conv._TILE_LINEAR_IMAGES + 1, lw) is None
+    monkeypatch.setattr(conv, "device_counters", lambda name, size: None)
+    assert conv._tile_linear_ok(plan, 64, lw) is None
+    monkeypatch.setattr(conv, "device_counters", lambda name, size: "counters")
+    monkeypatch.setattr(conv, "TILE_LINEAR", False)
+    assert conv._tile_linear_ok(plan, 64, lw) is None
