@@ -250,7 +250,7 @@ def test_tile_conv(case, dtype, plan, rng, monkeypatch):
         assert_close(db, rdb, tol, name="db")
 
 
-LINEAR_CASES = [   # (x shape, w shape, padding, activation, F, biases, rows per block or None: as planned)
+TILE_LINEAR_CASES = [   # (x shape, w shape, padding, activation, F, biases, rows per block or None: as planned)
     ((64, 16, 26, 26), (32, 16, 3, 3), 0, "relu", 10, True, None),   # MnistCnn's conv2 + classifier: vector loads
     ((2, 4, 9, 13), (5, 4, 3, 3), 1, "gelu", 16, True, 4),   # 13 columns: scalar loads; rows past the image
     ((2, 6, 12, 12), (16, 6, 5, 5), 0, None, 1, False, 4),   # 5x5, one output, no biases
@@ -266,7 +266,7 @@ def _linear_reference(x, w, b, padding, activation, lw, lb):
 
 @pytest.mark.parametrize("plan", ["as planned", "2 channel splits", "unaligned weight"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", LINEAR_CASES)
+@pytest.mark.parametrize("case", TILE_LINEAR_CASES)
 def test_tile_conv_linear_epilogue(case, dtype, plan, rng, monkeypatch):
     """conv2d_forward's `linear`: tile_conv_lin's epilogue gives flatten(act(conv(x))) @ lw^T + lb beside the
     convolution's output, against the float64 reference: with the input channels split over 2 thread groups (the

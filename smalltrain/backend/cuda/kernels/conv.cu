@@ -549,12 +549,13 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // shared-load conflicts and changed nothing, the vector stores took the forward from 21.8 to 19.1 us.
 #define ST_TW 4
 
-// The forward's linear epilogue (LIN, the tile_conv_lin kernels; Conv2dActLinear: linear(flatten(act(conv(x))), lw, lb) with F <=
-// ST_LF outputs): each thread adds its outputs times lw's matching columns (lw [F, O*Ho*Wo], read once per block,
-// no reuse: L2), a warp sum and the block's warps in order give the tile's partial sums lpart[n, tile, f], and the
-// block that finishes image n last (a ticket from lcount[n], reset to 0 after) adds the tiles' partials in order and
-// the bias into lout[n, f]. A fixed order throughout: deterministic. Needs whole warps (blockDim.x a multiple of
-// 32) and dynamic shared memory for [warps][ST_LF] values and the ticket (conv.py checks both).
+// The forward's linear epilogue (LIN, the tile_conv_lin kernels; Conv2dActLinear: linear(flatten(act(conv(x))),
+// lw, lb) with F <= ST_LF outputs): each thread adds its outputs times lw's matching columns (lw [F, O*Ho*Wo], read
+// once per block, no reuse: L2), a warp sum and the block's warps in order give the tile's partial sums
+// lpart[n, tile, f], and the block that finishes image n last (a ticket from lcount[n], reset to 0 after) adds the
+// tiles' partials in order and the bias into lout[n, f]. A fixed order throughout: deterministic. Needs whole warps
+// (blockDim.x a multiple of 32) and dynamic shared memory for [warps][ST_LF] values and the ticket (conv.py checks
+// both).
 #define ST_LF 16
 
 // linear_sums: this thread's share of the F outputs, lsum[f] = sum over its channels u < nu and columns v < cols of
