@@ -328,3 +328,20 @@ def test_tile_linear_epilogue_choice(monkeypatch):
     monkeypatch.setattr(conv, "device_counters", lambda name, size: "counters")
     monkeypatch.setattr(conv, "TILE_LINEAR", False)
     assert conv._tile_linear_ok(plan, 64, lw) is None
+
+
+def test_chain_backward_staging_choice(monkeypatch):
+    """chain_bwd_staged where the row buffers and the weights it reads (each from a 16-byte boundary, the first
+    layer's only for dx) fit the opt-in shared memory (H200: 232,448 bytes), else chain_bwd_rows in its 48 KiB."""
+    from smalltrain.backend.cuda import linear
+    lenet, h200 = (256, 120, 84, 10), 232_448
+    weights = 256 * 120 + 120 * 84 + 84 * 10
+    assert linear._chain_staged_smem(4, lenet, 4, True) == (2 * 4 * 256 + weights) * 4
+    assert linear._chain_staged_smem(4, lenet, 4, False) == (2 * 4 * 256 + weights - 256 * 120) * 4
+    # row buffers of 2 x 13 floats, then layers 3, 2, 1, 0 (39, 143, 99, 63 floats) from multiples of 4
+    assert linear._chain_staged_smem(1, (7, 9, 11, 13, 3), 4, True) == (28 + 40 + 144 + 100 + 63) * 4
+    assert linear._chain_bwd_kernel(4, lenet, 4, True, h200) == ("chain_bwd_staged_r4", 174_752)
+    assert linear._chain_bwd_kernel(4, lenet, 8, True, h200) == ("chain_bwd_rows_r4", 16_384)   # 341 KiB
+    assert linear._chain_bwd_kernel(4, lenet, 4, True, 48 * 1024) == ("chain_bwd_rows_r4", 8_192)
+    monkeypatch.setattr(linear, "CHAIN_STAGE", False)
+    assert linear._chain_bwd_kernel(1, lenet, 4, True, h200) == ("chain_bwd_rows_r1", 2_048)

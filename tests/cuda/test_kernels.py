@@ -625,12 +625,14 @@ CHAIN_CASES = [  # M, widths, activations, biases, needs per layer (weight, bias
 ]
 
 
+@pytest.mark.parametrize("stage", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CHAIN_CASES)
-def test_linear_chain(case, dtype, rng):
+def test_linear_chain(case, dtype, stage, rng, monkeypatch):
     """The chain kernels against the float64 layers one by one: output, dx and every layer's dw, db, with some
     gradients not asked for (None back), at 1, 2, 4 and 8 rows per block (the widest chain in float64: 2 rows, the
-    shared-memory bound)."""
+    shared-memory bound), the backward with its weights staged in shared memory where they fit and without."""
+    monkeypatch.setattr(linear_kernels, "CHAIN_STAGE", stage)
     m, widths, acts, biases, needs, need_x = case
     layers, pre, h = [], [], [rng.standard_normal((m, widths[0])).astype(dtype)]
     for i, act in enumerate(acts):

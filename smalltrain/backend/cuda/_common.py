@@ -165,6 +165,29 @@ def device_counters(name, size):
     return counters
 
 
+_smem_optin = {}   # device id -> the most dynamic shared memory a block may opt in to
+_opted_in = {}     # id(kernel) -> the dynamic shared memory it was allowed
+
+
+def smem_optin_bytes():
+    """The most dynamic shared memory a block may use on the current device once its kernel opts in (H200:
+    227 KiB; without opting in, 48 KiB)."""
+    dev = cupy().cuda.Device()
+    nbytes = _smem_optin.get(dev.id)
+    if nbytes is None:
+        nbytes = _smem_optin[dev.id] = dev.attributes["MaxSharedMemoryPerBlockOptin"]
+    return nbytes
+
+
+def with_smem(kern, nbytes):
+    """kern, allowed nbytes of dynamic shared memory: over 48 KiB a kernel must opt in first (the function
+    attribute, set once per kernel and size; the kernels get() returns are cached per device, so it stays set)."""
+    if nbytes > 48 * 1024 and _opted_in.get(id(kern), 0) < nbytes:
+        kern.max_dynamic_shared_size_bytes = nbytes
+        _opted_in[id(kern)] = nbytes
+    return kern
+
+
 _side = {}   # device id -> (side stream, fork event, join event)
 
 

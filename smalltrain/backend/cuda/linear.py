@@ -26,7 +26,8 @@ no autograd node between them; the weight gradients of all layers are one grid o
 from dataclasses import dataclass
 
 from . import cupy
-from ._common import check_array, check_dtype, contiguous, device_counters, get, i32, i32s, i64, launch, ptr
+from ._common import (check_array, check_dtype, contiguous, device_counters, get, i32, i32s, i64, launch, ptr,
+                      smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
 from .conv import ACTIVATIONS, _sm_count, bias_act_backward, check_affine
 
@@ -53,6 +54,9 @@ CHAIN_MAX_READS = 1 << 26
 _CHAIN_ROWS = (1, 2, 4, 8)   # rows per block the chain kernels are compiled for
 _CHAIN_THREADS = 512
 _SMEM_BYTES = 48 * 1024
+# the chain's backward copies the weights it reads into shared memory first (chain_bwd_staged) where they fit the
+# block's opt-in shared memory; tests turn it off for the unstaged kernel
+CHAIN_STAGE = True
 
 
 @dataclass
@@ -292,6 +296,25 @@ def _chain_smem(rows, widths, itemsize):
     return 2 * rows * max(widths) * itemsize   # the chain kernels' two [R][WMAX] row buffers
 
 
+def _chain_staged_smem(rows, widths, itemsize, need_x):
+    """chain_bwd_staged's shared memory: the row buffers, then the weights it reads (the first layer's only for
+    dx), last layer first, each from a 16-byte boundary (kernels/linear.cu)."""
+    per16 = 16 // itemsize
+    total = 2 * rows * max(widths)
+    for i in range(len(widths) - 2, -1 if need_x else 0, -1):
+        total = -(-total // per16) * per16 + widths[i] * widths[i + 1]
+    return total * itemsize
+
+
+def _chain_bwd_kernel(rows, widths, itemsize, need_x, optin):
+    """(kernel name, shared memory) of the chain's backward: chain_bwd_staged where CHAIN_STAGE is on and its
+    shared memory fits `optin` bytes (LeNet-5's head in float32: 170 KiB at 4 rows), else chain_bwd_rows."""
+    staged = _chain_staged_smem(rows, widths, itemsize, need_x)
+    if CHAIN_STAGE and staged <= optin:
+        return f"chain_bwd_staged_r{rows}", staged
+    return f"chain_bwd_rows_r{rows}", _chain_smem(rows, widths, itemsize)
+
+
 def _padded(values, fill):
     return list(values) + [fill] * (CHAIN_MAX_LAYERS - len(values))
 
@@ -357,10 +380,11 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None):
         dout = contiguous(dout)
         dx = cp.empty((m, widths[0]), dtype=x.dtype) if need_x else None
         gs = [cp.empty((m, widths[i + 1]), dtype=x.dtype) for i in range(layers)]
-        get("linear", f"chain_bwd_rows_r{rows}", x.dtype)(
+        name, smem = _chain_bwd_kernel(rows, widths, x.dtype.itemsize, need_x, smem_optin_bytes())
+        with_smem(get("linear", name, x.dtype), smem)(
             (-(-m // rows),), (_CHAIN_THREADS,), (dout,) + _chain_params(ws, bs, saved.z, saved.h, widths, saved.acts)
             + tuple(ptr(g) for g in _padded(gs, None)) + (ptr(dx), i32(m), i32(layers), i32(max(widths))),
-            shared_mem=_chain_smem(rows, widths, x.dtype.itemsize))
+            shared_mem=smem)
         grads, starts, total = [], [], 0
         for i in range(layers):
             need_w, need_b = needs[i][0], needs[i][1] and bs[i] is not None

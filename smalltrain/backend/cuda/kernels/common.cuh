@@ -50,6 +50,32 @@ __device__ __forceinline__ void st_async_wait_but_last() {
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 #endif
 }
+// Waits until at most n (0..3, more counts as 3) of this thread's committed groups are still in flight: groups
+// committed in the order they are needed are waited for one by one.
+__device__ __forceinline__ void st_async_wait_pending(int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (n <= 0) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    else if (n == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    else if (n == 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+    else asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+#endif
+}
+// n elements src -> dst by the block's threads: 16-byte copies where both ends are 16-byte aligned and n fills
+// them, else element by element (no commit, no wait: the caller's).
+template <typename T>
+__device__ __forceinline__ void st_async_copy_block(T* dst, const T* src, int n) {
+    constexpr int V = 16 / sizeof(T);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (n % V == 0 && reinterpret_cast<size_t>(src) % 16 == 0 && __cvta_generic_to_shared(dst) % 16 == 0) {
+        for (int e = threadIdx.x * V; e < n; e += blockDim.x * V) {
+            const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + e));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + e));
+        }
+        return;
+    }
+#endif
+    for (int e = threadIdx.x; e < n; e += blockDim.x) st_async_copy(dst + e, src + e, true);
+}
 
 // A block-strided walk e = threadIdx.x, + blockDim.x, ... over a [*][D1][D2] index space that keeps e's
 // coordinates (a, b, c) by additions and carries: a division by a runtime value costs ~20 instructions, and a
