@@ -341,6 +341,7 @@ def test_chain_backward_staging_choice(monkeypatch):
     # row buffers of 2 x 13 floats, then layers 3, 2, 1, 0 (39, 143, 99, 63 floats) from multiples of 4
     assert linear._chain_staged_smem(1, (7, 9, 11, 13, 3), 4, True) == (28 + 40 + 144 + 100 + 63) * 4
     assert linear._chain_bwd_kernel(4, lenet, 4, True, h200) == ("chain_bwd_staged_r4", 174_752)
+    assert linear._chain_bwd_kernel(1, lenet, 4, True, h200) == ("chain_bwd_staged_r1", 168_608)
     assert linear._chain_bwd_kernel(4, lenet, 8, True, h200) == ("chain_bwd_rows_r4", 16_384)   # 341 KiB
     assert linear._chain_bwd_kernel(4, lenet, 4, True, 48 * 1024) == ("chain_bwd_rows_r4", 8_192)
     monkeypatch.setattr(linear, "CHAIN_STAGE", False)

@@ -298,7 +298,7 @@ def _chain_smem(rows, widths, itemsize):
 
 def _chain_staged_smem(rows, widths, itemsize, need_x):
     """chain_bwd_staged's shared memory: the row buffers, then the weights it reads (the first layer's only for
-    dx), last layer first, each from a 16-byte boundary (kernels/linear.cu)."""
+    dx), last layer first, each from a 16-byte boundary (linear.cu chain_weight_slots)."""
     per16 = 16 // itemsize
     total = 2 * rows * max(widths)
     for i in range(len(widths) - 2, -1 if need_x else 0, -1):

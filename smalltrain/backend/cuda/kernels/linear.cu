@@ -193,10 +193,12 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
 //              dh = g @ w (one thread per input, the weights read along their rows) times the previous layer's
 //              act'; writes every layer's g_l [M, d_{l+1}] and, if asked, dx = the first layer's dh.
 //   chain_bwd_staged: the same, the weights it reads first copied into shared memory (after the row buffers, each
-//              layer's from a 16-byte boundary), one cp.async group per layer in the order they are read, so that
-//              the copies are all in flight at once and a layer waits only for its own. H200, LeNet-5's head at
-//              batch 512 (4 rows per block): chain_bwd_rows 26.6 us (ncu), 8% of the issue slots busy, each
-//              thread's weight loads an L2 round trip per 16.
+//              layer's from a 16-byte boundary, chain_weight_slots), one cp.async group per layer in the order they
+//              are read, so that the copies are all in flight at once and a layer waits only for its own. H200,
+//              LeNet-5's head at batch 512 (4 rows per block): chain_bwd_rows 26.6 us (ncu), 8% of the issue slots
+//              busy, each thread's weight loads an L2 round trip per 16; chain_bwd_staged 13.2 us. (The forward
+//              staged the same way lost: 8.1 -> 8.5 us at batch 64, 12.4 -> 14.0 at 512; its warps already keep
+//              32 coalesced weight loads in flight each.)
 //   chain_wgrad: [dw_l | db_l] = g_l^T @ [h_{l-1} | 1] (h_{-1} = x) for every layer in one grid of dw_tile tiles.
 // Fixed summation orders everywhere (deterministic). The launcher checks the shapes and that the chain fits.
 #define ST_CMAX 4
@@ -230,6 +232,29 @@ __device__ __forceinline__ T warp_sum_all(T v) {   // every lane gets the sum (b
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+// chain_bwd_staged's shared memory after the two row buffers at base: layers L-1 down to lo (the first layer whose
+// weights are read), each from a 16-byte boundary (linear.py _chain_staged_smem adds them up the same way); wl[l]
+// points at layer l's slot, the others keep their global pointers.
+template <typename T>
+__device__ __forceinline__ void chain_weight_slots(const ChainLayer<T> (&layers)[ST_CMAX], int L, int lo, T* base,
+                                                   int used, const T* (&wl)[ST_CMAX]) {
+    constexpr int V = 16 / sizeof(T);
+#pragma unroll
+    for (int l = ST_CMAX - 1; l >= 0; --l) {
+        if (l >= L || l < lo) continue;
+        used += (V - used % V) % V;
+        wl[l] = base + used;
+        used += layers[l].f * layers[l].k;
+    }
+}
+
+// Copies layer l's weights into its slot as one cp.async group (chain_weight_slots; st_async_wait_pending waits).
+template <typename T>
+__device__ __forceinline__ void chain_stage_layer(const ChainLayer<T>& layer, const T* slot) {
+    st_async_copy_block(const_cast<T*>(slot), layer.w, layer.f * layer.k);
+    st_async_commit();
 }
 
 template <typename T, int R>
@@ -305,18 +330,11 @@ __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T
     const int r0 = blockIdx.x * R, nr = min(R, M - r0);
     const T* wl[ST_CMAX] = {w0, w1, w2, w3};   // where each layer's weights are read (global or shared memory)
     const int lo = dx != nullptr ? 0 : 1;      // the first layer whose weights are read
-    if (STAGE) {   // every weight the walk reads into shared memory (chain_bwd_staged), last layer first
-        constexpr int V = 16 / sizeof(T);
-        T* dst = buf[1] + R * WMAX;
+    if (STAGE) {   // every weight the walk reads into shared memory (chain_bwd_staged), the last layer's first
+        chain_weight_slots(layers, L, lo, buf[0], 2 * R * WMAX, wl);
 #pragma unroll
-        for (int l = ST_CMAX - 1; l >= 0; --l) {
-            if (l >= L || l < lo) continue;
-            dst += (V - (dst - buf[0]) % V) % V;   // a 16-byte boundary (the shared memory's start is one)
-            st_async_copy_block(dst, layers[l].w, layers[l].f * layers[l].k);
-            st_async_commit();
-            wl[l] = dst;
-            dst += layers[l].f * layers[l].k;
-        }
+        for (int l = ST_CMAX - 1; l >= 0; --l)
+            if (l < L && l >= lo) chain_stage_layer(layers[l], wl[l]);
     }
     {   // the last layer's g = dout * act'(z)
         const ChainLayer<T> c = layers[0];
