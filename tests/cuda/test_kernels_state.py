@@ -189,6 +189,19 @@ def test_adam_step(kw, dtype, step_dtype, rng):
             assert_close(vmax[i], rvmax, tol, name=f"max_exp_avg_sq {i}")
 
 
+def test_adam_step_count_without_counters_is_a_kernel_of_its_own(rng, monkeypatch):
+    """Where the ticket counter does not exist yet (a capture in progress), the count is incremented by its own
+    kernel before the update: the same parameters, bit for bit, as with the last block storing it."""
+    from smalltrain.backend.cuda import optim as optim_kernels
+    seed = int(rng.integers(1 << 30))
+    with_ticket = _adam_run(np.random.default_rng(seed), np.float32, np.float32, {}, steps=3)
+    monkeypatch.setattr(optim_kernels, "device_counters", lambda name, size: None)
+    without = _adam_run(np.random.default_rng(seed), np.float32, np.float32, {}, steps=3)
+    assert float(with_ticket[2][0]) == float(without[2][0]) == 3
+    for a, b in zip(with_ticket[0], without[0]):
+        assert cp.array_equal(a, b)
+
+
 def test_adam_mixed_dtypes_and_device_hyperparameters(rng):
     """hyper (device [lr, beta1, beta2, eps, weight_decay]) replaces the float arguments: lr=1.0 is ignored."""
     shapes = [(100,), (50,)]
@@ -196,8 +209,10 @@ def test_adam_mixed_dtypes_and_device_hyperparameters(rng):
     grads = [rng.standard_normal(100).astype(np.float32), rng.standard_normal(50)]
     gp = [g(p) for p in params]
     m, v = [cp.zeros_like(p) for p in gp], [cp.zeros_like(p) for p in gp]
-    ops.adam_step(gp, [g(x) for x in grads], m, v, step=cp.zeros((), cp.float32), lr=1.0,
+    step = cp.zeros((), cp.float32)
+    ops.adam_step(gp, [g(x) for x in grads], m, v, step=step, lr=1.0,
                   beta1=0.5, hyper=cp.asarray([3e-2, 0.9, 0.999, 1e-8, 0.0]))
+    assert float(step) == 1   # two launches, both with t = 1; the second's last block stores it
     for p, gr, out, s in zip(params, grads, gp, shapes):
         want = ref.adam(p.astype(np.float64), gr.astype(np.float64), np.zeros(s), np.zeros(s), None, 1, 3e-2, 0.9,
                         0.999, 1e-8, 0, False, False, False)[0]

@@ -7,7 +7,8 @@ from collections import OrderedDict
 import numpy as np
 
 from . import cupy
-from ._common import NULL, check_array, check_dtype, check_float, check_shape, get, i32, i64, require_contiguous
+from ._common import (NULL, check_array, check_dtype, check_float, check_shape, device_counters, get, i32, i64, ptr,
+                      require_contiguous)
 from .graphs import keep_alive
 from .loader import kernel
 
@@ -205,9 +206,10 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, ste
               increment_step=True, hyper=None):
     """torch.optim.Adam / AdamW (decoupled_weight_decay=True) update of every param in place, one launch per dtype.
 
-    step: a 1-element float32 or float64 cupy array shared by the list, incremented on the device first (unless
-    increment_step=False); the kernel computes the bias corrections from it, so no host value changes between
-    steps and the step can be replayed as a CUDA graph. max_exp_avg_sqs is needed with amsgrad. hyper: None or a
+    step: a 1-element float32 or float64 cupy array shared by the list, incremented on the device (unless
+    increment_step=False: by the last block of the last launch, else by a kernel of its own first); the kernel
+    computes the bias corrections from it, so no host value changes between steps and the step can be replayed as
+    a CUDA graph. max_exp_avg_sqs is needed with amsgrad. hyper: None or a
     device float64 array of ADAM_HYPER's values (as in sgd_step). All lists as in sgd_step.
     """
     op = "adam_step"
@@ -227,13 +229,17 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, ste
         raise RuntimeError(f"{op}: expected step on cuda:{device}, got cuda:{step.device.id}")
     hyper = _hyper(op, hyper, ADAM_HYPER, device)
     with cupy().cuda.Device(device):
-        if increment_step:
+        groups = [(dtype, idx, _tables([[lst[i] for i in idx] for _, lst in named]))
+                  for dtype, idx in _by_dtype(params)]
+        groups = [group for group in groups if group[2][3]]
+        # the count: every launch computes with step + 1 and the last one's last block stores it (a ticket)
+        counter = device_counters("adam_step", 1) if increment_step and groups else None
+        if increment_step and counter is None:
             get("optim", "increment_step", step.dtype)((1,), (1,), (step,))
-        for dtype, idx in _by_dtype(params):
-            ptrs, sizes, chunks, n = _tables([[lst[i] for i in idx] for _, lst in named])
-            if n:
-                get("optim", "adam_step", dtype)((n,), (_BLOCK,), (
-                    chunks, ptrs, sizes, i64(len(idx)), i64(CHUNK), np.float64(lr), hyper, np.float64(beta1),
-                    np.float64(beta2), np.float64(eps), np.float64(weight_decay), step, i32(step.dtype == np.float64),
-                    i32(amsgrad), i32(maximize), i32(decoupled_weight_decay)))
+        for k, (dtype, idx, (ptrs, sizes, chunks, n)) in enumerate(groups):
+            get("optim", "adam_step", dtype)((n,), (_BLOCK,), (
+                chunks, ptrs, sizes, i64(len(idx)), i64(CHUNK), np.float64(lr), hyper, np.float64(beta1),
+                np.float64(beta2), np.float64(eps), np.float64(weight_decay), step, i32(step.dtype == np.float64),
+                i32(counter is not None), ptr(counter if k == len(groups) - 1 else None), i32(amsgrad),
+                i32(maximize), i32(decoupled_weight_decay)))
 

@@ -6,8 +6,10 @@
 //   sgd_step:  buffers (param, grad[, momentum_buffer]). g = grad (negated if maximize) + wd * param;
 //              with momentum: buf = first ? g : momentum * buf + (1 - dampening) * g; g = nesterov ? g + momentum *
 //              buf : buf; param -= lr * g.
-//   adam_step: buffers (param, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq]). With t = *step (a device scalar, float32
-//              or float64, already incremented by the launcher, so a captured CUDA graph replays correct steps):
+//   adam_step: buffers (param, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq]). With t = *step + inc (a device scalar,
+//              float32 or float64, counted on the device, so a captured CUDA graph replays correct steps; with
+//              counter, the block that finishes last (a ticket, the counter reset after) stores t into *step: no
+//              launch of its own for the count, and every block has read the old value before it changes):
 //              decoupled wd: param *= 1 - lr * wd, else g += wd * param; m += (1 - beta1) * (g - m);
 //              v = v * beta2 + (1 - beta2) * g * g; vmax = max(vmax, v) if amsgrad;
 //              param -= lr / (1 - beta1^t) * m / (sqrt(amsgrad ? vmax : v) / sqrt(1 - beta2^t) + eps).
@@ -50,8 +52,8 @@ __device__ void sgd_step(const i64* __restrict__ chunks, const u64* __restrict__
 template <typename T>
 __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict__ ptrs, const i64* __restrict__ sizes,
                           i64 ntensors, i64 chunk, double lr, const double* __restrict__ hyper, double beta1,
-                          double beta2, double eps, double wd, const void* __restrict__ step, int step_f64,
-                          int amsgrad, int maximize, int decoupled) {
+                          double beta2, double eps, double wd, void* __restrict__ step, int step_f64, int inc,
+                          unsigned* __restrict__ counter, int amsgrad, int maximize, int decoupled) {
     const bool use_wd = wd != 0.0;
     if (hyper != nullptr) {
         lr = hyper[0];
@@ -67,7 +69,7 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
     T* m = (T*)ptrs[2 * ntensors + tensor];
     T* v = (T*)ptrs[3 * ntensors + tensor];
     T* vmax = amsgrad ? (T*)ptrs[4 * ntensors + tensor] : nullptr;
-    const double t = step_f64 ? *(const double*)step : (double)*(const float*)step;
+    const double t = (step_f64 ? *(const double*)step : (double)*(const float*)step) + inc;
     const double lr_d = lr;
     const T step_size = (T)(lr_d / (1.0 - pow(beta1, t)));
     const T bc2_sqrt = (T)sqrt(1.0 - pow(beta2, t));
@@ -92,6 +94,17 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
         const T denom = st_sqrt(second) / bc2_sqrt + eps_t;
         p[i] = pi - step_size * mi / denom;
     }
+    if (counter != nullptr) {   // the last block stores the new count (each block read the old one above)
+        __shared__ unsigned ticket;
+        __syncthreads();
+        if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
+        __syncthreads();
+        if (threadIdx.x == 0 && ticket == gridDim.x - 1) {
+            if (step_f64) *(double*)step = t;
+            else *(float*)step = (float)t;
+            *counter = 0u;
+        }
+    }
 }
 
 #define ST_OPTIM(T, S)                                                                                             \
@@ -103,12 +116,13 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
     }                                                                                                              \
     extern "C" __global__ void adam_step_##S(const i64* chunks, const u64* ptrs, const i64* sizes, i64 ntensors,  \
                                              i64 chunk, double lr, const double* hyper, double beta1,               \
-                                             double beta2, double eps, double wd, const void* step, int step_f64,  \
-                                             int amsgrad, int maximize, int decoupled) {                           \
-        adam_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, hyper, beta1, beta2, eps, wd, step, step_f64,      \
-                     amsgrad, maximize, decoupled);                                                                \
+                                             double beta2, double eps, double wd, void* step, int step_f64,        \
+                                             int inc, unsigned* counter, int amsgrad, int maximize,                \
+                                             int decoupled) {                                                      \
+        adam_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, hyper, beta1, beta2, eps, wd, step, step_f64, inc, \
+                     counter, amsgrad, maximize, decoupled);                                                       \
     }                                                                                                              \
-    /* Adam's device-side step count: our own one-thread kernel, so a graph replay increments it too */            \
+    /* Adam's device-side step count where adam_step cannot store it (no counter yet while a graph is captured) */ \
     extern "C" __global__ void increment_step_##S(T* step) { *step += (T)1; }
 ST_OPTIM(float, f32)
 ST_OPTIM(double, f64)
