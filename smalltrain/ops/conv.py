@@ -221,7 +221,8 @@ def conv2d_act(input, weight, bias=None, stride=1, padding=0, dilation=1, groups
 
 
 class Conv2dActPool(Function):
-    """max_pool2d(activation(conv2d(x))) on CUDA: the convolution kernels, then the pooling kernel; backward one
+    """max_pool2d(activation(conv2d(x))) on CUDA: one kernel where tile_conv's pooling epilogue takes it (2x2
+    windows at stride 2 tiling the output), else the convolution kernels, then the pooling kernel; backward one
     kernel for the pooling's gradient times the activation's derivative (backend/cuda/pool.py) feeding the
     convolution's gradient kernels directly. The activated, unpooled output is not kept."""
 
@@ -230,7 +231,10 @@ class Conv2dActPool(Function):
         k, s, p, d, ceil_mode = pool
         out, ctx.conv_saved = cuda_conv.conv2d_forward(
             input.array, weight.array, None if bias is None else bias.array, stride, pads, dilation, groups,
-            activation=activation, needs_input_grad=ctx.needs_input_grad[:3])
+            activation=activation, needs_input_grad=ctx.needs_input_grad[:3], pool=(k, s, p, d))
+        if ctx.conv_saved.pool is not None:   # pooled in the convolution's epilogue
+            ctx.pool_saved = ctx.conv_saved.pool
+            return out
         pooled, _, ctx.pool_saved = cuda_pool.max_pool2d_forward(out, k, s, p, d, ceil_mode)
         return pooled
 

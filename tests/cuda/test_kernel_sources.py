@@ -346,3 +346,23 @@ def test_chain_backward_staging_choice(monkeypatch):
     assert linear._chain_bwd_kernel(4, lenet, 4, True, 48 * 1024) == ("chain_bwd_rows_r4", 8_192)
     monkeypatch.setattr(linear, "CHAIN_STAGE", False)
     assert linear._chain_bwd_kernel(1, lenet, 4, True, h200) == ("chain_bwd_rows_r1", 2_048)
+
+
+def test_tile_pool_epilogue_choice(monkeypatch):
+    """_tile_pool_ok (no GPU needed): 2x2 windows at stride 2 without padding or dilation over an output of even
+    rows and columns (LeNet-5's 24 x 24 and 8 x 8); the plan for it has an even number of rows per block (LeNet-5's
+    first layer: 12, where the plain plan takes 13)."""
+    from smalltrain.backend.cuda import conv
+    monkeypatch.setattr(conv, "_sm_count", lambda: 132)
+    pool = ((2, 2), (2, 2), (0, 0), (1, 1))
+    assert conv._tile_pool_ok(pool, (24, 24)) and conv._tile_pool_ok(pool, (8, 8))
+    assert not conv._tile_pool_ok(pool, (9, 8)) and not conv._tile_pool_ok(pool, (8, 9))
+    assert not conv._tile_pool_ok(((3, 3), (3, 3), (0, 0), (1, 1)), (24, 24))
+    assert not conv._tile_pool_ok(((2, 2), (1, 1), (0, 0), (1, 1)), (24, 24))
+    assert not conv._tile_pool_ok(((2, 2), (2, 2), (1, 1), (1, 1)), (24, 24))
+    assert not conv._tile_pool_ok(((2, 2), (2, 2), (0, 0), (2, 2)), (24, 24))
+    assert conv._tile_plan(64, 1, (28, 28), 6, (24, 24), 5, 4)[1] == 13
+    assert conv._tile_plan(64, 1, (28, 28), 6, (24, 24), 5, 4, even_rows=True)[1] == 12
+    assert conv._tile_plan(64, 6, (12, 12), 16, (8, 8), 5, 4, even_rows=True)[1] == 8
+    monkeypatch.setattr(conv, "TILE_POOL", False)
+    assert not conv._tile_pool_ok(pool, (24, 24))

@@ -820,6 +820,65 @@ def test_conv_act_pool_backward(activation, dtype, rng):
         ops.conv2d_backward(None, csaved, g=gact[:, :9])
 
 
+POOL_2X2 = ((2, 2), (2, 2), (0, 0), (1, 1))   # conv2d_forward's pool: kernel, stride, padding, dilation
+TILE_POOL_CASES = [  # x, weight, padding, rows per block (None: planned), a NaN in x
+    ((5, 1, 28, 28), (6, 1, 5, 5), 0, None, False),   # LeNet-5's first layer (planned 12 rows, not 13)
+    ((3, 6, 12, 12), (16, 6, 5, 5), 0, None, True),   # its second (channel splits), a NaN
+    ((2, 3, 10, 14), (5, 3, 3, 3), 1, 4, False),      # 10 x 14 outputs: a partial last tile, a partial channel group
+    ((2, 4, 12, 10), (3, 4, 3, 3), 0, 2, True),       # 10 x 8 outputs, 2 rows per block, a NaN
+]
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", TILE_POOL_CASES)
+def test_tile_conv_pool_epilogue(case, dtype, activation, rng, monkeypatch):
+    """tile_conv's 2x2 max-pooling epilogue: the pooled output against the float64 reference, and bit-equal (values,
+    indices, the backward's g) to the unfused path on the same plan (max_pool2d_forward on the convolution's output:
+    ties of ReLU's zeros go to the first maximum, a NaN wins); with TILE_POOL off saved.pool is None."""
+    x_shape, w_shape, pad, rows, nan = case
+    x = rng.standard_normal(x_shape).astype(dtype)
+    if nan:
+        x[1, 0, 3, 4] = np.nan
+    w = (rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype)
+    b = rng.standard_normal(w_shape[0]).astype(dtype)
+    plan_rows = rows if rows is not None else conv_kernels._tile_forward_plan(
+        x_shape, w_shape, (x_shape[2] + 2 * pad - w_shape[2] + 1, x_shape[3] + 2 * pad - w_shape[3] + 1), (1, 1),
+        (pad,) * 4, (1, 1), 1, np.dtype(dtype).itemsize, even_rows=True)[1]
+    assert plan_rows % 2 == 0
+    monkeypatch.setattr(conv_kernels, "_TILE_ROWS", plan_rows)   # the unfused run below on the same plan
+    out, saved = ops.conv2d_forward(g(x), g(w), g(b), 1, pad, 1, 1, activation, pool=POOL_2X2)
+    assert saved.pool is not None and out.shape == saved.pool[0].shape and saved.pool[0].dtype == cp.int64
+    pre, _ = ref.conv2d(x, w, b, (1, 1), (pad,) * 4, (1, 1), 1)
+    n, o, h, wd = pre.shape
+    windows = ref.act(pre, activation).reshape(n, o, h // 2, 2, wd // 2, 2)
+    with np.errstate(invalid="ignore"):
+        assert_close(out, windows.max(axis=(3, 5)), ref.tol(dtype), name="pooled")
+    if nan:
+        assert cp.isnan(out).any()
+    monkeypatch.setattr(conv_kernels, "TILE_POOL", False)
+    plain, plain_saved = ops.conv2d_forward(g(x), g(w), g(b), 1, pad, 1, 1, activation, pool=POOL_2X2)
+    assert plain_saved.pool is None and plain.shape == pre.shape
+    pooled, idx, psaved = ops.max_pool2d_forward(plain, 2, 2)
+    assert cp.array_equal(out, pooled, equal_nan=True) and cp.array_equal(saved.pool[0], idx)
+    assert saved.pool[1:] == psaved[1:]
+    dpool = g(rng.standard_normal(out.shape).astype(dtype))
+    fused_g = ops.max_pool2d_backward_act(dpool, saved.pool, saved.y, saved.bias, activation)
+    plain_g = ops.max_pool2d_backward_act(dpool, psaved, plain_saved.y, plain_saved.bias, activation)
+    assert cp.array_equal(fused_g, plain_g, equal_nan=True)
+
+
+def test_tile_conv_pool_declines_other_poolings():
+    """3x3 windows, stride 1, padding, odd output sizes: no pooling epilogue (the caller pools)."""
+    x, w = cp.ones((2, 3, 11, 11), cp.float32), cp.ones((4, 3, 3, 3), cp.float32)
+    for pool in (((3, 3), (3, 3), (0, 0), (1, 1)), ((2, 2), (1, 1), (0, 0), (1, 1)),
+                 ((2, 2), (2, 2), (1, 1), (1, 1))):
+        out, saved = ops.conv2d_forward(x, w, None, 1, 0, 1, 1, "relu", pool=pool)
+        assert saved.pool is None and out.shape == (2, 4, 9, 9)
+    out, saved = ops.conv2d_forward(x, w, None, 1, 0, 1, 1, "relu", pool=POOL_2X2)   # 9 x 9: odd
+    assert saved.pool is None
+
+
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,pool", [((4, 6, 24, 24), (2, 2, 0)), ((3, 16, 8, 8), (2, 2, 0)),   # LeNet-5's

@@ -106,6 +106,9 @@ INTO_PRODUCER = True
 TILE_LINEAR = True
 TILE_LINEAR_MAX_F = 16
 _TILE_LINEAR_IMAGES = 1 << 16
+# conv2d_forward's `pool`: tile_conv's epilogue also takes a 2x2, stride-2 max pooling whose windows tile the output
+# (kernels/conv.cu tile_conv_pool; the plan's rows per block even); tests set it False for the pooling kernel
+TILE_POOL = True
 # conv2d_backward queues the weight gradient on a side stream beside the input gradient (_common.run_beside) where
 # the output has at most this many elements (N*O*OH*OW). H200, captured steps: LeNet-5 b64's second layer (65,536)
 # 98.3 -> 94.0 us per step; b512's (524,288) and MnistCnn b64's (1,179,648) lose (209.6 -> 234.8, 147.7 -> 158.8 us):
@@ -141,6 +144,7 @@ class Conv2dSaved:
     activation: object
     needs: tuple
     x: object = None   # the input (a reference), kept instead of cols by the direct path for the weight gradient
+    pool: object = None   # the fused pooling's saved state (pool.max_pool2d_forward's) where tile_conv_pool ran
 
 
 def _pads(padding, stride, dilation, kernel):
@@ -236,7 +240,7 @@ def col2im(cols, x_shape, kernel_size, stride, pads, dilation, out_hw):
 
 
 def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None,
-                   needs_input_grad=(True, True, True), keep_pre_activation=True, linear=None):
+                   needs_input_grad=(True, True, True), keep_pre_activation=True, linear=None, pool=None):
     """out = act(conv2d(x, w, b)), torch's conv2d followed by the activation: one direct or implicit-GEMM kernel
     where they take the convolution, else im2col + GEMM + epilogue.
 
@@ -249,6 +253,9 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
     linear=(lw [F, O*OH*OW], lb [F] or None) of x's dtype and device (the caller checks them): returns (out, saved,
     logits) with logits = flatten(out) @ lw^T + lb [N, F] where tile_conv's epilogue computes it (_tile_linear_ok),
     else None (the caller runs the linear layer).
+    pool=(kernel, stride, padding, dilation) pairs of a max pooling after the activation: where tile_conv's epilogue
+    takes it (_tile_pool_ok) `out` is the pooled output [N, O, OH/2, OW/2] and saved.pool what
+    pool.max_pool2d_backward_act reads (max_pool2d_forward's saved); else saved.pool is None and out unpooled.
     """
     stride, pads, dilation, groups, out_hw = _validate(x, w, b, stride, padding, dilation, groups, activation)
     needs = tuple(bool(v) for v in needs_input_grad) + (True,) * (3 - len(needs_input_grad))
@@ -260,8 +267,15 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
         p = out_hw[0] * out_hw[1]
         act = ACTIVATIONS[activation]
         keep_y = act and keep_pre_activation
-        out = cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
-        tile = _tile_forward_plan(x.shape, w.shape, out_hw, stride, pads, dilation, groups, x.dtype.itemsize)
+        plan_args = (x.shape, w.shape, out_hw, stride, pads, dilation, groups, x.dtype.itemsize)
+        # the pooling in tile_conv's epilogue where it takes it (a plan of even rows), else the plain plan
+        tile = _tile_forward_plan(*plan_args, even_rows=True) if pool is not None and _tile_pool_ok(pool, out_hw) \
+            else None
+        fused_pool = tile is not None
+        if tile is None:
+            tile = _tile_forward_plan(*plan_args)
+        out = None if fused_pool else cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
+        pooled = None
         direct = tile is None and _direct(x.shape, w.shape, out_hw, groups, x.dtype.itemsize)
         igemm = tile is None and not direct and _igemm(x.shape, w.shape, out_hw, groups, dilation)
         # x is kept (cols not) where the weight gradient's tiled kernel reads it or no cols matrix is made
@@ -277,8 +291,13 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                 logits = cp.empty((n, f), dtype=x.dtype)
                 lin = (contiguous(linear[0]), contiguous(linear[1]), logits, cp.empty((tile[3], f), dtype=x.dtype),
                        counters, f)
+            if fused_pool:   # the pooled output and its indices instead of the activated output
+                pool_hw = (out_hw[0] // 2, out_hw[1] // 2)
+                out = cp.empty((n, o) + pool_hw, dtype=x.dtype)
+                pooled = (cp.empty((n, o) + pool_hw, dtype=cp.int64), ((2, 2), (2, 2), (0, 0), (1, 1), pool_hw))
             _tile_conv(tile, x, w, b, out, y, x.shape[1:], (x.shape[1] * x.shape[2] * x.shape[3],
-                                                             x.shape[2] * x.shape[3]), pads, False, act, lin=lin)
+                                                             x.shape[2] * x.shape[3]), pads, False, act, lin=lin,
+                       pool_idx=None if pooled is None else pooled[0])
         elif direct:
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if keep_y else None
@@ -310,7 +329,8 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
             launch("conv", "bias_act_fwd", x.dtype, out.size, (y, ptr(b), out, i64(n), i64(o), i64(p), i32(act)))
     saved = Conv2dSaved(tuple(x.shape), w, b, cols if needs[1] and not keep_x else None,
                         y if keep_y else None, stride, pads, dilation, groups, out_hw, activation, needs[:3],
-                        x if keep_x and needs[1] else None)
+                        x if keep_x and needs[1] else None,
+                        None if pooled is None else (pooled[0], (n, o) + tuple(out_hw), x.dtype, pooled[1]))
     return (out, saved) if linear is None else (out, saved, logits)
 
 
@@ -333,13 +353,13 @@ def _tile_knobs():
             _sm_count())
 
 
-def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize):
+def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize, even_rows=False):
     """_tile_conv_plan, cached per shapes and _tile_knobs (an eager step plans each convolution 2-3 times)."""
-    return _tile_conv_plan(n, c, tuple(in_hw), o, tuple(out_hw), ks, itemsize, _tile_knobs())
+    return _tile_conv_plan(n, c, tuple(in_hw), o, tuple(out_hw), ks, itemsize, _tile_knobs(), even_rows)
 
 
 @metadata_cache
-def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs):
+def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs, even_rows=False):
     """(TO, TH, threads, blocks, shared memory, CS) of tile_conv over n images of c input channels in_hw to o output
     channels out_hw with a ks x ks kernel, or None where it does not take the convolution (TILE_CONV off, ks not
     compiled, nothing to do, indices past 32 bits, a row of tiles over 1024 threads or one row's input and the weights
@@ -347,7 +367,8 @@ def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs):
     else 4. TH, the output rows per block: of the row counts whose block fits (_TILE_THREADS threads, the shared
     memory), those giving _TILE_BLOCKS_PER_SM blocks per SM of _TILE_MIN_THREADS threads (else those of that many
     threads, else all), the one wasting the least: lanes of partial warps, staged halo rows, rows of a partial last
-    tile (_TILE_ROWS, if set: the most rows up to it that fit). CS: the input channels' splits over thread groups."""
+    tile (_TILE_ROWS, if set: the most rows up to it that fit); even_rows: an even TH only (the pooling epilogue's
+    row pairs). CS: the input channels' splits over thread groups."""
     ho, wo = out_hw
     if (not TILE_CONV or ks not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * in_hw[0] * in_hw[1] >= _FITS32
             or n * o * ho * wo >= _FITS32):
@@ -360,6 +381,8 @@ def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs):
     row_bytes = c * (cg * _TILE_TW + 4) * itemsize
     fits = [t for t in range(1, min(ho, max(1, _TILE_THREADS // per_row)) + 1)
             if weights + (t + ks - 1) * row_bytes <= _SMEM_BYTES and per_row * t <= 1024]
+    if even_rows:
+        fits = [t for t in fits if t % 2 == 0]
     if _TILE_ROWS is not None:
         fits = [t for t in fits if t <= _TILE_ROWS][-1:]
     if not fits:
@@ -399,12 +422,21 @@ def _tile_geometry(stride, dilation, groups, w_shape):
             and w_shape[2] in _TILE_KS)
 
 
-def _tile_forward_plan(x_shape, w_shape, out_hw, stride, pads, dilation, groups, itemsize):
+def _tile_forward_plan(x_shape, w_shape, out_hw, stride, pads, dilation, groups, itemsize, even_rows=False):
     """tile_conv's plan (_tile_plan) for this forward, or None: it needs _tile_geometry and TILE_MIN_K taps."""
     o, cg, kh, kw = w_shape
     if not _tile_geometry(stride, dilation, groups, w_shape) or cg * kh * kw < TILE_MIN_K:
         return None
-    return _tile_plan(x_shape[0], cg, x_shape[2:], o, out_hw, kh, itemsize)
+    return _tile_plan(x_shape[0], cg, x_shape[2:], o, out_hw, kh, itemsize, even_rows)
+
+
+def _tile_pool_ok(pool, out_hw):
+    """Whether tile_conv's pooling epilogue (kernels/conv.cu tile_conv_pool) takes this max pooling of the
+    convolution's out_hw output: TILE_POOL on, 2x2 windows at stride 2, no padding or dilation, even OH and OW
+    (the windows tile the output; the plan then takes an even number of rows per block)."""
+    kernel, stride, pad, dil = (tuple(v) for v in pool)
+    return (TILE_POOL and kernel == (2, 2) and stride == (2, 2) and pad == (0, 0) and dil == (1, 1)
+            and out_hw[0] % 2 == 0 and out_hw[1] % 2 == 0)
 
 
 def _tile_linear_ok(plan, n, lw):
@@ -419,24 +451,31 @@ def _tile_linear_ok(plan, n, lw):
     return device_counters("tile_conv_lin", _TILE_LINEAR_IMAGES)
 
 
-def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None, lin=None):
+def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None, lin=None,
+               pool_idx=None):
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
     of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped).
     into_nchw (with transposed): the result's shape (N, O, Ho, Wo), written to out [O, N*Ho*Wo] times
     act'(y + b), y and b read (conv.cu, "into"). lin (forward): (lw [F, O*Ho*Wo], lb or None, logits [N, F],
-    partials [blocks, F], counters, F) for tile_conv_lin's linear epilogue (_tile_linear_ok)."""
+    partials [blocks, F], counters, F) for tile_conv_lin's linear epilogue (_tile_linear_ok). pool_idx (forward,
+    _tile_pool_ok): int64 [N, O, Ho/2, Wo/2] for tile_conv_pool, out then the pooled output of that shape."""
     to, th, threads, blocks, smem, cs = plan
     n, o, ho, wo = out.shape if into_nchw is None else into_nchw
+    if pool_idx is not None:
+        ho, wo = 2 * ho, 2 * wo
     name, lin_args = "tile_conv", (ptr(None),) * 5 + (i32(0),)
     if lin is not None:   # its block sums and ticket pass through the shared memory after the tiles
         name, lin_args = "tile_conv_lin", (lin[0], ptr(lin[1]), lin[2], lin[3], lin[4], i32(lin[5]))
         smem = max(smem, threads // 32 * TILE_LINEAR_MAX_F * out.dtype.itemsize + 4)
+    elif pool_idx is not None:   # split 0's outputs pass through the shared memory, [threads][TO][4]
+        name = "tile_conv_pool"
+        smem = max(smem, threads // cs * to * _TILE_TW * out.dtype.itemsize)
     get("conv", f"{name}_k{w.shape[3]}_to{to}", out.dtype)(
         (blocks,), (threads,), (inp, w, ptr(b), out, ptr(y)) + i32s(
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
-                                                        int(into_nchw is not None), act)) + lin_args,
-        shared_mem=smem)
+                                                        int(into_nchw is not None), act)) + lin_args
+        + (ptr(pool_idx),), shared_mem=smem)
 
 
 def _tile_dx(g, saved, into=None):

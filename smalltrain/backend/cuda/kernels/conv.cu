@@ -18,6 +18,7 @@
 //   tile_conv: stride-1, undilated, square 3x3 / 5x5 convolutions: the forward (with direct_fwd's epilogue) and,
 //            as the correlation of g with the flipped kernel, the input gradient, from an input tile and all the
 //            weights staged in shared memory (cp.async), each thread a register tile of TO channels x 4 columns.
+//            Epilogues: plain, a following small linear layer (tile_conv_lin) or a 2x2 max pooling (tile_conv_pool).
 //   tile_wgrad: dw and db of the same convolutions into wgrad_reduce's partial rows, persistent blocks walking row
 //            tiles of g and x staged into two buffers (the next tile's copies in flight during this one's products).
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
@@ -549,6 +550,11 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // shared-load conflicts and changed nothing, the vector stores took the forward from 21.8 to 19.1 us.
 #define ST_TW 4
 
+// The epilogues: ST_EPI_PLAIN (tile_conv), ST_EPI_LINEAR (tile_conv_lin), ST_EPI_POOL (tile_conv_pool, below).
+#define ST_EPI_PLAIN 0
+#define ST_EPI_LINEAR 1
+#define ST_EPI_POOL 2
+
 // The forward's linear epilogue (LIN, the tile_conv_lin kernels; Conv2dActLinear: linear(flatten(act(conv(x))),
 // lw, lb) with F <= ST_LF outputs): each thread adds its outputs times lw's matching columns (lw [F, O*Ho*Wo], read
 // once per block, no reuse: L2), a warp sum and the block's warps in order give the tile's partial sums
@@ -631,13 +637,22 @@ __device__ void linear_finish(const T* lsum, const T* __restrict__ lb, T* __rest
     if (threadIdx.x == 0) lcount[n] = 0u;
 }
 
-template <typename T, int KS, int TO, bool LIN>
+// The forward's pooling epilogue (POOL, the tile_conv_pool kernels; Conv2dActPool: max_pool2d(act(conv(x)), 2, 2)
+// where the 2x2 windows tile the output and TH is even, conv.py _tile_pool_ok): the threads of odd rows pass their
+// activated outputs to the row above through shared memory ([threads][TO][ST_TW]), and each thread of an even row
+// takes the max of its two 2x2 windows per channel in torch's order (row-major, the first maximum, a NaN wins),
+// writing the pooled value to out [N, O, Ho/2, Wo/2] and its flat index h*Wo + w to pidx (int64, as
+// max_pool2d_forward's indices); the activated, unpooled output is not written (y, before the bias, still is).
+
+template <typename T, int KS, int TO, int EPI>
 __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ b,
                           T* __restrict__ out, T* __restrict__ y, int N, int C, int Hi, int Wi, int in_sn, int in_sc,
                           int O, int Ho, int Wo, int pt, int pl, int TH, int CS, int transposed, int into,
                           int act, const T* __restrict__ lw, const T* __restrict__ lb, T* __restrict__ lout,
-                          T* __restrict__ lpart, unsigned* lcount, int F) {
+                          T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx) {
     static_assert(KS >= 1 && KS <= 5 && TO % 4 == 0, "tile_conv: 8 x values per row cover TW + KS - 1");
+    // KEEP: the activated outputs stay in acc for the epilogue, and every thread reaches its block-wide steps
+    constexpr bool LIN = EPI == ST_EPI_LINEAR, POOL = EPI == ST_EPI_POOL, KEEP = LIN || POOL;
     extern __shared__ unsigned char st_smem[];
     const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TO, KK = KS * KS, K = C * KK;
     const int WP = CG * ST_TW + 4, RP = TH + KS - 1, tiles = (Ho + TH - 1) / TH;
@@ -708,7 +723,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                 for (int v = 0; v < ST_TW; ++v) red[((cs - 1) * G + tid) * TO * ST_TW + u * ST_TW + v] = acc[u][v];
         }
         __syncthreads();
-        if (!LIN && cs > 0) return;
+        if (!KEEP && cs > 0) return;
         if (cs == 0) {
             for (int k = 1; k < CS; ++k)
 #pragma unroll
@@ -718,9 +733,9 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                         acc[u][v] += red[((k - 1) * G + tid) * TO * ST_TW + u * ST_TW + v];
         }
     }
-    // the outputs of the threads of split 0 on rows of the image (the last tile's rows may lie past it); with LIN no
-    // thread returns before the linear layer's block sum
-    if (!LIN && r >= Ho) return;
+    // the outputs of the threads of split 0 on rows of the image (the last tile's rows may lie past it); with KEEP no
+    // thread returns before the epilogue's block-wide steps
+    if (!KEEP && r >= Ho) return;
     const bool live = cs == 0 && r < Ho;
     const int P = Ho * Wo, s0 = cg * ST_TW;
     // the 4 columns in one store where every row starts aligned (Wo a multiple of 4), in two where rows start at even
@@ -750,9 +765,15 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                 val[v] = act_fwd(b != nullptr ? pre[v] + bo : pre[v], act);
             }
             orow = out + ((n * O + o) * Ho + r) * Wo + s0;
-            if (LIN) {   // kept for the linear layer's sums
+            if (KEEP) {   // kept for the linear layer's sums or the pooling
 #pragma unroll
                 for (int v = 0; v < ST_TW; ++v) acc[u][v] = val[v];
+            }
+            if (POOL) {   // y only: the pooled values are written below
+#pragma unroll
+                for (int v = 0; v < ST_TW; ++v)
+                    if (yrow != nullptr && s0 + v < Wo) yrow[v] = pre[v];
+                continue;
             }
         }
         if (vec == 4) {
@@ -775,6 +796,45 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             orow[v] = val[v];
             if (yrow != nullptr) yrow[v] = pre[v];
         }
+    }
+    if (POOL) {   // odd rows hand their outputs to the row above, even rows pool
+        T* xch = reinterpret_cast<T*>(st_smem);   // [G][TO][ST_TW] (split 0's threads; the tiles are read by now)
+        __syncthreads();
+        if (live && (row & 1)) {
+#pragma unroll
+            for (int u = 0; u < TO; ++u)
+#pragma unroll
+                for (int v = 0; v < ST_TW; ++v) xch[(tid * TO + u) * ST_TW + v] = acc[u][v];
+        }
+        __syncthreads();
+        if (!live || (row & 1)) return;
+        const T* below = xch + (tid + CG) * TO * ST_TW;   // row r + 1, same columns (TH even: in this tile)
+        const int PW = Wo / 2, PH = Ho / 2;
+#pragma unroll
+        for (int u = 0; u < TO; ++u) {
+            const int o = og * TO + u;
+            if (o >= O) break;
+#pragma unroll
+            for (int q = 0; q < ST_TW / 2; ++q) {
+                const int s = s0 + 2 * q;
+                if (s >= Wo) break;   // Wo even: a window is whole or past the row
+                const T win[4] = {acc[u][2 * q], acc[u][2 * q + 1], below[u * ST_TW + 2 * q],
+                                  below[u * ST_TW + 2 * q + 1]};
+                const int pos[4] = {r * Wo + s, r * Wo + s + 1, (r + 1) * Wo + s, (r + 1) * Wo + s + 1};
+                T best = st_neg_inf<T>();
+                int at = pos[0];
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (win[e] > best || st_isnan(win[e])) {
+                        best = win[e];
+                        at = pos[e];
+                    }
+                const int k = ((n * O + o) * PH + r / 2) * PW + s / 2;
+                out[k] = best;
+                pidx[k] = at;
+            }
+        }
+        return;
     }
     if (LIN) {   // this thread's outputs times the linear layer's weights, then the block's and the image's sums
         T lsum[ST_LF];
@@ -1053,17 +1113,18 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         wgrad_partial<T, R>(x, g, partial, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, TQ, with_bias);  \
     }
 
-#define ST_TILE_ONE(T, S, KS, TO, NAME, LIN)                                                                       \
+#define ST_TILE_ONE(T, S, KS, TO, NAME, EPI)                                                                       \
     extern "C" __global__ void NAME##_k##KS##_to##TO##_##S(const T* in, const T* w, const T* b, T* out, T* y, int N, \
                                                          int C, int Hi, int Wi, int in_sn, int in_sc, int O, int Ho, \
                                                          int Wo, int pt, int pl, int TH, int CS, int transposed,     \
                                                          int into, int act, const T* lw, const T* lb, T* lout,       \
-                                                         T* lpart, unsigned* lcount, int F) {                        \
-        tile_conv<T, KS, TO, LIN>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS,           \
-                                  transposed, into, act, lw, lb, lout, lpart, lcount, F);                            \
+                                                         T* lpart, unsigned* lcount, int F, i64* pidx) {             \
+        tile_conv<T, KS, TO, EPI>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS,           \
+                                  transposed, into, act, lw, lb, lout, lpart, lcount, F, pidx);                      \
     }
 #define ST_TILE(T, S, KS, TO)                                                                                      \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv, false) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, true)
+    ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL)
 
 // tile_wgrad's blocks have at most ST_TILE_WG_THREADS threads (conv.py _TILE_WG_THREADS); in float32 the compiler
 // keeps three such blocks' registers on an SM (MnistCnn's second layer at batch 64: 384 blocks in one wave on 132
