@@ -165,18 +165,23 @@ def device_counters(name, size):
     return counters
 
 
-_smem_optin = {}   # device id -> the most dynamic shared memory a block may opt in to
+_attributes = {}   # (device id, name) -> the device attribute's value
 _opted_in = {}     # id(kernel) -> the dynamic shared memory it was allowed
+
+
+def device_attribute(name):
+    """A CUDA device attribute of the current device (cupy's names, e.g. "MultiProcessorCount"), read once."""
+    dev = cupy().cuda.Device()
+    value = _attributes.get((dev.id, name))
+    if value is None:
+        value = _attributes[dev.id, name] = dev.attributes[name]
+    return value
 
 
 def smem_optin_bytes():
     """The most dynamic shared memory a block may use on the current device once its kernel opts in (H200:
     227 KiB; without opting in, 48 KiB)."""
-    dev = cupy().cuda.Device()
-    nbytes = _smem_optin.get(dev.id)
-    if nbytes is None:
-        nbytes = _smem_optin[dev.id] = dev.attributes["MaxSharedMemoryPerBlockOptin"]
-    return nbytes
+    return device_attribute("MaxSharedMemoryPerBlockOptin")
 
 
 def with_smem(kern, nbytes):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from . import cupy
 from .. import metadata_cache
-from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, device_counters, get, i32,
-                      i32s, i64, launch, pair, ptr, run_beside, same_device)
+from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, device_attribute,
+                      device_counters, get, i32, i32s, i64, launch, pair, ptr, run_beside, same_device)
 from .blas import gemm, sum_rows
 from .loader import MAX_BLOCKS
 
@@ -122,7 +122,6 @@ _WGRAD_R = (1, 2, 4, 8)       # outputs per thread the weight-gradient kernel is
 _SMEM_BYTES = 48 * 1024       # the default per-block limit (no opt-in needed)
 _MAX_SPLITS = 4               # threads summing one staged item's channels (conv.cu's CS)
 _FITS32 = 1 << 30
-_sm_counts = {}
 
 
 @dataclass
@@ -709,11 +708,7 @@ def _int_args(x_shape, w_shape, out_hw, stride, pads, dilation):
 
 
 def _sm_count():
-    dev = cupy().cuda.Device()
-    count = _sm_counts.get(dev.id)
-    if count is None:
-        count = _sm_counts[dev.id] = dev.attributes["MultiProcessorCount"]
-    return count
+    return device_attribute("MultiProcessorCount")
 
 
 def _wgrad_kernel(saved, itemsize):
