@@ -120,16 +120,13 @@ def _ce_validate(x, target, weight, reduction, label_smoothing):
 
 # cross_entropy_forward also writes the gradient for a loss gradient of 1 (in its last block) up to this many elements
 CE_UNIT_MAX = 1 << 14
-_bad_flags = {}   # device id -> a 1-element int32 device array, 0 between calls
 
 
-def _bad_flag(device_id):
-    """The flag cross_entropy_fwd sets when it meets a target outside [0, C) that is not ignore_index. It is 0
-    whenever no call is in flight: a call that finds it set clears it before raising."""
-    flag = _bad_flags.get(device_id)
-    if flag is None:
-        flag = _bad_flags[device_id] = cupy().zeros(1, dtype=np.int32)
-    return flag
+def _bad_flag():
+    """The flag cross_entropy_fwd sets (to 1) when it meets a target outside [0, C) that is not ignore_index, on
+    the current device (a device counter: None while a capture starts before it exists). It is 0 whenever no call
+    is in flight: a call that finds it set clears it before raising."""
+    return device_counters("cross_entropy_bad_target", 1)
 
 
 def _raise_bad_target(target, ignore_index, c, flag):
@@ -158,7 +155,7 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     outer, inner = shape[0], math.prod(shape[2:])
     with x.device:
         x, target, weight = contiguous(x), contiguous(target), contiguous(weight)
-        flag = _bad_flag(x.device.id) if target.size and want_host_check(check_target) else None
+        flag = _bad_flag() if target.size and want_host_check(check_target) else None
         rows = outer * inner
         loss_rows = cp.empty(rows, dtype=x.dtype)
         wt_rows = cp.empty(rows, dtype=x.dtype)

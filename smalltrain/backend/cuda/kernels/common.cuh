@@ -154,7 +154,9 @@ __device__ __forceinline__ void store2(T* p, const T* r) {   // 2 consecutive va
     else *reinterpret_cast<double2*>(p) = make_double2(r[0], r[1]);
 }
 
+// The sum over the warp, returned to every lane (a butterfly: the same fixed order in every lane and call).
 template <typename T> __device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     return v;
 }

@@ -227,13 +227,6 @@ struct ChainLayer {
     const ChainLayer<T> layers[ST_CMAX] = {{w0, b0, z0, h0, d0, d1, a0}, {w1, b1, z1, h1, d1, d2, a1},             \
                                            {w2, b2, z2, h2, d2, d3, a2}, {w3, b3, z3, h3, d3, d4, a3}}
 
-template <typename T>
-__device__ __forceinline__ T warp_sum_all(T v) {   // every lane gets the sum (butterfly: a fixed order)
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // chain_bwd_staged's shared memory after the two row buffers at base: layers L-1 down to lo (the first layer whose
 // weights are read), each from a 16-byte boundary (linear.py _chain_staged_smem adds them up the same way); wl[l]
 // points at layer l's slot, the others keep their global pointers.
@@ -302,7 +295,7 @@ __device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, in
             for (int u = 0; u < JW; ++u)
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    const T sum = warp_sum_all(acc[u][r]);
+                    const T sum = warp_sum(acc[u][r]);
                     if (lane == u * R + r) v = sum;
                 }
             const int u = lane / R, r = lane - u * R, j = j0 + u;
@@ -495,7 +488,7 @@ __device__ void wide_fwd(const T* __restrict__ x, const T* __restrict__ w, const
 #pragma unroll
         for (int f = 0; f < ST_WF; ++f) {
             if (f < F) {
-                const T v = warp_sum_all(acc[rr][f]);
+                const T v = warp_sum(acc[rr][f]);
                 if (lane == f && rw + rr < M) part[(chunk * M + rw + rr) * F + f] = v;
             }
         }
