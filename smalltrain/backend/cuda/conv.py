@@ -267,14 +267,19 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
         act = ACTIVATIONS[activation]
         keep_y = act and keep_pre_activation
         plan_args = (x.shape, w.shape, out_hw, stride, pads, dilation, groups, x.dtype.itemsize)
-        # the pooling in tile_conv's epilogue where it takes it (a plan of even rows), else the plain plan
+        # the pooling in tile_conv's epilogue where it takes it (a plan of even rows): out is then the pooled output
+        # and pool_saved max_pool2d_forward's saved, its indices written by the epilogue; else the plain plan
         tile = _tile_forward_plan(*plan_args, even_rows=True) if pool is not None and _tile_pool_ok(pool, out_hw) \
             else None
-        fused_pool = tile is not None
-        if tile is None:
+        pool_saved = None
+        if tile is not None:
+            pool_hw = (out_hw[0] // 2, out_hw[1] // 2)
+            out = cp.empty((n, o) + pool_hw, dtype=x.dtype)
+            pool_saved = (cp.empty((n, o) + pool_hw, dtype=cp.int64), (n, o) + tuple(out_hw), x.dtype,
+                          ((2, 2), (2, 2), (0, 0), (1, 1), pool_hw))
+        else:
             tile = _tile_forward_plan(*plan_args)
-        out = None if fused_pool else cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
-        pooled = None
+            out = cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
         direct = tile is None and _direct(x.shape, w.shape, out_hw, groups, x.dtype.itemsize)
         igemm = tile is None and not direct and _igemm(x.shape, w.shape, out_hw, groups, dilation)
         # x is kept (cols not) where the weight gradient's tiled kernel reads it or no cols matrix is made
@@ -290,13 +295,9 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                 logits = cp.empty((n, f), dtype=x.dtype)
                 lin = (contiguous(linear[0]), contiguous(linear[1]), logits, cp.empty((tile[3], f), dtype=x.dtype),
                        counters, f)
-            if fused_pool:   # the pooled output and its indices instead of the activated output
-                pool_hw = (out_hw[0] // 2, out_hw[1] // 2)
-                out = cp.empty((n, o) + pool_hw, dtype=x.dtype)
-                pooled = (cp.empty((n, o) + pool_hw, dtype=cp.int64), ((2, 2), (2, 2), (0, 0), (1, 1), pool_hw))
             _tile_conv(tile, x, w, b, out, y, x.shape[1:], (x.shape[1] * x.shape[2] * x.shape[3],
                                                              x.shape[2] * x.shape[3]), pads, False, act, lin=lin,
-                       pool_idx=None if pooled is None else pooled[0])
+                       pool_idx=None if pool_saved is None else pool_saved[0])
         elif direct:
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if keep_y else None
@@ -328,8 +329,7 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
             launch("conv", "bias_act_fwd", x.dtype, out.size, (y, ptr(b), out, i64(n), i64(o), i64(p), i32(act)))
     saved = Conv2dSaved(tuple(x.shape), w, b, cols if needs[1] and not keep_x else None,
                         y if keep_y else None, stride, pads, dilation, groups, out_hw, activation, needs[:3],
-                        x if keep_x and needs[1] else None,
-                        None if pooled is None else (pooled[0], (n, o) + tuple(out_hw), x.dtype, pooled[1]))
+                        x if keep_x and needs[1] else None, pool_saved)
     return (out, saved) if linear is None else (out, saved, logits)
 
 

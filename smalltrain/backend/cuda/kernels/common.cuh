@@ -126,6 +126,17 @@ template <typename T> __device__ __forceinline__ T st_max_nan(T a, T b) {
     return (a > b || st_isnan(a)) ? a : b;
 }
 
+// One step of a max pooling's argmax (value best at index at), torch's max_pool2d rule: v at pos replaces it where
+// v is greater or NaN, so that over a window in row-major order the first maximum wins and a NaN wins (the last
+// NaN where there are several). Start from best = -inf and at = the window's first index.
+template <typename T, typename I>
+__device__ __forceinline__ void st_argmax_step(T v, I pos, T& best, I& at) {
+    if (v > best || st_isnan(v)) {
+        best = v;
+        at = pos;
+    }
+}
+
 // 4 (or 2) consecutive values as one vector access: float4 / float2, or double2 pairs
 template <typename T>
 __device__ __forceinline__ void load4(const T* p, T* r) {   // 4 consecutive values, 16 (float) or 32 bytes aligned
@@ -183,6 +194,34 @@ template <typename T> __device__ T block_sum(T v) {
     v = partial[0];
     __syncthreads();
     return v;
+}
+
+// "The last block to arrive": whether this block is the last of `expected` blocks to draw a ticket from *counter
+// (atomicAdd's old value; the last draws expected - 1), the same answer in every thread of the block, so that the
+// last block can combine what all of them wrote in one launch and a fixed order (deterministic, no atomics on the
+// values). Every thread of the block must call it: it has barriers (the first puts the block's earlier work before
+// thread 0's ticket, the second hands the ticket to every thread). PUBLISH (the default): thread 0 runs
+// __threadfence before its atomicAdd, so that the block's global writes before the call, every thread's (the
+// barrier puts them before the fence, which is cumulative; cooperative_groups' grid sync relies on the same), are
+// visible GPU-wide before its ticket is, and so to the block that draws the last ticket. That block must read them
+// from L2 (__ldcg): its L1 is not coherent with other SMs' writes. PUBLISH = false where the last block reads
+// nothing the others wrote (a fence per block saved). The counter must be 0 at the launch: resetting it (the last
+// block, once done, for the next launch) is the caller's. ticket: a shared memory word for the ticket (the
+// overload below declares one).
+template <bool PUBLISH = true>
+__device__ __forceinline__ bool st_last_to_arrive(unsigned* counter, unsigned expected, unsigned* ticket) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (PUBLISH) __threadfence();
+        *ticket = atomicAdd(counter, 1u);
+    }
+    __syncthreads();
+    return *ticket == expected - 1u;
+}
+template <bool PUBLISH = true>
+__device__ __forceinline__ bool st_last_to_arrive(unsigned* counter, unsigned expected) {
+    __shared__ unsigned ticket;
+    return st_last_to_arrive<PUBLISH>(counter, expected, &ticket);
 }
 
 // Activations shared by activation.cu and the conv epilogue. Codes: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh).

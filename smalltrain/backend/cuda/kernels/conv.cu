@@ -621,14 +621,9 @@ __device__ void linear_finish(const T* lsum, const T* __restrict__ lb, T* __rest
         T s = T(0);
         for (int k = 0; k < warps; ++k) s += red[k * ST_LF + threadIdx.x];
         lpart[(n * tiles + tile) * F + threadIdx.x] = s;
-        // the partials are visible to the block that adds them (only their writers fence: a fence waits for all
-        // of a thread's earlier writes, here the convolution's output too)
-        __threadfence();
     }
-    __syncthreads();
-    if (threadIdx.x == 0) *ticket = atomicAdd(&lcount[n], 1u);
-    __syncthreads();
-    if (*ticket != (unsigned)tiles - 1) return;
+    // the partials are visible to the block that adds them: st_last_to_arrive fences (one thread, after a barrier)
+    if (!st_last_to_arrive(&lcount[n], tiles, ticket)) return;
     if (threadIdx.x < F) {
         T s = T(0);
         for (int k = 0; k < tiles; ++k) s += __ldcg(lpart + (n * tiles + k) * F + threadIdx.x);
@@ -824,11 +819,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                 T best = st_neg_inf<T>();
                 int at = pos[0];
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (win[e] > best || st_isnan(win[e])) {
-                        best = win[e];
-                        at = pos[e];
-                    }
+                for (int e = 0; e < 4; ++e) st_argmax_step(win[e], pos[e], best, at);
                 const int k = ((n * O + o) * PH + r / 2) * PW + s / 2;
                 out[k] = best;
                 pidx[k] = at;

@@ -228,25 +228,25 @@ struct ChainLayer {
                                            {w2, b2, z2, h2, d2, d3, a2}, {w3, b3, z3, h3, d3, d4, a3}}
 
 // chain_bwd_staged's shared memory after the two row buffers at base: layers L-1 down to lo (the first layer whose
-// weights are read), each from a 16-byte boundary (linear.py _chain_staged_smem adds them up the same way); wl[l]
-// points at layer l's slot, the others keep their global pointers.
+// weights are read), each from a 16-byte boundary (linear.py _chain_staged_smem adds them up the same way); slot[l]
+// points at layer l's slot (the other entries are left as they are).
 template <typename T>
 __device__ __forceinline__ void chain_weight_slots(const ChainLayer<T> (&layers)[ST_CMAX], int L, int lo, T* base,
-                                                   int used, const T* (&wl)[ST_CMAX]) {
+                                                   int used, T* (&slot)[ST_CMAX]) {
     constexpr int V = 16 / sizeof(T);
 #pragma unroll
     for (int l = ST_CMAX - 1; l >= 0; --l) {
         if (l >= L || l < lo) continue;
         used += (V - used % V) % V;
-        wl[l] = base + used;
+        slot[l] = base + used;
         used += layers[l].f * layers[l].k;
     }
 }
 
 // Copies layer l's weights into its slot as one cp.async group (chain_weight_slots; st_async_wait_pending waits).
 template <typename T>
-__device__ __forceinline__ void chain_stage_layer(const ChainLayer<T>& layer, const T* slot) {
-    st_async_copy_block(const_cast<T*>(slot), layer.w, layer.f * layer.k);
+__device__ __forceinline__ void chain_stage_layer(const ChainLayer<T>& layer, T* slot) {
+    st_async_copy_block(slot, layer.w, layer.f * layer.k);
     st_async_commit();
 }
 
@@ -324,10 +324,14 @@ __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T
     const T* wl[ST_CMAX] = {w0, w1, w2, w3};   // where each layer's weights are read (global or shared memory)
     const int lo = dx != nullptr ? 0 : 1;      // the first layer whose weights are read
     if (STAGE) {   // every weight the walk reads into shared memory (chain_bwd_staged), the last layer's first
-        chain_weight_slots(layers, L, lo, buf[0], 2 * R * WMAX, wl);
+        T* slot[ST_CMAX] = {};
+        chain_weight_slots(layers, L, lo, buf[0], 2 * R * WMAX, slot);
 #pragma unroll
         for (int l = ST_CMAX - 1; l >= 0; --l)
-            if (l < L && l >= lo) chain_stage_layer(layers[l], wl[l]);
+            if (l < L && l >= lo) {
+                chain_stage_layer(layers[l], slot[l]);
+                wl[l] = slot[l];   // read from shared memory from now on
+            }
     }
     {   // the last layer's g = dout * act'(z)
         const ChainLayer<T> c = layers[0];
@@ -446,7 +450,6 @@ __device__ void wide_fwd(const T* __restrict__ x, const T* __restrict__ w, const
     constexpr int RW = ST_WROWS / (ST_WTHREADS / 32);   // rows per warp
     constexpr int CPL = ST_WK / 32;                      // columns per lane and slice
     __shared__ T ws[ST_WF][ST_WK];
-    __shared__ unsigned ticket;
     const int chunk = blockIdx.x, chunks = gridDim.x, r0 = blockIdx.y * ST_WROWS;
     const int lane = threadIdx.x % 32, rw = r0 + (threadIdx.x / 32) * RW;
     const int k_begin = chunk * kchunk, k_end = min(K, k_begin + kchunk);
@@ -493,11 +496,8 @@ __device__ void wide_fwd(const T* __restrict__ x, const T* __restrict__ w, const
             }
         }
     }
-    __threadfence();   // the partials are visible to the block that adds them
-    __syncthreads();
-    if (threadIdx.x == 0) ticket = atomicAdd(&counters[blockIdx.y], 1u);
-    __syncthreads();
-    if (ticket != (unsigned)chunks - 1) return;
+    // (st_last_to_arrive's fence makes the partials visible to the block that adds them)
+    if (!st_last_to_arrive(&counters[blockIdx.y], chunks)) return;
     // each thread adds up to PER of the group's outputs (e = threadIdx.x + j * ST_WTHREADS; part[c] holds the
     // group's rows contiguous from r0 * F), in chunk order, U chunks of each at a time: PER * U loads in flight (L2:
     // the other blocks wrote them), so that the last block waits on few round trips

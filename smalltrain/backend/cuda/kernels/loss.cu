@@ -170,7 +170,6 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
                                   i64 inner, i64 ignore_index, T ls, int* __restrict__ bad, T* __restrict__ partial,
                                   unsigned* __restrict__ counter, int mean, T* __restrict__ out,
                                   T* __restrict__ wsum, T* __restrict__ unit) {
-    __shared__ unsigned ticket;
     // With unit, every block first adds the weights of all the targets (a few hundred loads, the same order in every
     // block), so that each writes its rows' unit gradient while it computes them; the mean then divides by this sum.
     T all_w = T(0);
@@ -189,11 +188,8 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
     if (threadIdx.x == 0) {
         partial[2 * blockIdx.x] = l;
         partial[2 * blockIdx.x + 1] = wv;
-        __threadfence();   // the sums are visible to the last block before its ticket is
-        ticket = atomicAdd(counter, 1u);
     }
-    __syncthreads();
-    if (ticket != gridDim.x - 1) return;
+    if (!st_last_to_arrive(counter, gridDim.x)) return;   // (its fence makes the sums visible to the last block)
     l = T(0);
     wv = T(0);
     for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) {   // L2 reads: other blocks wrote them

@@ -94,16 +94,12 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
         const T denom = st_sqrt(second) / bc2_sqrt + eps_t;
         p[i] = pi - step_size * mi / denom;
     }
-    if (counter != nullptr) {   // the last block stores the new count (each block read the old one above)
-        __shared__ unsigned ticket;
-        __syncthreads();
-        if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u);
-        __syncthreads();
-        if (threadIdx.x == 0 && ticket == gridDim.x - 1) {
-            if (step_f64) *(double*)step = t;
-            else *(float*)step = (float)t;
-            *counter = 0u;
-        }
+    // the last block stores the new count (every block used the old one, t, before taking its ticket); no fence
+    // (st_last_to_arrive<false>): the last block reads nothing the others wrote
+    if (counter != nullptr && st_last_to_arrive<false>(counter, gridDim.x) && threadIdx.x == 0) {
+        if (step_f64) *(double*)step = t;
+        else *(float*)step = (float)t;
+        *counter = 0u;
     }
 }
 

@@ -23,19 +23,12 @@ __device__ void max_pool_fwd(const T* __restrict__ x, T* __restrict__ out, i64* 
         while (hstart < 0) hstart += dh;
         while (wstart < 0) wstart += dw;
         const T* plane = x + b * H * W;
-        I best = hstart * W + wstart;
-        T val = st_neg_inf<T>();
-        for (I ih = hstart; ih < hend; ih += dh) {
-            for (I iw = wstart; iw < wend; iw += dw) {
-                const T v = plane[ih * W + iw];
-                if (v > val || st_isnan(v)) {
-                    best = ih * W + iw;
-                    val = v;
-                }
-            }
-        }
-        out[t] = val;
-        idx[t] = best;
+        T best = st_neg_inf<T>();
+        I at = hstart * W + wstart;
+        for (I ih = hstart; ih < hend; ih += dh)
+            for (I iw = wstart; iw < wend; iw += dw) st_argmax_step(plane[ih * W + iw], ih * W + iw, best, at);
+        out[t] = best;
+        idx[t] = at;
     }
 }
 
