@@ -1,6 +1,8 @@
 """Layer + activation fusion: Linear or Conv2d followed by ReLU or GELU runs as one fused op on CUDA, a
 Conv2d + activation followed by MaxPool2d, or by Flatten and a last Linear layer, as one op whose backward is one
 kernel fewer, and a run of small Linear (+ activation) layers as one chain op (one launch forward, two backward).
+On the CPU an activation followed by MaxPool2d is one op, pooled first (ops.pool.act_max_pool2d): the activation
+runs on a quarter of the elements for 2x2 windows.
 
 On the GPU a small model's step is bound by launches and per-op dispatch, not arithmetic: applying the bias and
 the activation inside the layer's epilogue kernel (and the activation's derivative inside its backward kernel)
@@ -13,6 +15,7 @@ hooks, non-zero padding modes, and CPU tensors take the ordinary path.
 from ..ops.activation import apply_named
 from ..ops.conv import conv2d_act, conv2d_act_linear, conv2d_act_pool
 from ..ops.matmul import linear_act, linear_chain
+from ..ops.pool import act_max_pool2d
 from ..tensor import Tensor
 from .modules.activation import GELU, ReLU
 from .modules.conv import Conv2d
@@ -60,8 +63,7 @@ def layer_act(layer, x, activation):
 
 def _conv_and_pool(layer, pool):
     """An unhooked zero-padded Conv2d and an unhooked MaxPool2d without indices: the pair Conv2dActPool takes."""
-    return (type(layer) is Conv2d and _fusable_layer(layer) and type(pool) is MaxPool2d and not pool.return_indices
-            and not _hooked(pool))
+    return type(layer) is Conv2d and _fusable_layer(layer) and _plain_pool(pool)
 
 
 def pool_fusable(layer, act_module, pool_module):
@@ -69,11 +71,29 @@ def pool_fusable(layer, act_module, pool_module):
     return fusable(layer, act_module) and _conv_and_pool(layer, pool_module)
 
 
+def _plain_pool(pool):
+    return type(pool) is MaxPool2d and not pool.return_indices and not _hooked(pool)
+
+
+def act_pool_fusable(act_module, pool_module):
+    """True when an activation module, then MaxPool2d `pool_module`, may run as one op (act_pool)."""
+    return (activation_name(act_module) is not None and not _hooked(act_module)
+            and not getattr(act_module, "inplace", False) and _plain_pool(pool_module))
+
+
+def act_pool(x, activation, pool):
+    """pool(activation(x)): one op where `pool` is an unhooked MaxPool2d without indices (ops.pool.act_max_pool2d,
+    pooled first on the CPU), else the activation, then the module."""
+    if not _plain_pool(pool):
+        return pool(apply_named(x, activation))
+    return act_max_pool2d(x, activation, pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
+
+
 def layer_act_pool(layer, x, activation, pool):
     """pool(activation(layer(x))): one fused op when x is a batched CUDA tensor, `layer` an unhooked Conv2d with
-    zero padding and `pool` an unhooked MaxPool2d without indices; else the modules one by one."""
+    zero padding and `pool` an unhooked MaxPool2d without indices; else the layer, then act_pool."""
     if not (isinstance(x, Tensor) and x.is_cuda and x.ndim == 4 and _conv_and_pool(layer, pool)):
-        return pool(layer_act(layer, x, activation))
+        return act_pool(layer(x), activation, pool)
     return conv2d_act_pool(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation, layer.groups,
                            activation, pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
 

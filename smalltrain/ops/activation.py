@@ -443,12 +443,20 @@ def erf(a):
     return out
 
 
+_NAMED = {"relu": (Relu, ()), "gelu": (Gelu, ("none",)), "gelu_tanh": (Gelu, ("tanh",))}
+
+
+def named_pointwise(activation):
+    """(Function class, its parameters) of a fused layer's activation name: 'relu', 'gelu' (erf) or 'gelu_tanh'."""
+    found = _NAMED.get(activation) if isinstance(activation, str) else None
+    if found is None:
+        raise ValueError(f"activation must be None, 'relu', 'gelu' or 'gelu_tanh', got {activation!r}")
+    return found
+
+
 def apply_named(x, activation):
     """x through the activation of a fused layer's name: None, 'relu', 'gelu' (erf) or 'gelu_tanh'."""
     if activation is None:
         return x
-    if activation == "relu":
-        return relu(x)
-    if activation in ("gelu", "gelu_tanh"):
-        return gelu(x, approximate="none" if activation == "gelu" else "tanh")
-    raise ValueError(f"activation must be None, 'relu', 'gelu' or 'gelu_tanh', got {activation!r}")
+    cls, params = named_pointwise(activation)
+    return cls.apply(x, *params)

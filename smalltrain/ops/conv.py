@@ -16,7 +16,7 @@ from ..backend.cuda import pool as cuda_pool
 from ._util import check_same_device, xp_of
 from .activation import apply_named
 from .matmul import linear
-from .pool import _geometry, max_pool2d
+from .pool import _geometry, act_max_pool2d, max_pool2d
 
 
 def _shape(a):
@@ -256,9 +256,13 @@ class _Meta:
 def conv2d_act_pool(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None,  # noqa: A002
                     kernel_size=2, pool_stride=None, pool_padding=0, pool_dilation=1, ceil_mode=False):
     """max_pool2d(activation(conv2d(input, ...)), kernel_size, pool_stride, ...): fused on CUDA for a batched float
-    input (Conv2dActPool), composed of the separate ops otherwise. Every argument is checked before a kernel runs."""
+    input (Conv2dActPool), else conv2d then act_max_pool2d (the activation and pooling one op on the CPU). Every
+    argument is checked before a kernel runs."""
     x = input.array
-    if not input.is_cuda or x.ndim != 4 or x.dtype.kind != "f":
+    if not input.is_cuda:
+        return act_max_pool2d(conv2d(input, weight, bias, stride, padding, dilation, groups), activation,
+                              kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)
+    if x.ndim != 4 or x.dtype.kind != "f":
         return max_pool2d(conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation),
                           kernel_size, pool_stride, pool_padding, pool_dilation, ceil_mode)
     check_same_device("conv2d", input, weight, bias)

@@ -1,4 +1,5 @@
-"""2-D pooling with torch.nn.functional's signatures: max_pool2d, avg_pool2d, adaptive_avg_pool2d.
+"""2-D pooling with torch.nn.functional's signatures: max_pool2d, avg_pool2d, adaptive_avg_pool2d; and
+act_max_pool2d, an activation then max pooling as one op (the fused layers' form, pooled first on the CPU).
 
 Max and average pooling scan the kernel offsets (one strided slice of the input per offset, all windows at
 once), so they keep the input's memory layout; adaptive average pooling is two small GEMMs with pooling matrices.
@@ -12,6 +13,7 @@ from ..backend import cpu
 from ..backend.cuda import pool as cuda_pool
 from ..tensor import Tensor
 from ._util import xp_of
+from .activation import apply_named, named_pointwise
 
 _KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -150,12 +152,18 @@ def _max_then_argmax(views):
         np.maximum(out, v, out=out)
     if out.dtype.kind == "f" and np.isnan(out).any():
         return None
+    return out, _first_index_of(vs, out)
+
+
+def _first_index_of(vs, target):
+    """int8 scan-order offset of the first of the window views `vs` equal to `target`, which holds one of each
+    window's elements: n0 * (1 + n1 * (1 + ... n_{K-2})) with n_k = (vs[k] != target) as uint8."""
     one = np.uint8(1)
-    idx = np.not_equal(vs[-2], out).view(np.uint8)
+    idx = np.not_equal(vs[-2], target).view(np.uint8)
     for v in vs[-3::-1]:
         idx += one
-        idx *= np.not_equal(v, out).view(np.uint8)
-    return out, idx.view(np.int8)
+        idx *= np.not_equal(v, target).view(np.uint8)
+    return idx.view(np.int8)
 
 
 class MaxPool2d(Function):
@@ -206,18 +214,22 @@ class MaxPool2d(Function):
     def backward(ctx, dout, dindices=None):
         if hasattr(ctx, "kernel_saved"):
             return cuda_pool.max_pool2d_backward(dout.array, ctx.kernel_saved)
-        x_shape, pad_shape, k, s, p, d, out_hw, unbatched, order = ctx.geom
-        g = dout.array[None] if unbatched else dout.array
-        xp = xp_of(g)
-        idx = ctx.idx
-        # windows that tile the (padded) input exactly write each element once: no zero fill, no accumulation
-        tiles = d == (1, 1) and s == k and pad_shape[2:] == (out_hw[0] * k[0], out_hw[1] * k[1])
-        finite = xp is np and bool(np.isfinite(g).all())
-        dx = cpu.empty_in_order(xp, order, pad_shape, g.dtype, fill=None if tiles else 0)  # the input's layout
-        for off, view in _offsets(dx, k, s, d, out_hw):
-            _route(xp, view, g, idx == off, finite, not tiles)
-        dx = dx[:, :, p[0]:p[0] + x_shape[2], p[1]:p[1] + x_shape[3]]
-        return dx[0] if unbatched else dx
+        return _to_windows(dout.array, ctx.idx, ctx.geom)
+
+
+def _to_windows(g, idx, geom):
+    """The input's gradient: each window's g at its argmax offset idx, the rest 0 (summed where windows overlap)."""
+    x_shape, pad_shape, k, s, p, d, out_hw, unbatched, order = geom
+    g = g[None] if unbatched else g
+    xp = xp_of(g)
+    # windows that tile the (padded) input exactly write each element once: no zero fill, no accumulation
+    tiles = d == (1, 1) and s == k and pad_shape[2:] == (out_hw[0] * k[0], out_hw[1] * k[1])
+    finite = xp is np and bool(np.isfinite(g).all())
+    dx = cpu.empty_in_order(xp, order, pad_shape, g.dtype, fill=None if tiles else 0)  # the input's layout
+    for off, view in _offsets(dx, k, s, d, out_hw):
+        _route(xp, view, g, idx == off, finite, not tiles)
+    dx = dx[:, :, p[0]:p[0] + x_shape[2], p[1]:p[1] + x_shape[3]]
+    return dx[0] if unbatched else dx
 
 
 def _flat_indices(xp, idx, width, k, s, p, d, out_hw):
@@ -237,6 +249,101 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     if x.dtype.kind not in "fiu":
         raise NotImplementedError(f"max_pool2d: not implemented for dtype {x.dtype}")
     return MaxPool2d.apply(input, k, s, p, d, out_hw, bool(return_indices), bool(ceil_mode))
+
+
+# ---- an activation, then max pooling: pooled first on the CPU --------------------------------------------------
+
+# For each activation act_max_pool2d takes: None where it never decreases (ReLU: the window's largest element has
+# the largest activation); else a point right of its minimum m, where it falls on (-inf, m] and rises on
+# [m, inf) (GELU: m = -0.7518, -0.7522 in the tanh form). The largest activation of a window is then that of its
+# largest or of its smallest element, and the smallest can win only where it lies left of this point and the
+# largest is negative.
+_FALLS_BELOW = {"relu": None, "gelu": -0.7, "gelu_tanh": -0.7}
+
+
+def _in_memory_order(a):
+    """a's elements in memory order as a view: `a` is a fresh ufunc result, one block in some order of axes."""
+    return np.ravel(a, order="K")
+
+
+def _winners(views, hi, lo, fn, params, falls_below):
+    """Per window, the element whose activation is the window's largest and comes first in the scan: the largest
+    element `hi` (overwritten), replaced by the smallest `lo` where the activation falls and lo's is larger. Where
+    the two are equal with different elements (GELU underflowing to -0, a pair either side of the minimum) every
+    element of the window is compared, as pooling after the activation does."""
+    if falls_below is None:
+        return hi
+    both = lo < falls_below
+    both &= hi < 0
+    both &= lo < hi
+    both = np.flatnonzero(_in_memory_order(both))   # positions, then take: ~5x faster than boolean indexing
+    if both.size == 0:
+        return hi
+    flat_hi, flat_lo = _in_memory_order(hi), _in_memory_order(lo)
+    a_hi, a_lo = flat_hi.take(both), flat_lo.take(both)
+    f = fn.fwd(np, np.concatenate((a_hi, a_lo)), *params)[0]   # one evaluation: each NumPy call costs ~1-2 us
+    f_hi, f_lo = f[:both.size], f[both.size:]
+    flat_hi[both] = np.where(f_lo > f_hi, a_lo, a_hi)
+    tie = f_lo == f_hi
+    if tie.any():
+        # the tied windows' elements: memory-order positions back to [N, C, OH, OW] indices, then each view's
+        at = both[tie]
+        order = cpu.layout_order(hi)
+        ix = np.unravel_index(at, tuple(hi.shape[i] for i in order))
+        ix = tuple(ix[order.index(axis)] for axis in range(hi.ndim))
+        elems = np.stack([v[ix] for v in views])
+        flat_hi[at] = elems[np.argmax(fn.fwd(np, elems, *params)[0], axis=0), np.arange(at.size)]
+    return hi
+
+
+class ActMaxPool2d(Function):
+    """max_pool2d(activation(x)) without padding on the CPU, pooled first: per window the element whose
+    activation wins (its largest element, or for GELU maybe its smallest: _winners), its first offset in the scan,
+    then the activation of the winners alone, a quarter of the elements for 2x2 windows; backward the
+    activation's derivative at the winners, routed to their offsets. The same values and argmax as the two ops,
+    except where two elements' activations differ by rounding alone (GELU's flat bottom): there either may win.
+    Inputs: x [N, C, H, W] (finite), the activation's name, its window views, their largest and smallest
+    element, the geometry."""
+
+    @staticmethod
+    def forward(ctx, input, activation, views, hi, lo, geom):
+        fn, params = named_pointwise(activation)
+        with np.errstate(all="ignore"):
+            winners = _winners(views, hi, lo, fn, params, _FALLS_BELOW[activation])
+            out, saved = fn.fwd(np, winners, *params)
+        if ctx.needs_input_grad[0]:
+            ctx.idx = _first_index_of(views, winners)
+            ctx.act, ctx.params, ctx.saved, ctx.geom = fn, params, saved, geom
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        ref = ctx.saved[0] if isinstance(ctx.saved, tuple) else ctx.saved
+        with np.errstate(all="ignore"):
+            g = ctx.act.bwd(np, cpu.in_layout_of(dout.array, ref), ctx.saved, *ctx.params)
+        return _to_windows(g, ctx.idx, ctx.geom)
+
+
+def act_max_pool2d(input, activation, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """max_pool2d(activation(input), ...) for activation None, 'relu', 'gelu' or 'gelu_tanh' (the fused layers'
+    names): one op, pooled first (ActMaxPool2d), for a finite batched float CPU input whose windows need no
+    padding and number fewer than 128; the two ops otherwise."""
+    x = input.array
+    if activation is not None:
+        named_pointwise(activation)   # a bad name fails here, before any pass over the data
+    k, s, p, d, out_hw = _geometry("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
+    inside = all((out_hw[i] - 1) * s[i] + (k[i] - 1) * d[i] < x.shape[x.ndim - 2 + i] for i in (0, 1))
+    if (activation is not None and type(x) is np.ndarray and x.ndim == 4 and x.dtype.kind == "f" and p == (0, 0)
+            and inside and 1 < k[0] * k[1] < 128):
+        views = [v for _, v in _offsets(x, k, s, d, out_hw)]
+        hi, lo = np.maximum(views[0], views[1]), np.minimum(views[0], views[1])
+        for v in views[2:]:
+            np.maximum(hi, v, out=hi)
+            np.minimum(lo, v, out=lo)
+        if np.isfinite(hi).all() and np.isfinite(lo).all():   # else NaN's and inf's rules: the two ops
+            geom = (x.shape, x.shape, k, s, p, d, out_hw, False, cpu.layout_order(x))
+            return ActMaxPool2d.apply(input, activation, views, hi, lo, geom)
+    return max_pool2d(apply_named(input, activation), kernel_size, stride, padding, dilation, ceil_mode)
 
 
 def _divisor(xp, hw, k, s, p, out_hw, count_include_pad, divisor_override, dtype):

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import smalltrain
-from smalltrain.ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from smalltrain.ops.activation import Gelu, apply_named
+from smalltrain.ops.pool import act_max_pool2d, adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from _layouts import as_is as _as_is, batch_inner as _batch_inner, transposed as _transposed
 from smalltrain.testing import golden, gradcheck
 
@@ -262,3 +263,123 @@ def test_pool_errors(case, device):
         getattr(F, name)(torch.tensor(x), *args, **kw)
     with pytest.raises(exc, match=msg):
         _OURS[name](smalltrain.tensor(x, device=device), *args, **kw)
+
+
+# ---- act_max_pool2d: an activation, then max pooling (pooled first on the CPU) ----------------------------------
+
+_TORCH_ACT = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+def _shifted_normal(rng, shape):
+    """Normal values shifted and widened: many windows wholly negative, with the smallest left of GELU's minimum."""
+    return (rng.standard_normal(shape) * 1.5 - 0.5).astype(np.float32)
+
+
+def _nan_and_minus_inf(rng, shape):
+    """_specials without +inf: torch's vectorized CPU GELU gives NaN at +inf in some builds (2.11), inf in others
+    (ours: inf, as its scalar and CUDA kernels; ops/test_activation.py test_gelu_at_infinity)."""
+    x = _specials(rng, shape)
+    x[x == np.inf] = 3.0
+    return x
+
+
+# id, input shape, max_pool2d kwargs, input maker, layout; the first five take the pooled-first op
+ACT_CASES = [
+    ("lenet", (4, 6, 24, 24), {"kernel_size": 2}, _shifted_normal, _batch_inner),
+    ("overlap", (2, 3, 9, 8), {"kernel_size": 3, "stride": 2}, _shifted_normal, _as_is),
+    ("stride1", (2, 2, 7, 6), {"kernel_size": 2, "stride": 1}, _shifted_normal, _transposed),
+    ("dilation", (2, 2, 9, 8), {"kernel_size": 2, "stride": 2, "dilation": 2}, _shifted_normal, _as_is),
+    ("ceil_inside", (2, 2, 8, 8), {"kernel_size": 2, "ceil_mode": True}, _ties, _batch_inner),
+    # the two ops: padding, a ceil-mode window past the edge, NaN and inf, an unbatched input
+    ("padding", (2, 2, 7, 6), {"kernel_size": 3, "stride": 2, "padding": 1}, _shifted_normal, _as_is),
+    ("ceil_outside", (1, 2, 5, 5), {"kernel_size": 2, "ceil_mode": True}, _shifted_normal, _as_is),
+    ("specials", (2, 3, 6, 8), {"kernel_size": 2}, _nan_and_minus_inf, _as_is),
+    ("unbatched", (3, 6, 6), {"kernel_size": 2}, _shifted_normal, _as_is),
+]
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("case", ACT_CASES, ids=[c[0] for c in ACT_CASES])
+def test_act_max_pool2d_golden(case, activation, device, rng):
+    _, shape, kw, make, layout = case
+    golden(lambda x: act_max_pool2d(layout(x), activation, **kw),
+           lambda x: F.max_pool2d(_TORCH_ACT[activation](x), **kw), make(rng, shape), device=device)
+
+
+def _two_ops_and_fused(x, activation, kw, g, dtype=np.float32):
+    """(value, input gradient) of act_max_pool2d and of the two ops, and the fused op's grad_fn name."""
+    res = []
+    for fn in (lambda t: act_max_pool2d(t, activation, **kw),
+               lambda t: max_pool2d(apply_named(t, activation), **kw)):
+        t = smalltrain.tensor(x.astype(dtype), requires_grad=True)
+        y = fn(t)
+        y.backward(smalltrain.tensor(g.astype(dtype)))
+        res.append((y.detach().numpy(), t.grad.numpy(), y.grad_fn.name()))
+    return res
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
+def test_act_max_pool2d_pools_first_as_the_two_ops(activation, dtype, rng):
+    """Tiling windows: the pooled-first op runs and gives the two ops' values and gradients bit for bit."""
+    x = _shifted_normal(rng, (3, 4, 12, 10))
+    g = rng.standard_normal((3, 4, 6, 5)).astype(np.float32)
+    (y1, d1, name1), (y2, d2, _) = _two_ops_and_fused(x, activation, {"kernel_size": 2}, g, dtype)
+    assert name1 == "ActMaxPool2dBackward"
+    np.testing.assert_array_equal(y1, y2)
+    np.testing.assert_array_equal(d1, d2)
+
+
+def _gelu32(a):
+    return Gelu.fwd(np, np.asarray(a, np.float32), "none")[0]
+
+
+def _gelu_tie():
+    """Two float32 inputs either side of GELU's minimum whose float32 GELUs are equal (and above GELU(-1))."""
+    right = np.linspace(-0.7, -0.1, 1 << 20, dtype=np.float32)
+    left = np.linspace(-3.0, -0.76, 1 << 20, dtype=np.float32)
+    common, i, j = np.intersect1d(_gelu32(left), _gelu32(right), return_indices=True)
+    return left[i[-1]], right[j[-1]]   # the largest shared value: near -2 and -0.1
+
+
+def test_act_max_pool2d_gelu_ties(rng):
+    """Windows whose largest GELU is shared by different elements: the first in the scan wins, as pooling after
+    GELU does; where the smallest element's GELU is the largest, it wins and takes the gradient."""
+    lo, hi = _gelu_tie()
+    assert lo != hi and _gelu32(lo) == _gelu32(hi)
+    windows = [
+        (hi, lo, -0.75, -1.0),      # the tie: hi first
+        (-0.75, lo, hi, -1.0),      # the tie: lo first
+        (-20.0, -25.0, -30.0, -21.0),   # GELU is -0 for all four: the first
+        (-25.0, -20.0, -30.0, -21.0),
+        (-3.0, -0.2, -2.9, -0.3),   # the smallest's GELU (-0.0040) beats the largest's (-0.084)
+        (0.5, -3.0, 0.5, -0.1),     # duplicates of the largest: the first
+        (-0.8, -0.8, -0.8, -0.8),   # constant
+    ]
+    x = np.zeros((1, len(windows), 2, 2), np.float32)
+    for c, w in enumerate(windows):
+        x[0, c] = np.array(w, np.float32).reshape(2, 2)
+    g = rng.standard_normal((1, len(windows), 1, 1)).astype(np.float32)
+    (y1, d1, name1), (y2, d2, _) = _two_ops_and_fused(x, "gelu", {"kernel_size": 2}, g)
+    assert name1 == "ActMaxPool2dBackward"
+    np.testing.assert_array_equal(y1, y2)
+    np.testing.assert_array_equal(d1, d2)
+    assert np.count_nonzero(d1[0, 4]) == 1 and d1[0, 4, 0, 0] != 0   # the smallest, -3.0, took the gradient
+    assert d1[0, 0, 0, 0] != 0 and d1[0, 0, 0, 1] == 0   # hi (earlier) won the tie
+    assert d1[0, 1, 0, 1] != 0 and d1[0, 1, 1, 0] == 0   # lo (earlier) won the tie
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+def test_act_max_pool2d_gradcheck(activation, rng):
+    # distinct values spaced well beyond the finite-difference step, either side of GELU's minimum
+    x = rng.permutation(2 * 2 * 6 * 6).reshape(2, 2, 6, 6) * 0.05 - 3.0
+    assert gradcheck(lambda t: act_max_pool2d(t, activation, 2), (smalltrain.tensor(x, requires_grad=True),))
+
+
+def test_act_max_pool2d_errors():
+    x = smalltrain.tensor(np.zeros((1, 1, 4, 4), np.float32))
+    with pytest.raises(ValueError, match=r"activation must be None, 'relu', 'gelu' or 'gelu_tanh', got 'tanh'"):
+        act_max_pool2d(x, "tanh", 2)
+    with pytest.raises(RuntimeError, match=r"max_pool2d: pad should be at most half of effective kernel size"):
+        act_max_pool2d(x, "gelu", 2, padding=2)
+    np.testing.assert_array_equal(act_max_pool2d(x, None, 2).numpy(), max_pool2d(x, 2).numpy())

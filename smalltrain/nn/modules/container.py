@@ -98,7 +98,8 @@ class Sequential(Module):
 
     def forward(self, input):
         # on CUDA a run of Linear (+ ReLU/GELU) layers runs as one chain op (a single one as a fused layer), a
-        # Conv2d + ReLU/GELU (+ MaxPool2d, or + Flatten + a last Linear) as one fused op (see nn/fusion.py)
+        # Conv2d + ReLU/GELU (+ MaxPool2d, or + Flatten + a last Linear) as one fused op; on any device ReLU/GELU +
+        # MaxPool2d as one op, pooled first on the CPU (see nn/fusion.py)
         fusion = _fusion()
         modules = list(self._modules.values())
         i = 0
@@ -118,6 +119,9 @@ class Sequential(Module):
                 i += 3
             elif cuda and i + 1 < len(modules) and fusion.fusable(m, modules[i + 1]):
                 input = fusion.layer_act(m, input, fusion.activation_name(modules[i + 1]))
+                i += 2
+            elif i + 1 < len(modules) and fusion.act_pool_fusable(m, modules[i + 1]):
+                input = fusion.act_pool(input, fusion.activation_name(m), modules[i + 1])
                 i += 2
             else:
                 input = m(input)
