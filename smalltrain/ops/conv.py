@@ -157,13 +157,14 @@ class Conv2d(Function):
     @staticmethod
     def prepared_kind(ctx):
         """On CUDA (batched) the next layer may hand this one its g ready-made (autograd.engine.Prepared, kind
-        "conv_g": the output's gradient times the activation's derivative, [O, N*OH*OW]): see Conv2dActLinear."""
+        "conv_g": a backend.cuda.conv.ProducerGrad, the output's gradient times the activation's derivative, [O,
+        N*OH*OW], maybe with the weight gradient's partial rows): see Conv2dActLinear."""
         return "conv_g" if hasattr(ctx, "kernel_saved") and not ctx.unbatched else None
 
     @staticmethod
     def backward(ctx, dout):
-        if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind)
-            return cuda_conv.conv2d_backward(None, ctx.kernel_saved, g=dout.value)
+        if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our weight gradient's partials
+            return cuda_conv.conv2d_backward(None, ctx.kernel_saved, g=dout.value.g, wpartial=dout.value.wpartial)
         if hasattr(ctx, "kernel_saved"):
             dx, dw, db = cuda_conv.conv2d_backward(dout.array[None] if ctx.unbatched else dout.array, ctx.kernel_saved)
             return (dx[0] if ctx.unbatched and dx is not None else dx), dw, db
@@ -313,7 +314,7 @@ class Conv2dActLinear(Function):
             offered = ctx.__dict__.get("prepared_for")
             into = ctx.inputs[0]._ctx.kernel_saved if offered and offered[0] == "conv_g" else None
             dx, dw, db = cuda_conv.conv2d_backward(None, conv_saved, g=g, into=into)
-            if dx is not None and dx.ndim == 2:   # written as the producer's g
+            if isinstance(dx, cuda_conv.ProducerGrad):   # written as the producer's g
                 dx = Prepared("conv_g", dx)
         return dx, dw, db, None, None, None, None, None, dlw, dlb
 

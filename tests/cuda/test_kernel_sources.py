@@ -141,6 +141,36 @@ def test_every_tile_conv_variant_is_instantiated():
             assert f"ST_TILE(T, S, {ks}, {to})" in src and f"ST_TILE_WGRAD(T, S, {ks}, {to})" in src, (ks, to)
 
 
+def test_into_wgrad_choice(monkeypatch):
+    """_into_wgrad on the CPU (NumPy for the partial rows): tile_conv_wgrad takes a one-channel producer with the
+    same kernel size and tile_conv's geometry that needs its weight gradient and kept x, and where the epilogue's
+    sums fit in the default shared memory."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from smalltrain.backend.cuda import conv
+    monkeypatch.setattr(conv, "cupy", lambda: np)
+
+    def producer(**over):
+        p = SimpleNamespace(x=np.zeros((64, 1, 28, 28), np.float32), x_shape=(64, 1, 28, 28),
+                            weight=SimpleNamespace(shape=(16, 1, 3, 3)), stride=(1, 1), dilation=(1, 1), groups=1,
+                            pads=(0, 0, 0, 0), needs=(False, True, True))
+        p.__dict__.update(over)
+        return p
+    plan = (4, 5, 280, 384, 47104, 2)   # MnistCnn's second layer's dx at batch 64: 140 threads of split 0
+    args = conv._into_wgrad(plan, producer(), 3, 384, np.dtype(np.float32))
+    assert args[1:5] == (28, 28, 0, 0) and args[5].shape == (384, 16 * 10)
+    assert conv._wgrad_epilogue_smem(plan, 3, 4) == 4 * 10 * 140 * 4
+    for over in ({"needs": (False, False, True)}, {"x": None}, {"x_shape": (64, 2, 28, 28)},
+                 {"weight": SimpleNamespace(shape=(16, 1, 5, 5))}, {"stride": (2, 2)}, {"groups": 2}):
+        assert conv._into_wgrad(plan, producer(**over), 3, 384, np.dtype(np.float32)) is None, over
+    assert conv._into_wgrad(plan, producer(), 3, 384, np.dtype(np.float64)) is not None   # 44.8 KB of sums
+    assert conv._into_wgrad((8, 5, 560, 384, 47104, 2), producer(), 3, 384, np.dtype(np.float32)) is None   # 89.6 KB
+    monkeypatch.setattr(conv, "INTO_WGRAD", False)
+    assert conv._into_wgrad(plan, producer(), 3, 384, np.dtype(np.float32)) is None
+
+
 def test_tile_wgrad_plans(monkeypatch):
     """_tile_wgrad_plan on 132 SMs, no GPU needed: (channels per thread, rows per tile, row groups, threads, blocks,
     shared bytes)."""

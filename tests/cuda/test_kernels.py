@@ -820,6 +820,59 @@ def test_conv_act_pool_backward(activation, dtype, rng):
         ops.conv2d_backward(None, csaved, g=gact[:, :9])
 
 
+TILE_WGRAD_CASES = [  # producer x, producer weight, its padding, its activation, consumer weight, its padding
+    ((4, 1, 28, 28), (16, 1, 3, 3), 0, "relu", (32, 16, 3, 3), 0),           # MnistCnn's two layers
+    ((2, 1, 12, 11), (6, 1, 5, 5), 2, "gelu", (5, 6, 5, 5), 1),              # 5x5, padded; 11 columns: a partial group
+    ((3, 1, 9, 10), (5, 1, 3, 3), 1, None, (4, 5, 3, 3), (1, 0, 2, 1)),      # no activation; asymmetric padding
+]
+
+
+@pytest.mark.parametrize("plan", ["as planned", "row tiles", "2 channel splits", "8 channels"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", TILE_WGRAD_CASES)
+def test_tile_conv_wgrad_epilogue(case, dtype, plan, rng, monkeypatch):
+    """A one-channel producer's weight and bias gradients in the consumer's input-gradient epilogue
+    (tile_conv_wgrad): against the float64 reference, and those of the producer's own kernels (INTO_WGRAD off, the
+    sums in another order); the g written for the producer is bit-equal either way."""
+    xs, w1s, p1, act, w2s, p2 = case
+    monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    if plan == "row tiles":
+        monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 3)
+    if plan == "2 channel splits":
+        monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", 2)
+    if plan == "8 channels":
+        monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 0)
+    x = rng.standard_normal(xs).astype(dtype)
+    w1 = (rng.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype)
+    w2 = (rng.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype)
+    b1, b2 = rng.standard_normal(w1s[0]).astype(dtype), rng.standard_normal(w2s[0]).astype(dtype)
+    out1, s1 = ops.conv2d_forward(g(x), g(w1), g(b1), 1, p1, 1, 1, act)
+    out2, s2 = ops.conv2d_forward(out1, g(w2), g(b2), 1, p2, 1, 1, None)
+    dout = rng.standard_normal(out2.shape).astype(dtype)
+    handed, dw2, db2 = ops.conv2d_backward(g(dout), s2, into=s1)
+    fused = isinstance(handed, conv_kernels.ProducerGrad) and handed.wpartial is not None
+    assert fused or dtype == np.float64   # float64: the tiles or the sums may not fit in shared memory
+    if not isinstance(handed, conv_kernels.ProducerGrad):
+        return
+    _, dw1, db1 = ops.conv2d_backward(None, s1, g=handed.g, wpartial=handed.wpartial)
+    monkeypatch.setattr(conv_kernels, "INTO_WGRAD", False)
+    own, _, _ = ops.conv2d_backward(g(dout), s2, into=s1)
+    assert own.wpartial is None and cp.array_equal(own.g, handed.g)
+    _, own_dw1, own_db1 = ops.conv2d_backward(None, s1, g=own.g)
+    tol = ref.tol(dtype)
+    assert_close(dw1, own_dw1, tol, name="dw vs the producer's own kernels")
+    assert_close(db1, own_db1, tol, name="db vs the producer's own kernels")
+    geom1 = ((1, 1), _pads(p1, w1s[2:], (1, 1)), (1, 1), 1)
+    geom2 = ((1, 1), _pads(p2, w2s[2:], (1, 1)), (1, 1), 1)
+    pre1, _ = ref.conv2d(x, w1, b1, *geom1)
+    h = ref.act(pre1, act)
+    rdh, _, _ = ref.conv2d_grads(h, w2, dout, *geom2)
+    _, rdw1, rdb1 = ref.conv2d_grads(x, w1, ref.act_grad(rdh, pre1, act), *geom1)
+    assert_close(dw1, rdw1, tol, name="dw")
+    assert_close(db1, rdb1, tol, name="db")
+
+
 POOL_2X2 = ((2, 2), (2, 2), (0, 0), (1, 1))   # conv2d_forward's pool: kernel, stride, padding, dilation
 TILE_POOL_CASES = [  # x, weight, padding, rows per block (None: planned), a NaN in x
     ((5, 1, 28, 28), (6, 1, 5, 5), 0, None, False),   # LeNet-5's first layer (planned 12 rows, not 13)

@@ -337,8 +337,10 @@ def test_cuda_convolution_hands_the_previous_one_its_g(act1, monkeypatch):
     """MnistCnn's layout: Conv2d + act, then Conv2d + ReLU + Flatten + Linear. Where nothing else reads the first
     layer's output, the second layer's backward writes the first's g (autograd.engine.Prepared "conv_g": its input
     gradient times the first activation's derivative, in the first layer's kernels' layout), so no
-    transpose-and-derivative kernel runs; the gradients are those of the hand-off switched off, bit for bit, and
-    of the unfused layers. A second consumer of that output, or a hook on it, keeps the plain path."""
+    transpose-and-derivative kernel runs, and (one input channel) the first layer's weight gradient in the same
+    kernel's epilogue; the gradients are those of the hand-off switched off (bit for bit but the first layer's,
+    summed in another order) and of the unfused layers. A second consumer of that output, or a hook on it, keeps
+    the plain path."""
     from smalltrain.backend.cuda import conv as cuda_conv
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
     launched = []
@@ -364,14 +366,25 @@ def test_cuda_convolution_hands_the_previous_one_its_g(act1, monkeypatch):
             loss = loss + (h * 0).sum()
         loss.backward()
         return [p.grad.cpu().numpy() for p in params]
-    handed = grads(None)
+    handed = grads(None)   # the first layer's weight gradient in the second's dx epilogue (tile_conv_wgrad)
     assert not any(n.startswith("bias_act") for n in launched), launched
+    assert any(n.startswith("tile_conv_wgrad_k3") for n in launched), launched
+    assert "tile_wgrad_k3_to4" not in launched, launched   # the first layer's own (the second's is _to8)
+    monkeypatch.setattr(cuda_conv, "INTO_WGRAD", False)
+    handed_g = grads(None)   # g handed over, the first layer's own tile_wgrad
+    assert not any(n.startswith("tile_conv_wgrad") for n in launched) and "tile_wgrad_k3_to4" in launched, launched
     monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", False)
     plain = grads(None)
     assert any(n.startswith("bias_act") for n in launched), launched
     monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", True)
-    for u, v in zip(handed, plain):
+    monkeypatch.setattr(cuda_conv, "INTO_WGRAD", True)
+    for u, v in zip(handed_g, plain):
         assert np.array_equal(u, v)
+    for i, (u, v) in enumerate(zip(handed, plain)):   # the first layer's dw and db summed in another order
+        if i < 2:
+            assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
+        else:
+            assert np.array_equal(u, v), i
     unfused = grads(None, fused=False)
     for u, v in zip(handed, unfused):
         assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0)

@@ -99,6 +99,10 @@ _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the
 TILE_WGRAD = True
 # conv2d_backward writes its input gradient as the previous convolution's g where its caller passes `into`
 INTO_PRODUCER = True
+# ... and, where that producer has one input channel and tile_conv's geometry, tile_conv's epilogue also computes
+# its weight and bias gradients' partial sums (kernels/conv.cu tile_conv_wgrad), so that its tile_wgrad does not
+# read the g written for it again (MnistCnn's first layer). Tests set it False for the producer's own kernels
+INTO_WGRAD = True
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
 # TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images
 # (its per-image counters), so that the layer's own kernel does not read the output again. Tests set TILE_LINEAR =
@@ -144,6 +148,16 @@ class Conv2dSaved:
     needs: tuple
     x: object = None   # the input (a reference), kept instead of cols by the direct path for the weight gradient
     pool: object = None   # the fused pooling's saved state (pool.max_pool2d_forward's) where tile_conv_pool ran
+
+
+@dataclass
+class ProducerGrad:
+    """conv2d_backward's input gradient written for the convolution that made its input (`into`): that
+    convolution's g [C, N*H*W] (its activation's derivative applied) and, where tile_conv's epilogue computed them
+    too, its weight and bias gradients' partial rows for wgrad_reduce (else None): conv2d_backward(None, into, g=g,
+    wpartial=wpartial)."""
+    g: object
+    wpartial: object = None
 
 
 def _pads(padding, stride, dilation, kernel):
@@ -451,14 +465,16 @@ def _tile_linear_ok(plan, n, lw):
 
 
 def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None, lin=None,
-               pool_idx=None):
+               pool_idx=None, wgrad=None):
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
     of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped).
     into_nchw (with transposed): the result's shape (N, O, Ho, Wo), written to out [O, N*Ho*Wo] times
     act'(y + b), y and b read (conv.cu, "into"). lin (forward): (lw [F, O*Ho*Wo], lb or None, logits [N, F],
     partials [blocks, F], counters, F) for tile_conv_lin's linear epilogue (_tile_linear_ok). pool_idx (forward,
-    _tile_pool_ok): int64 [N, O, Ho/2, Wo/2] for tile_conv_pool, out then the pooled output of that shape."""
+    _tile_pool_ok): int64 [N, O, Ho/2, Wo/2] for tile_conv_pool, out then the pooled output of that shape. wgrad
+    (with into_nchw, _into_wgrad): (the producer's x [N, 1, H, W], H, W, its top and left padding, partial rows
+    [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's epilogue."""
     to, th, threads, blocks, smem, cs = plan
     n, o, ho, wo = out.shape if into_nchw is None else into_nchw
     if pool_idx is not None:
@@ -470,18 +486,44 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     elif pool_idx is not None:   # split 0's outputs pass through the shared memory, [threads][TO][4]
         name = "tile_conv_pool"
         smem = max(smem, threads // cs * to * _TILE_TW * out.dtype.itemsize)
+    elif wgrad is not None:   # split 0's sums per (channel, tap) pass through the shared memory
+        name = "tile_conv_wgrad"
+        smem = max(smem, _wgrad_epilogue_smem(plan, w.shape[3], out.dtype.itemsize))
+    wgrad_args = (ptr(None),) + i32s((0, 0, 0, 0)) + (ptr(None),) if wgrad is None else \
+        (wgrad[0],) + i32s(wgrad[1:5]) + (wgrad[5],)
     get("conv", f"{name}_k{w.shape[3]}_to{to}", out.dtype)(
         (blocks,), (threads,), (inp, w, ptr(b), out, ptr(y)) + i32s(
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         int(into_nchw is not None), act)) + lin_args
-        + (ptr(pool_idx),), shared_mem=smem)
+        + (ptr(pool_idx),) + wgrad_args, shared_mem=smem)
+
+
+def _wgrad_epilogue_smem(plan, ks, itemsize):
+    """tile_conv_wgrad's sums in shared memory: [TO][KS*KS + 1][threads of split 0]."""
+    to, _, threads, _, _, cs = plan
+    return to * (ks * ks + 1) * (threads // cs) * itemsize
+
+
+def _into_wgrad(plan, into, ks, blocks, dtype):
+    """tile_conv_wgrad's arguments (_tile_conv's wgrad) for the input gradient written as `into`'s g, or None where
+    its epilogue does not take `into`'s weight gradient: INTO_WGRAD off, `into` needs no weight gradient or kept no
+    x, or has not one input channel, the same KS x KS kernel and tile_conv's geometry, or the sums' shared memory
+    is over the default limit."""
+    if (not INTO_WGRAD or not into.needs[1] or into.x is None or into.x_shape[1] != 1
+            or tuple(into.weight.shape[2:]) != (ks, ks)
+            or not _tile_geometry(into.stride, into.dilation, into.groups, into.weight.shape)
+            or max(plan[4], _wgrad_epilogue_smem(plan, ks, dtype.itemsize)) > _SMEM_BYTES):
+        return None
+    partial = cupy().empty((blocks, into.weight.shape[0] * (ks * ks + 1)), dtype=dtype)
+    return (into.x,) + tuple(into.x_shape[2:]) + (into.pads[0], into.pads[2], partial)
 
 
 def _tile_dx(g, saved, into=None):
     """dx [N, C, H, W] from g [O, N*OH*OW] by tile_conv (the full correlation of g with the flipped kernel), or
     None where it does not take the convolution (_tile_forward_plan's rules but the taps' on the transposed
     geometry, and TILE_DX_MIN_THREADS_PER_SM). With `into` (the Conv2dSaved of the convolution whose output x is,
-    fitting _into_ok), dx is written as that convolution's g [C, N*H*W]: times its activation's derivative."""
+    fitting _into_ok), dx is written as that convolution's g [C, N*H*W], times its activation's derivative, and
+    returned as a ProducerGrad (with that convolution's weight gradient partials where _into_wgrad takes it)."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
     if not _tile_geometry(saved.stride, saved.dilation, saved.groups, saved.weight.shape):
@@ -498,9 +540,11 @@ def _tile_dx(g, saved, into=None):
                    (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0)
     else:   # y and b are the producer's, read; the output in its g layout (conv.cu, "into")
         act = ACTIVATIONS[into.activation]
+        wgrad = _into_wgrad(plan, into, kh, plan[3], g.dtype)
         _tile_conv(plan, g, saved.weight, into.bias if act else None, dx, into.y if act else None,
                    (o,) + tuple(saved.out_hw), (p, n * p), (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
-                   tuple(saved.x_shape))
+                   tuple(saved.x_shape), wgrad=wgrad)
+        return ProducerGrad(dx, None if wgrad is None else wgrad[5])
     return dx
 
 
@@ -810,7 +854,7 @@ def _weight_grad(x, g, saved, with_bias):
     return _reduce_partials(partial, saved.weight.shape, with_bias)
 
 
-def conv2d_backward(dout, saved, g=None, into=None):
+def conv2d_backward(dout, saved, g=None, into=None, wpartial=None):
     """Gradients of conv2d_forward's output: dout [N, O, OH, OW] -> (dx, dw, db); or, with dout None, from g
     [O, N*OH*OW], the gradient after the activation's derivative, already in the kernels' layout (a fused
     pooling's backward computes it: pool.max_pool2d_backward_act).
@@ -820,8 +864,10 @@ def conv2d_backward(dout, saved, g=None, into=None):
     dw = g @ cols^T (where the forward kept x, both from x by one of three kernels, _wgrad_kernel) and
     dx = col2im(w^T @ g), all over the whole batch; on the direct path dx is one gather kernel (_direct_dx).
     into: the Conv2dSaved of the convolution that made x; where tile_conv takes dx (and _into_ok), dx is returned
-    as that convolution's g [C, N*H*W] instead (its activation's derivative applied), for its conv2d_backward(None,
-    into, g=dx); else as usual [N, C, H, W].
+    as a ProducerGrad instead: that convolution's g [C, N*H*W] (its activation's derivative applied), maybe with
+    its weight gradient's partial rows, for its conv2d_backward(None, into, g=..., wpartial=...); else as usual
+    [N, C, H, W]. wpartial: this convolution's weight and bias gradients' partial rows, already summed over the
+    batch by the next convolution's input gradient (ProducerGrad): only wgrad_reduce runs for dw and db.
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -856,9 +902,11 @@ def conv2d_backward(dout, saved, g=None, into=None):
             g = cp.empty((o, n * p), dtype=dtype)
             bias_act_backward(dout, saved.y, saved.bias, g, n, o, p, ACTIVATIONS[saved.activation])
         want_b = need_b and saved.bias is not None
-        wgrad = _wgrad_kernel(saved, dtype.itemsize) if need_w else None
+        wgrad = "given" if wpartial is not None else _wgrad_kernel(saved, dtype.itemsize) if need_w else None
 
         def weight_grads():
+            if wgrad == "given":
+                return _reduce_partials(wpartial, w.shape, want_b)
             if wgrad == "tile":   # dw and db from x in one kernel and its reduction
                 return _tile_weight_grad(saved.x, g, saved, want_b, _tile_wgrad_plan(saved, dtype.itemsize))
             if wgrad == "igemm":

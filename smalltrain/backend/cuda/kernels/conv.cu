@@ -18,7 +18,9 @@
 //   tile_conv: stride-1, undilated, square 3x3 / 5x5 convolutions: the forward (with direct_fwd's epilogue) and,
 //            as the correlation of g with the flipped kernel, the input gradient, from an input tile and all the
 //            weights staged in shared memory (cp.async), each thread a register tile of TO channels x 4 columns.
-//            Epilogues: plain, a following small linear layer (tile_conv_lin) or a 2x2 max pooling (tile_conv_pool).
+//            Epilogues: plain, a following small linear layer (tile_conv_lin) or a 2x2 max pooling (tile_conv_pool);
+//            for an input gradient written as the producer's g, also the producer's weight gradient where it has
+//            one input channel (tile_conv_wgrad).
 //   tile_wgrad: dw and db of the same convolutions into wgrad_reduce's partial rows, persistent blocks walking row
 //            tiles of g and x staged into two buffers (the next tile's copies in flight during this one's products).
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
@@ -550,10 +552,12 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // shared-load conflicts and changed nothing, the vector stores took the forward from 21.8 to 19.1 us.
 #define ST_TW 4
 
-// The epilogues: ST_EPI_PLAIN (tile_conv), ST_EPI_LINEAR (tile_conv_lin), ST_EPI_POOL (tile_conv_pool, below).
+// The epilogues: ST_EPI_PLAIN (tile_conv), ST_EPI_LINEAR (tile_conv_lin), ST_EPI_POOL (tile_conv_pool),
+// ST_EPI_WGRAD (tile_conv_wgrad), each below.
 #define ST_EPI_PLAIN 0
 #define ST_EPI_LINEAR 1
 #define ST_EPI_POOL 2
+#define ST_EPI_WGRAD 3
 
 // The forward's linear epilogue (LIN, the tile_conv_lin kernels; Conv2dActLinear: linear(flatten(act(conv(x))),
 // lw, lb) with F <= ST_LF outputs): each thread adds its outputs times lw's matching columns (lw [F, O*Ho*Wo], read
@@ -639,15 +643,26 @@ __device__ void linear_finish(const T* lsum, const T* __restrict__ lb, T* __rest
 // writing the pooled value to out [N, O, Ho/2, Wo/2] and its flat index h*Wo + w to pidx (int64, as
 // max_pool2d_forward's indices); the activated, unpooled output is not written (y, before the bias, still is).
 
+// The input gradient's producer-weight-gradient epilogue (WGRAD, the tile_conv_wgrad kernels; transposed and into,
+// conv.py _into_wgrad_ok): where the convolution that made this one's input has one input channel, the same KS x KS
+// kernel, stride 1 and groups == 1, the g values this kernel writes for it (its activation's derivative applied)
+// also give its weight and bias gradients: dw[o, 0, i, j] = sum over (n, r, s) of g[o, n, r, s] * px[n, 0, r + i -
+// ppt, s + j - ppl], db[o] = sum of g[o]. Each thread's sums over its 4 columns go to shared memory
+// ([TO][KS*KS + 1][threads of split 0]), then one thread per (channel, tap) adds its channel group's threads in a
+// fixed order into wpart [blocks, O*(KS*KS + 1)], wgrad_reduce's partial rows (deterministic, no atomics): the
+// producer's tile_wgrad, which would read the g written here again, is not run.
 template <typename T, int KS, int TO, int EPI>
 __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ b,
                           T* __restrict__ out, T* __restrict__ y, int N, int C, int Hi, int Wi, int in_sn, int in_sc,
                           int O, int Ho, int Wo, int pt, int pl, int TH, int CS, int transposed, int into,
                           int act, const T* __restrict__ lw, const T* __restrict__ lb, T* __restrict__ lout,
-                          T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx) {
+                          T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx,
+                          const T* __restrict__ px, int pH, int pW, int ppt, int ppl, T* __restrict__ wpart) {
     static_assert(KS >= 1 && KS <= 5 && TO % 4 == 0, "tile_conv: 8 x values per row cover TW + KS - 1");
-    // KEEP: the activated outputs stay in acc for the epilogue, and every thread reaches its block-wide steps
-    constexpr bool LIN = EPI == ST_EPI_LINEAR, POOL = EPI == ST_EPI_POOL, KEEP = LIN || POOL;
+    // KEEP: the activated outputs (WGRAD: the g values) stay in acc for the epilogue, and every thread reaches its
+    // block-wide steps
+    constexpr bool LIN = EPI == ST_EPI_LINEAR, POOL = EPI == ST_EPI_POOL, WGRAD = EPI == ST_EPI_WGRAD;
+    constexpr bool KEEP = LIN || POOL || WGRAD;
     extern __shared__ unsigned char st_smem[];
     const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TO, KK = KS * KS, K = C * KK;
     const int WP = CG * ST_TW + 4, RP = TH + KS - 1, tiles = (Ho + TH - 1) / TH;
@@ -753,6 +768,10 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             }
             orow = out + (o * N + n) * P + r * Wo + s0;
             yrow = nullptr;
+            if (WGRAD) {   // the producer's g for its weight gradient, 0 past the row
+#pragma unroll
+                for (int v = 0; v < ST_TW; ++v) acc[u][v] = s0 + v < Wo ? val[v] : T(0);
+            }
         } else {
 #pragma unroll
             for (int v = 0; v < ST_TW; ++v) {
@@ -791,6 +810,51 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             orow[v] = val[v];
             if (yrow != nullptr) yrow[v] = pre[v];
         }
+    }
+    if (WGRAD) {   // the producer's weight and bias gradients (see above)
+        constexpr int KB = KS * KS + 1, XW = ST_TW + KS - 1;
+        const int G0 = CG * TH * OG;   // split 0's threads, those of channel group og at [og*TH*CG, (og+1)*TH*CG)
+        T xv[KS][XW];   // the producer's input under this thread's 4 columns, zero outside the image
+        const T* pxn = px + (size_t)n * pH * pW;
+#pragma unroll
+        for (int i = 0; i < KS; ++i)
+#pragma unroll
+            for (int j = 0; j < XW; ++j) {
+                const int rr = r + i - ppt, cc = s0 + j - ppl;
+                xv[i][j] = live && rr >= 0 && rr < pH && cc >= 0 && cc < pW ? pxn[rr * pW + cc] : T(0);
+            }
+        T* red = reinterpret_cast<T*>(st_smem);   // [TO][KB][G0] (the staged tiles and the splits' sums are read)
+        __syncthreads();
+        if (cs == 0) {
+#pragma unroll
+            for (int u = 0; u < TO; ++u) {
+                const bool on = live && og * TO + u < O;
+                T sb = T(0);
+#pragma unroll
+                for (int v = 0; v < ST_TW; ++v) sb += acc[u][v];
+#pragma unroll
+                for (int i = 0; i < KS; ++i)
+#pragma unroll
+                    for (int j = 0; j < KS; ++j) {
+                        T sum = T(0);
+#pragma unroll
+                        for (int v = 0; v < ST_TW; ++v) sum += acc[u][v] * xv[i][j + v];
+                        red[(u * KB + i * KS + j) * G0 + tid] = on ? sum : T(0);
+                    }
+                red[(u * KB + KB - 1) * G0 + tid] = on ? sb : T(0);
+            }
+        }
+        __syncthreads();
+        const int per = TH * CG;
+        for (int q = threadIdx.x; q < OG * TO * KB; q += blockDim.x) {
+            const int g = q / (TO * KB), u = (q - g * TO * KB) / KB, t = q - g * TO * KB - u * KB, o = g * TO + u;
+            if (o >= O) continue;
+            const T* src = red + (u * KB + t) * G0 + g * per;
+            T sum = T(0);
+            for (int k = 0; k < per; ++k) sum += src[k];
+            wpart[(size_t)blockIdx.x * O * KB + o * KB + t] = sum;
+        }
+        return;
     }
     if (POOL) {   // odd rows hand their outputs to the row above, even rows pool
         T* xch = reinterpret_cast<T*>(st_smem);   // [G][TO][ST_TW] (split 0's threads; the tiles are read by now)
@@ -1109,13 +1173,15 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
                                                          int C, int Hi, int Wi, int in_sn, int in_sc, int O, int Ho, \
                                                          int Wo, int pt, int pl, int TH, int CS, int transposed,     \
                                                          int into, int act, const T* lw, const T* lb, T* lout,       \
-                                                         T* lpart, unsigned* lcount, int F, i64* pidx) {             \
+                                                         T* lpart, unsigned* lcount, int F, i64* pidx, const T* px,  \
+                                                         int pH, int pW, int ppt, int ppl, T* wpart) {               \
         tile_conv<T, KS, TO, EPI>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS,           \
-                                  transposed, into, act, lw, lb, lout, lpart, lcount, F, pidx);                      \
+                                  transposed, into, act, lw, lb, lout, lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, \
+                                  wpart);                                                                            \
     }
 #define ST_TILE(T, S, KS, TO)                                                                                      \
     ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL)
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL) ST_TILE_ONE(T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD)
 
 // tile_wgrad's blocks have at most ST_TILE_WG_THREADS threads (conv.py _TILE_WG_THREADS); in float32 the compiler
 // keeps three such blocks' registers on an SM (MnistCnn's second layer at batch 64: 384 blocks in one wave on 132
