@@ -199,6 +199,22 @@ TILE_CASES = [  # x shape, out channels, kernel size, padding, activation, bias
 ]
 
 
+def _force_tile_plan(monkeypatch, plan):
+    """tile_conv on every case (the kernel's values, not where it pays), its plan as planned or with one choice
+    forced: "4 channels" / "8 channels" per thread, "row tiles" (3 rows per block: 9 of 12, 26 of 28 ... the last
+    partial), "K channel splits"."""
+    monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    if plan == "4 channels":
+        monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 1 << 30)
+    if plan == "8 channels":
+        monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 0)
+    if plan == "row tiles":
+        monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 3)
+    if plan.endswith("channel splits"):
+        monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", int(plan[0]))
+
+
 @pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "row tiles", "2 channel splits",
                                   "3 channel splits"])
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -209,16 +225,7 @@ def test_tile_conv(case, dtype, plan, rng, monkeypatch):
     of few rows (several row tiles per image, the last one partial), the input channels split over 2 or 3 thread
     groups (uneven where C is not a multiple; one group where C is 1). dw by the implicit GEMM from the kept x."""
     shape, o, ks, padding, activation, bias = case
-    monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)                   # tile_conv on every case: the kernel's
-    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)   # values, not where it pays
-    if plan == "4 channels":
-        monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 1 << 30)
-    if plan == "8 channels":
-        monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 0)
-    if plan == "row tiles":
-        monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 3)   # 3 rows per block: 9 of 12, 26 of 28 ... the last partial
-    if plan.endswith("channel splits"):
-        monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", int(plan[0]))
+    _force_tile_plan(monkeypatch, plan)
     launched = []
     real_get = conv_kernels.get
     monkeypatch.setattr(conv_kernels, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
@@ -835,14 +842,7 @@ def test_tile_conv_wgrad_epilogue(case, dtype, plan, rng, monkeypatch):
     (tile_conv_wgrad): against the float64 reference, and those of the producer's own kernels (INTO_WGRAD off, the
     sums in another order); the g written for the producer is bit-equal either way."""
     xs, w1s, p1, act, w2s, p2 = case
-    monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)
-    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
-    if plan == "row tiles":
-        monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 3)
-    if plan == "2 channel splits":
-        monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", 2)
-    if plan == "8 channels":
-        monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 0)
+    _force_tile_plan(monkeypatch, plan)
     x = rng.standard_normal(xs).astype(dtype)
     w1 = (rng.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype)
     w2 = (rng.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype)
