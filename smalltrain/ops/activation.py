@@ -50,12 +50,18 @@ class _Pointwise(Function):
         g = dout.array
         if getattr(ctx, "on_kernel", False):
             return _cuda_launcher(ctx.fn.cuda[1])(g, ctx.saved)
-        xp = xp_of(g)
-        if xp is np:   # the gradient in the layout of what forward saved, so the backward's passes run contiguous
-            ref = ctx.saved[0] if isinstance(ctx.saved, tuple) else ctx.saved
-            g = cpu.in_layout_of(g, ref) if isinstance(ref, np.ndarray) else g
-        with np.errstate(all="ignore"):
-            return ctx.fn.bwd(xp, g, ctx.saved, *ctx.params)
+        return pointwise_backward(ctx.fn, g, ctx.saved, ctx.params)
+
+
+def pointwise_backward(fn, g, saved, params):
+    """fn.bwd (a _Pointwise subclass) of the gradient g and what its fwd saved, on NumPy or CuPy arrays. On NumPy the
+    gradient first takes the layout of what forward saved, so that the backward's passes run contiguous."""
+    xp = xp_of(g)
+    if xp is np:
+        ref = saved[0] if isinstance(saved, tuple) else saved
+        g = cpu.in_layout_of(g, ref) if isinstance(ref, np.ndarray) else g
+    with np.errstate(all="ignore"):
+        return fn.bwd(xp, g, saved, *params)
 
 
 def _cuda_launcher(name):

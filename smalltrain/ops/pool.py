@@ -13,7 +13,7 @@ from ..backend import cpu
 from ..backend.cuda import pool as cuda_pool
 from ..tensor import Tensor
 from ._util import xp_of
-from .activation import apply_named, named_pointwise
+from .activation import apply_named, named_pointwise, pointwise_backward
 
 _KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -318,10 +318,7 @@ class ActMaxPool2d(Function):
 
     @staticmethod
     def backward(ctx, dout):
-        ref = ctx.saved[0] if isinstance(ctx.saved, tuple) else ctx.saved
-        with np.errstate(all="ignore"):
-            g = ctx.act.bwd(np, cpu.in_layout_of(dout.array, ref), ctx.saved, *ctx.params)
-        return _to_windows(g, ctx.idx, ctx.geom)
+        return _to_windows(pointwise_backward(ctx.act, dout.array, ctx.saved, ctx.params), ctx.idx, ctx.geom)
 
 
 def act_max_pool2d(input, activation, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):

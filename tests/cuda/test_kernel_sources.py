@@ -159,16 +159,16 @@ def test_into_wgrad_choice(monkeypatch):
         p.__dict__.update(over)
         return p
     plan = (4, 5, 280, 384, 47104, 2)   # MnistCnn's second layer's dx at batch 64: 140 threads of split 0
-    args = conv._into_wgrad(plan, producer(), 3, 384, np.dtype(np.float32))
+    args = conv._into_wgrad(plan, producer(), 3, np.dtype(np.float32))
     assert args[1:5] == (28, 28, 0, 0) and args[5].shape == (384, 16 * 10)
     assert conv._wgrad_epilogue_smem(plan, 3, 4) == 4 * 10 * 140 * 4
     for over in ({"needs": (False, False, True)}, {"x": None}, {"x_shape": (64, 2, 28, 28)},
                  {"weight": SimpleNamespace(shape=(16, 1, 5, 5))}, {"stride": (2, 2)}, {"groups": 2}):
-        assert conv._into_wgrad(plan, producer(**over), 3, 384, np.dtype(np.float32)) is None, over
-    assert conv._into_wgrad(plan, producer(), 3, 384, np.dtype(np.float64)) is not None   # 44.8 KB of sums
-    assert conv._into_wgrad((8, 5, 560, 384, 47104, 2), producer(), 3, 384, np.dtype(np.float32)) is None   # 89.6 KB
+        assert conv._into_wgrad(plan, producer(**over), 3, np.dtype(np.float32)) is None, over
+    assert conv._into_wgrad(plan, producer(), 3, np.dtype(np.float64)) is not None   # 44.8 KB of sums
+    assert conv._into_wgrad((8, 5, 560, 384, 47104, 2), producer(), 3, np.dtype(np.float32)) is None   # 89.6 KB
     monkeypatch.setattr(conv, "INTO_WGRAD", False)
-    assert conv._into_wgrad(plan, producer(), 3, 384, np.dtype(np.float32)) is None
+    assert conv._into_wgrad(plan, producer(), 3, np.dtype(np.float32)) is None
 
 
 def test_tile_wgrad_plans(monkeypatch):

@@ -165,6 +165,7 @@ def device_counters(name, size):
     return counters
 
 
+SMEM_DEFAULT_BYTES = 48 * 1024   # the dynamic shared memory a block may use without opting in
 _attributes = {}   # (device id, name) -> the device attribute's value
 _opted_in = {}     # id(kernel) -> the dynamic shared memory it was allowed
 
@@ -187,7 +188,7 @@ def smem_optin_bytes():
 def with_smem(kern, nbytes):
     """kern, allowed nbytes of dynamic shared memory: over 48 KiB a kernel must opt in first (the function
     attribute, set once per kernel and size; the kernels get() returns are cached per device, so it stays set)."""
-    if nbytes > 48 * 1024 and _opted_in.get(id(kern), 0) < nbytes:
+    if nbytes > SMEM_DEFAULT_BYTES and _opted_in.get(id(kern), 0) < nbytes:
         kern.max_dynamic_shared_size_bytes = nbytes
         _opted_in[id(kern)] = nbytes
     return kern

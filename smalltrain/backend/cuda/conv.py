@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from . import cupy
 from .. import metadata_cache
-from ._common import (check_array, check_dtype, check_float, check_shape, contiguous, device_attribute,
-                      device_counters, get, i32, i32s, i64, launch, pair, ptr, run_beside, same_device)
+from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, check_float, check_shape, contiguous,
+                      device_attribute, device_counters, get, i32, i32s, i64, launch, pair, ptr, run_beside,
+                      same_device)
 from .blas import gemm, sum_rows
 from .loader import MAX_BLOCKS
 
@@ -123,7 +124,7 @@ BIAS_ACT_ROWS_MIN_P = 64
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
 _WGRAD_THREADS = 1024
 _WGRAD_R = (1, 2, 4, 8)       # outputs per thread the weight-gradient kernel is compiled for
-_SMEM_BYTES = 48 * 1024       # the default per-block limit (no opt-in needed)
+_SMEM_BYTES = SMEM_DEFAULT_BYTES   # the plans' per-block limit (no opt-in needed)
 _MAX_SPLITS = 4               # threads summing one staged item's channels (conv.cu's CS)
 _FITS32 = 1 << 30
 
@@ -504,17 +505,17 @@ def _wgrad_epilogue_smem(plan, ks, itemsize):
     return to * (ks * ks + 1) * (threads // cs) * itemsize
 
 
-def _into_wgrad(plan, into, ks, blocks, dtype):
+def _into_wgrad(plan, into, ks, dtype):
     """tile_conv_wgrad's arguments (_tile_conv's wgrad) for the input gradient written as `into`'s g, or None where
     its epilogue does not take `into`'s weight gradient: INTO_WGRAD off, `into` needs no weight gradient or kept no
     x, or has not one input channel, the same KS x KS kernel and tile_conv's geometry, or the sums' shared memory
-    is over the default limit."""
+    is over the default limit. The partial rows: one per block of the plan."""
     if (not INTO_WGRAD or not into.needs[1] or into.x is None or into.x_shape[1] != 1
             or tuple(into.weight.shape[2:]) != (ks, ks)
             or not _tile_geometry(into.stride, into.dilation, into.groups, into.weight.shape)
             or max(plan[4], _wgrad_epilogue_smem(plan, ks, dtype.itemsize)) > _SMEM_BYTES):
         return None
-    partial = cupy().empty((blocks, into.weight.shape[0] * (ks * ks + 1)), dtype=dtype)
+    partial = cupy().empty((plan[3], into.weight.shape[0] * (ks * ks + 1)), dtype=dtype)
     return (into.x,) + tuple(into.x_shape[2:]) + (into.pads[0], into.pads[2], partial)
 
 
@@ -540,7 +541,7 @@ def _tile_dx(g, saved, into=None):
                    (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0)
     else:   # y and b are the producer's, read; the output in its g layout (conv.cu, "into")
         act = ACTIVATIONS[into.activation]
-        wgrad = _into_wgrad(plan, into, kh, plan[3], g.dtype)
+        wgrad = _into_wgrad(plan, into, kh, g.dtype)
         _tile_conv(plan, g, saved.weight, into.bias if act else None, dx, into.y if act else None,
                    (o,) + tuple(saved.out_hw), (p, n * p), (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
                    tuple(saved.x_shape), wgrad=wgrad)

@@ -26,8 +26,8 @@ no autograd node between them; the weight gradients of all layers are one grid o
 from dataclasses import dataclass
 
 from . import cupy
-from ._common import (check_array, check_dtype, contiguous, device_counters, get, i32, i32s, i64, launch, ptr,
-                      smem_optin_bytes, with_smem)
+from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, contiguous, device_counters, get, i32, i32s, i64,
+                      launch, ptr, smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
 from .conv import ACTIVATIONS, _sm_count, bias_act_backward, check_affine
 
@@ -53,7 +53,7 @@ CHAIN_MAX_WIDTH = 1024
 CHAIN_MAX_READS = 1 << 26
 _CHAIN_ROWS = (1, 2, 4, 8)   # rows per block the chain kernels are compiled for
 _CHAIN_THREADS = 512
-_SMEM_BYTES = 48 * 1024
+_SMEM_BYTES = SMEM_DEFAULT_BYTES
 # the chain's backward copies the weights it reads into shared memory first (chain_bwd_staged) where they fit the
 # block's opt-in shared memory; tests turn it off for the unstaged kernel
 CHAIN_STAGE = True

@@ -644,7 +644,7 @@ __device__ void linear_finish(const T* lsum, const T* __restrict__ lb, T* __rest
 // max_pool2d_forward's indices); the activated, unpooled output is not written (y, before the bias, still is).
 
 // The input gradient's producer-weight-gradient epilogue (WGRAD, the tile_conv_wgrad kernels; transposed and into,
-// conv.py _into_wgrad_ok): where the convolution that made this one's input has one input channel, the same KS x KS
+// conv.py _into_wgrad): where the convolution that made this one's input has one input channel, the same KS x KS
 // kernel, stride 1 and groups == 1, the g values this kernel writes for it (its activation's derivative applied)
 // also give its weight and bias gradients: dw[o, 0, i, j] = sum over (n, r, s) of g[o, n, r, s] * px[n, 0, r + i -
 // ppt, s + j - ppl], db[o] = sum of g[o]. Each thread's sums over its 4 columns go to shared memory
