@@ -83,7 +83,7 @@ def _optimizers(opt, lr, ours, theirs):
 
 
 # SGD at lr 0.01: at lr 0.1 the first steps amplify float32 rounding so much that torch's own float32 run drifts
-# 9e-5 from its float64 run in 10 steps (measured), more than the 1e-5 bound; that case is checked below instead.
+# 9e-5 from its float64 run in 10 steps (measured), more than the 1e-5 bound; that rate is checked below per step.
 @pytest.mark.parametrize("name, opt, lr", [("lenet5", "adam", 1e-3), ("cnn", "sgd", 0.01)])
 def test_ten_step_trajectory(name, opt, lr, batches):
     ours, theirs = _pair(name)
@@ -107,22 +107,30 @@ def test_ten_step_trajectory(name, opt, lr, batches):
     assert loss_err <= 1e-5 and param_err <= 1e-5
 
 
-def test_high_lr_trajectory_is_as_close_to_float64_as_torch_is(batches):
-    """MnistCnn, SGD lr 0.1: our float32 run stays as close to the float64 trajectory as torch's float32 run."""
+def test_high_lr_steps_are_as_close_to_float64_as_torchs(batches):
+    """MnistCnn, SGD lr 0.1, 10 steps along our float32 trajectory: at each step's parameters our gradients are as
+    close to float64's (torch, the same parameters) as torch's float32 gradients are. Per step, not the trajectories
+    compared after 10 steps: at this rate the steps amplify rounding chaotically (one ReLU that a rounding flips
+    moves the parameters ~1e-5 a few steps later), so which float32 run ends nearer the float64 one depends on the
+    CPU's BLAS kernels rather than on the gradients' accuracy."""
     ours, t32 = _pair("cnn")
     t64 = TorchCnn().double()
-    t64.load_state_dict({k: v.double() for k, v in t32.state_dict().items()})
-    runs = [(ours, smalltrain, F), (t32, torch, TF), (t64, torch, TF)]
-    opts = [lib.optim.SGD(m.parameters(), lr=0.1) for m, lib, _ in runs]
+    opt = smalltrain.optim.SGD(ours.parameters(), lr=0.1)
+    worst = [0.0, 0.0]
     for i in range(10):
-        for (m, lib, f), o in zip(runs, opts):
-            dt = torch.float64 if m is t64 else None
-            x = torch.tensor(batches[0][i], dtype=dt) if lib is torch else smalltrain.tensor(batches[0][i])
-            o.zero_grad()
-            f.cross_entropy(m(x), lib.tensor(batches[1][i])).backward()
-            o.step()
-    ref = dict(t64.named_parameters())
-    ours_err = max(max_error(p.detach(), ref[k].detach())[0] for k, p in ours.named_parameters())
-    torch_err = max(max_error(p.detach(), ref[k].detach())[0] for k, p in t32.named_parameters())
-    print(f"\nMnistCnn SGD lr 0.1, 10 steps, distance to float64: ours {ours_err:.2e}, torch float32 {torch_err:.2e}")
-    assert ours_err <= 2 * torch_err + 1e-6
+        state = {k: torch.tensor(v.numpy()) for k, v in ours.state_dict().items()}
+        t32.load_state_dict(state)
+        t64.load_state_dict({k: v.double() for k, v in state.items()})
+        opt.zero_grad()
+        F.cross_entropy(ours(smalltrain.tensor(batches[0][i])), smalltrain.tensor(batches[1][i])).backward()
+        for m, dt in ((t32, None), (t64, torch.float64)):
+            m.zero_grad()
+            TF.cross_entropy(m(torch.tensor(batches[0][i], dtype=dt)), torch.tensor(batches[1][i])).backward()
+        ref, theirs = dict(t64.named_parameters()), dict(t32.named_parameters())
+        for k, p in ours.named_parameters():
+            worst[0] = max(worst[0], max_error(p.grad, ref[k].grad)[0])
+            worst[1] = max(worst[1], max_error(theirs[k].grad, ref[k].grad)[0])
+        opt.step()
+    print(f"\nMnistCnn SGD lr 0.1, 10 steps, gradients' distance to float64: ours {worst[0]:.2e}, "
+          f"torch float32 {worst[1]:.2e}")
+    assert worst[0] <= 2 * worst[1] + 1e-7
