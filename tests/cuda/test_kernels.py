@@ -945,7 +945,13 @@ def test_pool_backward_act_by_windows_equals_the_gather(shape, pool, activation,
     n, c, h, w = shape
     x = rng.standard_normal(shape).astype(dtype)
     x[..., ::3, ::2] = x[..., 1::3, ::2][..., : x[..., ::3, ::2].shape[-2], :]   # equal values: ties in windows
-    y = g(rng.standard_normal((c, n * h * w)).astype(dtype))
+    yh = rng.standard_normal((c, n * h * w)).astype(dtype)
+    # two windows whose maximum's pre-activation is not finite (NaN, +inf), where the others' are read too
+    # (common.cuh pooled_act_grad): the NaNs and infs around them as the gather gives them
+    x[0, 0, 1, 1] = x[0, 0, 0, 3] = 1e30
+    for (r, col), v in (((1, 1), np.nan), ((0, 0), np.inf), ((0, 1), -np.inf), ((0, 3), np.inf), ((1, 2), np.nan)):
+        yh[0, r * w + col] = v
+    y = g(yh)
     bias = g(rng.standard_normal(c).astype(dtype))
     k, s, p = pool
     pooled, _, saved = ops.max_pool2d_forward(g(x), k, s, p)
@@ -959,7 +965,8 @@ def test_pool_backward_act_by_windows_equals_the_gather(shape, pool, activation,
     gathered = ops.max_pool2d_backward_act(dpool, saved, y if activation else None, bias, activation)
     exact = k == s and p == 0 and h % k == 0 and w % k == 0
     assert launched == ["max_pool2d_bwd_act_tiled" if exact else "max_pool2d_bwd_act", "max_pool2d_bwd_act"]
-    assert cp.array_equal(tiled, gathered)
+    assert cp.array_equal(tiled, gathered, equal_nan=True)
+    assert bool(cp.isnan(tiled).any()) == (activation == "gelu")   # ReLU's derivative passes or zeroes a NaN
 
 
 @pytest.mark.parametrize("kwargs, exc, msg", [

@@ -275,3 +275,24 @@ template <typename T> __device__ __forceinline__ T act_bwd(T dout, T v, int act)
         default: return dout;
     }
 }
+
+// The backward of act then a max pooling, at position p of a window whose maximum, at `target`, received d:
+// gw = act_bwd(d, z[target]) there, 0 elsewhere. Torch's unfused backward gives act_bwd(0, z) elsewhere, which is 0
+// wherever the maximum's z is finite (the other activated values then lie below it, none NaN, their z finite or,
+// for ReLU, -inf); `exact` (the maximum's z not finite: a NaN or an inf in the window) reads every z and gives
+// torch's NaNs. So a window's other pre-activations are read only there. (GELU-tanh's derivative overflows to NaN
+// past |z| ~ 1e19, which the fast path does not reproduce at the other positions.)
+// gw = act_bwd(d, z[target]) and `exact`, for pooled_act_grad (zplane: the window's plane of z before the bias).
+template <typename T>
+__device__ __forceinline__ T pooled_act_max_grad(T d, int target, const T* zplane, T bias, int act, bool& exact) {
+    exact = false;
+    if (act == ST_ACT_NONE) return d;
+    const T zw = zplane[target] + bias;
+    exact = !isfinite(zw);
+    return act_bwd(d, zw, act);
+}
+template <typename T>
+__device__ __forceinline__ T pooled_act_grad(int p, int target, T gw, bool exact, const T* zplane, T bias, int act) {
+    if (p == target) return gw;
+    return exact ? act_bwd(T(0), zplane[p] + bias, act) : T(0);
+}

@@ -67,7 +67,8 @@ __device__ void max_pool_bwd(const T* __restrict__ dout, const i64* __restrict__
 // max_pool2d_bwd_act_tiled: the same result where the windows tile the input exactly (kernel == stride, no padding
 // or dilation, H = OH * kh, W = OW * kw: LeNet-5's 2x2 poolings). A thread per output element writes its whole
 // window, dout at the argmax and 0 elsewhere, each times act'(y + bias[c]): no search over the windows covering an
-// input and 1 / (kh * kw) of the threads and their index arithmetic (the gather above is instruction-bound there).
+// input and 1 / (kh * kw) of the threads and their index arithmetic (the gather above is instruction-bound there);
+// y is read at the maximum only (common.cuh pooled_act_grad).
 template <typename T>
 __device__ void max_pool_bwd_act_tiled(const T* __restrict__ dout, const i64* __restrict__ idx, T* __restrict__ g,
                                        const T* __restrict__ y, const T* __restrict__ bias, int B, int C, int OH,
@@ -76,20 +77,17 @@ __device__ void max_pool_bwd_act_tiled(const T* __restrict__ dout, const i64* __
     GRID_STRIDE_I(int, t, B * OH * OW) {
         const int ow = t % OW, rest = t / OW, oh = rest % OH, b = rest / OH, n = b / C, c = b - n * C;
         const int target = (int)idx[t];
-        const T d = dout[t], bc = bias != nullptr ? bias[c] : T(0);
+        const T bc = bias != nullptr ? bias[c] : T(0);
         const int plane = (c * images + n) * HW;
-        for (int i = 0; i < kh; ++i) {
+        // z read where act: at the maximum, and at the others only where that is not finite (pooled_act_grad)
+        const T* zp = y != nullptr ? y + plane : nullptr;
+        bool exact;
+        const T gw = pooled_act_max_grad(dout[t], target, zp, bc, act, exact);
+        for (int i = 0; i < kh; ++i)
             for (int j = 0; j < kw; ++j) {
                 const int p = (oh * kh + i) * W + ow * kw + j;
-                T v = p == target ? d : T(0);
-                if (act != ST_ACT_NONE) {
-                    T z = y[plane + p];
-                    if (bias != nullptr) z += bc;
-                    v = act_bwd(v, z, act);
-                }
-                g[plane + p] = v;
+                g[plane + p] = pooled_act_grad(p, target, gw, exact, zp, bc, act);
             }
-        }
     }
 }
 
