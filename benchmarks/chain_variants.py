@@ -276,7 +276,8 @@ def main():
                 tf = timed(cp, lambda: fwd(grid, (threads,), (x,) + params + (i32(m), i32(3), i32(256)),
                                            shared_mem=smem))
                 tb = timed(cp, lambda: bwd(grid, (threads,), (dout,) + params + tuple(ptr(g) for g in gs + [None])
-                                           + (ptr(dx), i32(m), i32(3), i32(256)), shared_mem=smem))
+                                           + (ptr(dx), i32(m), i32(3), i32(256)) + (ptr(None),) * 3
+                                           + (i32(0),) * 3, shared_mem=smem))   # no pooled producer
                 print(f"M={m} threads={threads} jw={jw} rows={rows} blocks={grid[0]}: fwd {tf:.2f} us, "
                       f"bwd_rows {tb:.2f} us")
 

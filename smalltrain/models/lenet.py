@@ -22,13 +22,12 @@ class LeNet5(nn.Module):
         self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x):
-        # layer_act_pool is pool(act(layer(x))), chain_act the three linear layers with their activations: fused
-        # ops on CUDA (nn/fusion.py)
+        # layer_act_pool is pool(act(layer(x))), chain_act the three linear layers with their activations on
+        # x.flatten(1): fused ops on CUDA (nn/fusion.py), each backward writing the previous layer's g
         act = self.config["activation"]
         x = layer_act_pool(self.conv1, x, act, self.pool1)
         x = layer_act_pool(self.conv2, x, act, self.pool2)
-        x = x.flatten(1)
-        return chain_act(x, [(self.fc1, act), (self.fc2, act), (self.fc3, None)])
+        return chain_act(x, [(self.fc1, act), (self.fc2, act), (self.fc3, None)], flatten=True)
 
     def extra_repr(self):
         return f"activation={self.config['activation']!r}"

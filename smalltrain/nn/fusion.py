@@ -138,12 +138,15 @@ def linear_run(modules, i):
     return pairs, i
 
 
-def chain_act(x, pairs):
-    """act_n(layer_n(... act_1(layer_1(x)) ...)) for pairs [(Linear, activation name or None), ...]: on CUDA one
-    chain op per run of up to four layers where the chain kernels take it (ops.matmul.linear_chain), else the
-    layers one by one (fused pairs on CUDA)."""
+def chain_act(x, pairs, flatten=False):
+    """act_n(layer_n(... act_1(layer_1(x)) ...)) for pairs [(Linear, activation name or None), ...] (of
+    x.flatten(1) where flatten): on CUDA one chain op per run of up to four layers where the chain kernels take it
+    (ops.matmul.linear_chain, which flattens inside the op: its backward may then hand a pooled convolution before
+    it its g), else the layers one by one (fused pairs on CUDA)."""
     if not (isinstance(x, Tensor) and x.is_cuda and all(_chain_layer(layer) for layer, _ in pairs)):
+        if flatten:
+            x = x.flatten(1)
         for layer, act in pairs:
             x = layer_act(layer, x, act)
         return x
-    return linear_chain(x, [(layer.weight, layer.bias, act) for layer, act in pairs])
+    return linear_chain(x, [(layer.weight, layer.bias, act) for layer, act in pairs], flatten)

@@ -225,25 +225,49 @@ class Conv2dActPool(Function):
     """max_pool2d(activation(conv2d(x))) on CUDA: one kernel where tile_conv's pooling epilogue takes it (2x2
     windows at stride 2 tiling the output), else the convolution kernels, then the pooling kernel; backward one
     kernel for the pooling's gradient times the activation's derivative (backend/cuda/pool.py) feeding the
-    convolution's gradient kernels directly. The activated, unpooled output is not kept."""
+    convolution's gradient kernels directly. The activated, unpooled output is not kept. Where it pooled in the
+    epilogue, the next layer (a convolution, or the linear chain reading the output flattened: LinearChain) may
+    hand it its g ready-made, through the pooling's backward ("conv_g", as Conv2d's), so the pooling's backward
+    kernel does not run; and where x comes from another CUDA convolution, its input gradient is written as that
+    one's g the same way (conv2d_backward's `into`, as Conv2dActLinear's)."""
+    makes_prepared = True
 
     @staticmethod
     def forward(ctx, input, weight, bias, stride, pads, dilation, groups, activation, pool):
         k, s, p, d, ceil_mode = pool
-        out, ctx.conv_saved = cuda_conv.conv2d_forward(
+        out, ctx.kernel_saved = cuda_conv.conv2d_forward(
             input.array, weight.array, None if bias is None else bias.array, stride, pads, dilation, groups,
             activation=activation, needs_input_grad=ctx.needs_input_grad[:3], pool=(k, s, p, d))
-        if ctx.conv_saved.pool is not None:   # pooled in the convolution's epilogue
-            ctx.pool_saved = ctx.conv_saved.pool
+        if ctx.kernel_saved.pool is not None:   # pooled in the convolution's epilogue
+            ctx.pool_saved = ctx.kernel_saved.pool
             return out
         pooled, _, ctx.pool_saved = cuda_pool.max_pool2d_forward(out, k, s, p, d, ceil_mode)
         return pooled
 
     @staticmethod
+    def prepared_kind(ctx):
+        """"conv_g" (see Conv2d.prepared_kind) where the pooling ran in the convolution's epilogue: conv2d_backward
+        then writes the g through it."""
+        return "conv_g" if ctx.kernel_saved.pool is not None else None
+
+    @staticmethod
     def backward(ctx, dout):
-        saved = ctx.conv_saved
+        saved = ctx.kernel_saved
+        if isinstance(dout, Prepared):   # the next convolution wrote g (prepared_kind)
+            return cuda_conv.conv2d_backward(None, saved, g=dout.value.g, wpartial=dout.value.wpartial)
         g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
-        return cuda_conv.conv2d_backward(None, saved, g=g)
+        return _into_producer(ctx, saved, g)
+
+
+def _into_producer(ctx, saved, g):
+    """conv2d_backward from g, its input gradient written as the producing convolution's g (a Prepared "conv_g")
+    where the engine offered that kind for the input (the producer's prepared_kind, this node its only consumer)."""
+    offered = ctx.__dict__.get("prepared_for")
+    into = ctx.inputs[0]._ctx.kernel_saved if offered and offered[0] == "conv_g" else None
+    dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, into=into)
+    if isinstance(dx, cuda_conv.ProducerGrad):   # written as the producer's g
+        dx = Prepared("conv_g", dx)
+    return dx, dw, db
 
 
 class _Meta:
@@ -311,11 +335,7 @@ class Conv2dActLinear(Function):
                                                            (any(need[:3]), need[8], need[9]))
         dx = dw = db = None
         if g is not None:
-            offered = ctx.__dict__.get("prepared_for")
-            into = ctx.inputs[0]._ctx.kernel_saved if offered and offered[0] == "conv_g" else None
-            dx, dw, db = cuda_conv.conv2d_backward(None, conv_saved, g=g, into=into)
-            if isinstance(dx, cuda_conv.ProducerGrad):   # written as the producer's g
-                dx = Prepared("conv_g", dx)
+            dx, dw, db = _into_producer(ctx, conv_saved, g)
         return dx, dw, db, None, None, None, None, None, dlw, dlb
 
 

@@ -5,6 +5,7 @@ shapes that those do not cover (1-D operands, more than one batch dim) use the a
 """
 import numpy as np
 
+from ..autograd.engine import Prepared
 from ..autograd.function import Function
 from ..backend.cuda import blas
 from ..backend.cuda import linear as cuda_linear
@@ -153,35 +154,48 @@ class LinearAct(Function):
 
 class LinearChain(Function):
     """act_L(... act_1(x @ W_1^T + b_1) ...) on CUDA as one launch forward and two backward (backend/cuda/linear.py:
-    linear_chain_*). Inputs: x, the activations (a tuple), then weight, bias per layer (a bias may be None)."""
+    linear_chain_*). Inputs: x, the activations (a tuple), flatten (x [N, ...] read as [N, d0], as x.flatten(1);
+    else as [..., d0]), then weight, bias per layer (a bias may be None). Where x is the output of a convolution
+    that pooled in its epilogue (Conv2dActPool; the engine offers "conv_g") and flatten, dx is written as that
+    convolution's g through the pooling (linear_chain_backward's `into`), so its pooling's backward kernel does
+    not run."""
+    makes_prepared = True
 
     @staticmethod
-    def forward(ctx, x, activations, *params):
+    def forward(ctx, x, activations, flatten, *params):
         a = x.array
         layers = [(params[2 * i].array, None if params[2 * i + 1] is None else params[2 * i + 1].array, act)
                   for i, act in enumerate(activations)]
-        out, ctx.saved = cuda_linear.linear_chain_forward(a.reshape(-1, a.shape[-1]), layers,
-                                                          save=True in ctx.needs_input_grad)
+        rows = a.reshape(a.shape[0], -1) if flatten else a.reshape(-1, a.shape[-1])
+        out, ctx.saved = cuda_linear.linear_chain_forward(rows, layers, save=True in ctx.needs_input_grad)
         ctx.shape = a.shape
-        return out.reshape(a.shape[:-1] + (out.shape[-1],))
+        return out if flatten else out.reshape(a.shape[:-1] + (out.shape[-1],))
 
     @staticmethod
     def backward(ctx, dout):
         g = dout.array
         need = ctx.needs_input_grad
-        needs = [(need[2 + 2 * i], need[3 + 2 * i]) for i in range(len(ctx.saved.weights))]
-        dx, grads = cuda_linear.linear_chain_backward(g.reshape(-1, g.shape[-1]), ctx.saved, need[0], needs)
-        return (None if dx is None else dx.reshape(ctx.shape), None) + tuple(v for pair in grads for v in pair)
+        needs = [(need[3 + 2 * i], need[4 + 2 * i]) for i in range(len(ctx.saved.weights))]
+        offered = ctx.__dict__.get("prepared_for")
+        into = ctx.inputs[0]._ctx.kernel_saved if offered and offered[0] == "conv_g" else None
+        dx, grads = cuda_linear.linear_chain_backward(g.reshape(-1, g.shape[-1]), ctx.saved, need[0], needs, into)
+        if isinstance(dx, cuda_linear.ProducerGrad):   # written as the producing convolution's g
+            dx = Prepared("conv_g", dx)
+        elif dx is not None:
+            dx = dx.reshape(ctx.shape)
+        return (dx, None, None) + tuple(v for pair in grads for v in pair)
 
 
-def _fused_chain(x, layers):
-    """Whether LinearChain takes these [(weight, bias, activation), ...]: CUDA input, every weight 2-D of the input's
-    dtype and each layer's input width its predecessor's output width, biases matching, and a chain the kernels
-    take (cuda_linear.chain_rows). Anything else runs layer by layer (which raises the clear errors)."""
-    if not _fused_linear(x, layers[0][0]):
-        return False
+def _fused_chain(x, layers, flatten=False):
+    """Whether LinearChain takes these [(weight, bias, activation), ...]: CUDA float input (at least 2-D where
+    flatten), every weight 2-D of the input's dtype and each layer's input width its predecessor's output width
+    (the first's the input's last dim, or its dims after the first where flatten), biases matching, and a chain
+    the kernels take (cuda_linear.chain_rows). Anything else runs layer by layer (which raises the clear
+    errors)."""
     a = x.array
-    widths = [a.shape[-1]]
+    if not (x.is_cuda and a.dtype.kind == "f" and a.ndim >= (2 if flatten else 1) and a.size > 0):
+        return False
+    widths = [a.size // a.shape[0] if flatten else a.shape[-1]]
     for w, b, _ in layers:
         wa = w.array
         if (wa.ndim != 2 or wa.dtype != a.dtype or wa.shape[1] != widths[-1] or not w.is_cuda
@@ -189,22 +203,28 @@ def _fused_chain(x, layers):
                                        or b.array.dtype != a.dtype))):
             return False
         widths.append(wa.shape[0])
-    return cuda_linear.chain_rows(a.size // a.shape[-1], widths, a.dtype.itemsize) is not None
+    return cuda_linear.chain_rows(a.size // widths[0], widths, a.dtype.itemsize) is not None
 
 
-def linear_chain(input, layers):  # noqa: A002
+def linear_chain(input, layers, flatten=False):  # noqa: A002
     """act_L(... act_1(input @ W_1^T + b_1) ...) for layers [(weight, bias or None, activation), ...], activation
     None, 'relu', 'gelu' or 'gelu_tanh' each: on CUDA one fused op per run of up to CHAIN_MAX_LAYERS layers where the
-    chain kernels take it; else linear_act layer by layer (the same values up to float rounding)."""
+    chain kernels take it; else linear_act layer by layer (the same values up to float rounding). flatten: the
+    chain of input.flatten(1) (flattened inside the op, so that its backward can hand a pooled convolution before
+    it its g: LinearChain)."""
     layers = list(layers)
     x = input
     step = max(cuda_linear.CHAIN_MAX_LAYERS, 1)
     for start in range(0, len(layers), step):
         part = layers[start:start + step]
-        if len(part) > 1 and _fused_chain(x, part):
+        flat = flatten and start == 0
+        if len(part) > 1 and _fused_chain(x, part, flat):
             check_same_device("linear", x, *(t for w, b, _ in part for t in (w, b)))
-            x = LinearChain.apply(x, tuple(act for _, _, act in part), *(t for w, b, _ in part for t in (w, b)))
+            x = LinearChain.apply(x, tuple(act for _, _, act in part), flat,
+                                  *(t for w, b, _ in part for t in (w, b)))
         else:
+            if flat:
+                x = x.flatten(1)
             for w, b, act in part:
                 x = linear_act(x, w, b, act)
     return x

@@ -143,8 +143,8 @@ def test_every_tile_conv_variant_is_instantiated():
 
 def test_into_wgrad_choice(monkeypatch):
     """_into_wgrad on the CPU (NumPy for the partial rows): tile_conv_wgrad takes a one-channel producer with the
-    same kernel size and tile_conv's geometry that needs its weight gradient and kept x, and where the epilogue's
-    sums fit in the default shared memory."""
+    same kernel size and tile_conv's geometry that needs its weight gradient and kept x and did not pool in its
+    epilogue, and where the epilogue's sums fit in the default shared memory."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -155,7 +155,7 @@ def test_into_wgrad_choice(monkeypatch):
     def producer(**over):
         p = SimpleNamespace(x=np.zeros((64, 1, 28, 28), np.float32), x_shape=(64, 1, 28, 28),
                             weight=SimpleNamespace(shape=(16, 1, 3, 3)), stride=(1, 1), dilation=(1, 1), groups=1,
-                            pads=(0, 0, 0, 0), needs=(False, True, True))
+                            pads=(0, 0, 0, 0), needs=(False, True, True), pool=None)
         p.__dict__.update(over)
         return p
     plan = (4, 5, 280, 384, 47104, 2)   # MnistCnn's second layer's dx at batch 64: 140 threads of split 0
@@ -163,12 +163,48 @@ def test_into_wgrad_choice(monkeypatch):
     assert args[1:5] == (28, 28, 0, 0) and args[5].shape == (384, 16 * 10)
     assert conv._wgrad_epilogue_smem(plan, 3, 4) == 4 * 10 * 140 * 4
     for over in ({"needs": (False, False, True)}, {"x": None}, {"x_shape": (64, 2, 28, 28)},
-                 {"weight": SimpleNamespace(shape=(16, 1, 5, 5))}, {"stride": (2, 2)}, {"groups": 2}):
+                 {"weight": SimpleNamespace(shape=(16, 1, 5, 5))}, {"stride": (2, 2)}, {"groups": 2},
+                 {"pool": (np.zeros((64, 16, 13, 13), np.int64),)}):
         assert conv._into_wgrad(plan, producer(**over), 3, np.dtype(np.float32)) is None, over
     assert conv._into_wgrad(plan, producer(), 3, np.dtype(np.float64)) is not None   # 44.8 KB of sums
     assert conv._into_wgrad((8, 5, 560, 384, 47104, 2), producer(), 3, np.dtype(np.float32)) is None   # 89.6 KB
     monkeypatch.setattr(conv, "INTO_WGRAD", False)
     assert conv._into_wgrad(plan, producer(), 3, np.dtype(np.float32)) is None
+
+
+def test_pooled_producer_choice(monkeypatch):
+    """On the CPU: a convolution that pooled in its epilogue takes its g from the next convolution (conv._into_ok)
+    or from the linear chain reading its output flattened (linear.chain_into_pooled_ok) only with INTO_POOLED and
+    INTO_PRODUCER on, its pooled output's shape the consumer's input, one dtype and its pre-activation kept."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from smalltrain.backend.cuda import conv, linear
+
+    def producer(**over):   # LeNet-5's second layer at batch 64: [64, 16, 8, 8] pooled to [64, 16, 4, 4]
+        p = SimpleNamespace(x_shape=(64, 6, 12, 12), weight=SimpleNamespace(shape=(16, 6, 5, 5), dtype=np.float32),
+                            out_hw=(8, 8), activation="gelu", y=object(),
+                            pool=(SimpleNamespace(shape=(64, 16, 4, 4)),))
+        p.__dict__.update(over)
+        return p
+    consumer = SimpleNamespace(x_shape=(64, 16, 4, 4))
+    chain = SimpleNamespace(x=np.zeros((64, 256), np.float32))
+    f32 = np.dtype(np.float32)
+    monkeypatch.setattr(conv, "INTO_POOLED", True)
+    assert conv._into_ok(consumer, producer(), f32) and linear.chain_into_pooled_ok(chain, producer())
+    assert conv._into_ok(consumer, producer(activation=None, y=None), f32)
+    for over in ({"y": None}, {"pool": (SimpleNamespace(shape=(64, 16, 4, 2)),)},
+                 {"weight": SimpleNamespace(shape=(16, 6, 5, 5), dtype=np.float64)}):
+        assert not conv._into_ok(consumer, producer(**over), f32), over
+        assert not linear.chain_into_pooled_ok(chain, producer(**over)), over
+    assert conv._into_ok(SimpleNamespace(x_shape=(64, 16, 8, 8)), producer(pool=None), f32)   # not pooled
+    assert not linear.chain_into_pooled_ok(SimpleNamespace(x=np.zeros((64, 1024), np.float32)), producer(pool=None))
+    monkeypatch.setattr(conv, "INTO_PRODUCER", False)
+    assert not linear.chain_into_pooled_ok(chain, producer())
+    monkeypatch.setattr(conv, "INTO_PRODUCER", True)
+    monkeypatch.setattr(conv, "INTO_POOLED", False)
+    assert not conv._into_ok(consumer, producer(), f32) and not linear.chain_into_pooled_ok(chain, producer())
 
 
 def test_tile_wgrad_plans(monkeypatch):

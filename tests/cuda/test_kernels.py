@@ -676,6 +676,52 @@ def test_linear_chain(case, dtype, stage, rng, monkeypatch):
         assert dx is None
 
 
+CHAIN_INTO_POOL_CASES = [  # x, conv weight, its activation, rows (batch), the chain's widths after the first
+    ((64, 6, 12, 12), (16, 6, 5, 5), "gelu", (120, 84, 10)),   # LeNet-5's second layer and head, 1 row per block
+    ((512, 6, 12, 12), (16, 6, 5, 5), "relu", (120, 84, 10)),  # 4 rows per block
+    ((3, 2, 8, 12), (5, 2, 3, 3), None, (7, 3)),               # 3 x 5 pooled: odd rows, no activation
+]
+
+
+@pytest.mark.parametrize("stage", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CHAIN_INTO_POOL_CASES)
+def test_linear_chain_into_a_pooled_convolution(case, dtype, stage, rng, monkeypatch):
+    """The chain's dx written as the g of the convolution whose pooled output (tile_conv_pool) the chain reads
+    flattened (linear.cu chain_dx_unpooled): bit-equal to the plain dx, then max_pool2d_backward_act; the chain's
+    weight gradients unchanged; none of it where INTO_POOLED or INTO_PRODUCER is off or the chain's input is not
+    that output."""
+    monkeypatch.setattr(linear_kernels, "CHAIN_STAGE", stage)
+    monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
+    xs, ws, act, widths = case
+    x = rng.standard_normal(xs).astype(dtype)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(dtype)
+    b = rng.standard_normal(ws[0]).astype(dtype)
+    pooled, csaved = ops.conv2d_forward(g(x), g(w), g(b), 1, 0, 1, 1, act, pool=POOL_2X2)
+    assert csaved.pool is not None
+    m, d0 = pooled.shape[0], pooled[0].size
+    layers, k = [], d0
+    for i, f in enumerate(widths):
+        lw = (rng.standard_normal((f, k)) / np.sqrt(k)).astype(dtype)
+        layers.append((g(lw), g(rng.standard_normal(f).astype(dtype)), "gelu" if i < len(widths) - 1 else None))
+        k = f
+    _, saved = ops.linear_chain_forward(pooled.reshape(m, d0), layers)
+    dout = g(rng.standard_normal((m, widths[-1])).astype(dtype))
+    handed, grads = ops.linear_chain_backward(dout, saved, into=csaved)
+    assert isinstance(handed, conv_kernels.ProducerGrad) and handed.wpartial is None
+    plain, plain_grads = ops.linear_chain_backward(dout, saved)
+    want = ops.max_pool2d_backward_act(plain.reshape(pooled.shape), csaved.pool, csaved.y, csaved.bias, act)
+    assert handed.g.shape == want.shape and cp.array_equal(handed.g, want)
+    for (dw, db), (pw, pb) in zip(grads, plain_grads):
+        assert cp.array_equal(dw, pw) and cp.array_equal(db, pb)
+    _, other = ops.conv2d_forward(g(x[:-1]), g(w), g(b), 1, 0, 1, 1, act, pool=POOL_2X2)   # one image fewer
+    assert other.pool is not None
+    assert not isinstance(ops.linear_chain_backward(dout, saved, into=other)[0], conv_kernels.ProducerGrad)
+    for knob in ("INTO_POOLED", "INTO_PRODUCER"):
+        monkeypatch.setattr(conv_kernels, knob, False)
+        assert not isinstance(ops.linear_chain_backward(dout, saved, into=csaved)[0], conv_kernels.ProducerGrad)
+
+
 def test_linear_chain_errors():
     x = cp.ones((4, 5), cp.float32)
     w1, w2 = cp.ones((3, 5), cp.float32), cp.ones((2, 3), cp.float32)
@@ -919,6 +965,59 @@ def test_tile_conv_pool_epilogue(case, dtype, activation, rng, monkeypatch):
     fused_g = ops.max_pool2d_backward_act(dpool, saved.pool, saved.y, saved.bias, activation)
     plain_g = ops.max_pool2d_backward_act(dpool, psaved, plain_saved.y, plain_saved.bias, activation)
     assert cp.array_equal(fused_g, plain_g, equal_nan=True)
+
+
+INTO_POOL_CASES = [  # producer x, producer weight, its padding, its activation, consumer weight, its padding, NaN
+    ((3, 1, 28, 28), (6, 1, 5, 5), 2, "gelu", (16, 6, 5, 5), 0, False),   # LeNet-5's; 14 columns: a partial group
+    ((2, 2, 10, 14), (3, 2, 3, 3), 1, "gelu", (4, 3, 3, 3), 1, True),     # 14 producer columns: no vector stores
+    ((2, 3, 12, 12), (4, 3, 5, 5), 0, "relu", (6, 4, 3, 3), 0, False),
+    ((2, 2, 8, 8), (5, 2, 3, 3), 1, None, (4, 5, 3, 3), (1, 0, 2, 1), False),   # no activation, asymmetric padding
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", INTO_POOL_CASES)
+def test_tile_conv_into_a_pooled_producer(case, dtype, rng, monkeypatch):
+    """The consumer's input gradient written as the g of a producer that pooled in its epilogue (tile_conv_pool):
+    through the pooling's backward in tile_conv's epilogue, bit-equal to the consumer's plain dx, then
+    max_pool2d_backward_act (NaNs included), and the producer's gradients from it within rounding of the float64
+    reference; the producer's weight gradient is not taken in the epilogue (it pooled)."""
+    xs, w1s, p1, act, w2s, p2, nan = case
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
+    x = rng.standard_normal(xs).astype(dtype)
+    if nan:
+        x[1, 0, 3, 5] = np.nan
+    w1 = (rng.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype)
+    w2 = (rng.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype)
+    b1, b2 = rng.standard_normal(w1s[0]).astype(dtype), rng.standard_normal(w2s[0]).astype(dtype)
+    out1, s1 = ops.conv2d_forward(g(x), g(w1), g(b1), 1, p1, 1, 1, act, pool=POOL_2X2)
+    assert s1.pool is not None
+    out2, s2 = ops.conv2d_forward(out1, g(w2), g(b2), 1, p2, 1, 1, None)
+    dout = g(rng.standard_normal(out2.shape).astype(dtype))
+    handed, _, _ = ops.conv2d_backward(dout, s2, into=s1)
+    assert isinstance(handed, conv_kernels.ProducerGrad) and handed.wpartial is None
+    plain_dx, _, _ = ops.conv2d_backward(dout, s2)
+    plain_g = ops.max_pool2d_backward_act(plain_dx, s1.pool, s1.y, s1.bias, act)
+    assert handed.g.shape == plain_g.shape and cp.array_equal(handed.g, plain_g, equal_nan=True)
+    assert bool(cp.isnan(handed.g).any()) == nan   # GELU's derivative at the NaNs
+    if nan:
+        return
+    _, dw1, db1 = ops.conv2d_backward(None, s1, g=handed.g)
+    geom1 = ((1, 1), _pads(p1, w1s[2:], (1, 1)), (1, 1), 1)
+    geom2 = ((1, 1), _pads(p2, w2s[2:], (1, 1)), (1, 1), 1)
+    pre1, _ = ref.conv2d(x, w1, b1, *geom1)
+    n, o, h, wd = pre1.shape
+    h1 = ref.act(pre1, act)
+    windows = h1.reshape(n, o, h // 2, 2, wd // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, o, h // 2, wd // 2, 4)
+    rdh, _, _ = ref.conv2d_grads(windows.max(axis=-1), w2, dout.get(), *geom2)
+    first = windows.argmax(axis=-1)   # the first maximum, as torch's (no ties in these random values)
+    unpooled = (np.arange(4) == first[..., None]) * rdh[..., None]
+    dh1 = unpooled.reshape(n, o, h // 2, wd // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, o, h, wd)
+    _, rdw1, rdb1 = ref.conv2d_grads(x, w1, ref.act_grad(dh1, pre1, act), *geom1)
+    tol = ref.tol(dtype)
+    assert_close(dw1, rdw1, tol, name="dw")
+    assert_close(db1, rdb1, tol, name="db")
 
 
 def test_tile_conv_pool_declines_other_poolings():

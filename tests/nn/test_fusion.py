@@ -393,3 +393,61 @@ def test_cuda_convolution_hands_the_previous_one_its_g(act1, monkeypatch):
         assert any(n.startswith("bias_act") for n in launched), (mode, launched)
         for u, v in zip(other, handed):
             assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0), mode
+
+
+@cuda
+@pytest.mark.parametrize("act1", ["relu", "gelu", None])
+def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeypatch):
+    """LeNet-5's layout: Conv2d + act + MaxPool2d(2) twice, then Flatten and three Linear layers (one chain). Where
+    each convolution pooled in its epilogue (tile_conv_pool) and nothing else reads its pooled output, the next
+    layer's backward writes its g through the pooling's backward (Prepared "conv_g": the second convolution's
+    tile_conv epilogue for the first, the chain's kernel for the second), so no pooling backward kernel runs; the
+    gradients are bit-equal to the hand-offs switched off (INTO_PRODUCER) and within float32 rounding of the
+    unfused layers. A second consumer of the first pooled output, or a hook on it, keeps that hand-off's plain
+    path. (INTO_POOLED, off by default, on here.)"""
+    from smalltrain.backend.cuda import conv as cuda_conv
+    from smalltrain.backend.cuda import pool as cuda_pool
+    monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
+    monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
+    pooled_bwd = []
+    real_launch = cuda_pool.launch
+    monkeypatch.setattr(cuda_pool, "launch", lambda family, name, *a, **k: pooled_bwd.append(name) or real_launch(
+        family, name, *a, **k))
+    st.manual_seed(0)
+    c1, c2 = nn.Conv2d(1, 6, 5).to("cuda"), nn.Conv2d(6, 16, 5).to("cuda")
+    fcs = [nn.Linear(256, 120).to("cuda"), nn.Linear(120, 84).to("cuda"), nn.Linear(84, 10).to("cuda")]
+    pool = nn.MaxPool2d(2)
+    params = list(c1.parameters()) + list(c2.parameters()) + [p for fc in fcs for p in fc.parameters()]
+    x = st.randn(4, 1, 28, 28).to("cuda")
+
+    def grads(mode, fused=True):
+        for p in params:
+            p.grad = None
+        pooled_bwd.clear()
+        h = layer_act_pool(c1, x, act1, pool) if fused else pool(_unfused(c1, x, act1))
+        if mode == "hook":
+            h.register_hook(lambda g: g)
+        h2 = layer_act_pool(c2, h, "gelu", pool) if fused else pool(_unfused(c2, h, "gelu"))
+        pairs = [(fcs[0], "gelu"), (fcs[1], "gelu"), (fcs[2], None)]
+        out = chain_act(h2, pairs, flatten=True) if fused else chain_act(h2.flatten(1), pairs)
+        loss = (out * out).sum()
+        if mode == "second consumer":
+            loss = loss + (h * 0).sum()
+        loss.backward()
+        return [p.grad.cpu().numpy() for p in params]
+    handed = grads(None)
+    assert "max_pool2d_bwd_act_tiled" not in pooled_bwd, pooled_bwd
+    monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", False)
+    plain = grads(None)
+    assert pooled_bwd.count("max_pool2d_bwd_act_tiled") == 2, pooled_bwd
+    monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", True)
+    for u, v in zip(handed, plain):
+        assert np.array_equal(u, v)
+    unfused = grads(None, fused=False)
+    for u, v in zip(handed, unfused):
+        assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0)
+    for mode in ("second consumer", "hook"):
+        other = grads(mode)
+        assert pooled_bwd.count("max_pool2d_bwd_act_tiled") == 1, (mode, pooled_bwd)
+        for u, v in zip(other, handed):
+            assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0), mode

@@ -14,6 +14,7 @@ by tile_conv: an input tile and the weights staged in shared memory, register ti
 double-buffered) + the same reduction.
 """
 import functools
+import math
 import operator
 from dataclasses import dataclass
 
@@ -104,6 +105,11 @@ INTO_PRODUCER = True
 # its weight and bias gradients' partial sums (kernels/conv.cu tile_conv_wgrad), so that its tile_wgrad does not
 # read the g written for it again (MnistCnn's first layer). Tests set it False for the producer's own kernels
 INTO_WGRAD = True
+# ... and where that producer pooled in its epilogue (tile_conv_pool), through the pooling's backward: the g written
+# by the next convolution's tile_conv epilogue or by the linear chain's backward kernel (linear.py
+# chain_into_pooled_ok), so that no pooling backward kernel runs (LeNet-5's two). Off by default until its tests and
+# the step's timing have run on a GPU (written without one); its tests turn it on
+INTO_POOLED = False
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
 # TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images
 # (its per-image counters), so that the layer's own kernel does not read the output again. Tests set TILE_LINEAR =
@@ -153,10 +159,10 @@ class Conv2dSaved:
 
 @dataclass
 class ProducerGrad:
-    """conv2d_backward's input gradient written for the convolution that made its input (`into`): that
-    convolution's g [C, N*H*W] (its activation's derivative applied) and, where tile_conv's epilogue computed them
-    too, its weight and bias gradients' partial rows for wgrad_reduce (else None): conv2d_backward(None, into, g=g,
-    wpartial=wpartial)."""
+    """conv2d_backward's (or linear_chain_backward's) input gradient written for the convolution that made its
+    input (`into`): that convolution's g [C, N*H*W] (its activation's derivative applied, and its pooling's
+    backward where it pooled in its epilogue) and, where tile_conv's epilogue computed them too, its weight and
+    bias gradients' partial rows for wgrad_reduce (else None): conv2d_backward(None, into, g=g, wpartial=wpartial)."""
     g: object
     wpartial: object = None
 
@@ -473,18 +479,21 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     into_nchw (with transposed): the result's shape (N, O, Ho, Wo), written to out [O, N*Ho*Wo] times
     act'(y + b), y and b read (conv.cu, "into"). lin (forward): (lw [F, O*Ho*Wo], lb or None, logits [N, F],
     partials [blocks, F], counters, F) for tile_conv_lin's linear epilogue (_tile_linear_ok). pool_idx (forward,
-    _tile_pool_ok): int64 [N, O, Ho/2, Wo/2] for tile_conv_pool, out then the pooled output of that shape. wgrad
+    _tile_pool_ok): int64 [N, O, Ho/2, Wo/2] for tile_conv_pool, out then the pooled output of that shape; with
+    into_nchw: the producer's pooling indices [N, O, Ho, Wo] (it pooled in tile_conv_pool), out then its g [O,
+    N*4*Ho*Wo], through the pooling's backward. wgrad
     (with into_nchw, _into_wgrad): (the producer's x [N, 1, H, W], H, W, its top and left padding, partial rows
     [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's epilogue."""
     to, th, threads, blocks, smem, cs = plan
     n, o, ho, wo = out.shape if into_nchw is None else into_nchw
-    if pool_idx is not None:
+    pool_fwd = pool_idx is not None and into_nchw is None
+    if pool_fwd:
         ho, wo = 2 * ho, 2 * wo
     name, lin_args = "tile_conv", (ptr(None),) * 5 + (i32(0),)
     if lin is not None:   # its block sums and ticket pass through the shared memory after the tiles
         name, lin_args = "tile_conv_lin", (lin[0], ptr(lin[1]), lin[2], lin[3], lin[4], i32(lin[5]))
         smem = max(smem, threads // 32 * TILE_LINEAR_MAX_F * out.dtype.itemsize + 4)
-    elif pool_idx is not None:   # split 0's outputs pass through the shared memory, [threads][TO][4]
+    elif pool_fwd:   # split 0's outputs pass through the shared memory, [threads][TO][4]
         name = "tile_conv_pool"
         smem = max(smem, threads // cs * to * _TILE_TW * out.dtype.itemsize)
     elif wgrad is not None:   # split 0's sums per (channel, tap) pass through the shared memory
@@ -508,9 +517,10 @@ def _wgrad_epilogue_smem(plan, ks, itemsize):
 def _into_wgrad(plan, into, ks, dtype):
     """tile_conv_wgrad's arguments (_tile_conv's wgrad) for the input gradient written as `into`'s g, or None where
     its epilogue does not take `into`'s weight gradient: INTO_WGRAD off, `into` needs no weight gradient or kept no
-    x, or has not one input channel, the same KS x KS kernel and tile_conv's geometry, or the sums' shared memory
-    is over the default limit. The partial rows: one per block of the plan."""
-    if (not INTO_WGRAD or not into.needs[1] or into.x is None or into.x_shape[1] != 1
+    x, or has not one input channel, the same KS x KS kernel and tile_conv's geometry, pooled in its epilogue (the
+    g is written through the pooling), or the sums' shared memory is over the default limit. The partial rows: one
+    per block of the plan."""
+    if (not INTO_WGRAD or not into.needs[1] or into.x is None or into.x_shape[1] != 1 or into.pool is not None
             or tuple(into.weight.shape[2:]) != (ks, ks)
             or not _tile_geometry(into.stride, into.dilation, into.groups, into.weight.shape)
             or max(plan[4], _wgrad_epilogue_smem(plan, ks, dtype.itemsize)) > _SMEM_BYTES):
@@ -524,7 +534,8 @@ def _tile_dx(g, saved, into=None):
     None where it does not take the convolution (_tile_forward_plan's rules but the taps' on the transposed
     geometry, and TILE_DX_MIN_THREADS_PER_SM). With `into` (the Conv2dSaved of the convolution whose output x is,
     fitting _into_ok), dx is written as that convolution's g [C, N*H*W], times its activation's derivative, and
-    returned as a ProducerGrad (with that convolution's weight gradient partials where _into_wgrad takes it)."""
+    returned as a ProducerGrad (with that convolution's weight gradient partials where _into_wgrad takes it); where
+    that convolution pooled in its epilogue (into.pool), through the pooling's backward: g [C, N*4*H*W]."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
     if not _tile_geometry(saved.stride, saved.dilation, saved.groups, saved.weight.shape):
@@ -532,7 +543,10 @@ def _tile_dx(g, saved, into=None):
     plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, g.dtype.itemsize)
     if plan is None or g.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
         return None
-    shape = (c, n * h * wd) if into is not None else tuple(saved.x_shape)
+    pooled = into is not None and into.pool is not None
+    shape = (c, n * h * wd * (4 if pooled else 1)) if into is not None else tuple(saved.x_shape)
+    if math.prod(shape) >= _FITS32:
+        return None
     dx = cupy().empty(shape, dtype=g.dtype)
     p = saved.out_hw[0] * saved.out_hw[1]
     pads = saved.pads
@@ -544,18 +558,20 @@ def _tile_dx(g, saved, into=None):
         wgrad = _into_wgrad(plan, into, kh, g.dtype)
         _tile_conv(plan, g, saved.weight, into.bias if act else None, dx, into.y if act else None,
                    (o,) + tuple(saved.out_hw), (p, n * p), (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
-                   tuple(saved.x_shape), wgrad=wgrad)
+                   tuple(saved.x_shape), pool_idx=into.pool[0] if pooled else None, wgrad=wgrad)
         return ProducerGrad(dx, None if wgrad is None else wgrad[5])
     return dx
 
 
 def _into_ok(saved, into, dtype):
     """Whether conv2d_backward can write its input gradient as `into`'s g: `into` made x (its output's shape and
-    dtype), keeps what its activation's derivative needs (the output before the bias), and computes no g itself."""
-    if into is None or into.weight.dtype != dtype:
+    dtype; its pooled output's where it pooled in its epilogue and INTO_POOLED is on), keeps what its activation's
+    derivative needs (the output before the bias), and computes no g itself."""
+    if into is None or into.weight.dtype != dtype or (into.pool is not None and not INTO_POOLED):
         return False
-    o = into.weight.shape[0]
-    if (into.x_shape[0], o) + tuple(into.out_hw) != tuple(saved.x_shape):
+    made = tuple(into.pool[0].shape) if into.pool is not None else \
+        (into.x_shape[0], into.weight.shape[0]) + tuple(into.out_hw)
+    if made != tuple(saved.x_shape):
         return False
     return into.activation is None or into.y is not None
 

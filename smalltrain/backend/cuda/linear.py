@@ -25,11 +25,12 @@ no autograd node between them; the weight gradients of all layers are one grid o
 """
 from dataclasses import dataclass
 
+from . import conv as conv_kernels
 from . import cupy
 from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, contiguous, device_counters, get, i32, i32s, i64,
                       launch, ptr, smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
-from .conv import ACTIVATIONS, _sm_count, bias_act_backward, check_affine
+from .conv import ACTIVATIONS, ProducerGrad, _sm_count, bias_act_backward, check_affine
 
 # the small-layer kernels' limits; tests set them to 0 to compare the cuBLAS path on the same inputs
 SMALL_MAX_L = 2048
@@ -362,9 +363,26 @@ def linear_chain_forward(x, layers, save=True):
     return out, (ChainSaved(x, ws, bs, acts, zs, hs) if save else None)
 
 
-def linear_chain_backward(dout, saved, need_x=True, needs=None):
+def chain_into_pooled_ok(saved, into):
+    """Whether linear_chain_backward can write dx as `into`'s g: `into` (a Conv2dSaved) pooled in its epilogue
+    (conv2d_forward's pool, tile_conv_pool) an output whose flattened rows are the chain's input, of its dtype,
+    and kept what its activation's derivative needs; the g's indices fit 32 bits; conv.INTO_PRODUCER and
+    conv.INTO_POOLED on."""
+    if not (conv_kernels.INTO_PRODUCER and conv_kernels.INTO_POOLED) or into is None or into.pool is None:
+        return False
+    if into.weight.dtype != saved.x.dtype:
+        return False
+    n, c, ph, pw = into.pool[0].shape
+    return ((n, c * ph * pw) == tuple(saved.x.shape) and (into.activation is None or into.y is not None)
+            and 4 * n * c * ph * pw < _FITS32)
+
+
+def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
     """(dx [M, d0] or None, [(dw_l, db_l), ...]) from dout [M, dL]; needs: per layer (weight, bias) flags (default
-    all), a gradient is None where its flag is off or the layer has no bias."""
+    all), a gradient is None where its flag is off or the layer has no bias. into: the Conv2dSaved of the
+    convolution whose pooled output is x flattened; where chain_into_pooled_ok, dx is returned as a ProducerGrad
+    instead, that convolution's g [C, M*4*P] through its pooling's and activation's backward (linear.cu
+    chain_dx_unpooled)."""
     op = "linear_chain_backward"
     x, ws, bs = saved.x, saved.weights, saved.biases
     m, layers = x.shape[0], len(ws)
@@ -376,15 +394,23 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None):
     needs = [(True, True)] * layers if needs is None else list(needs)
     cp = cupy()
     rows = chain_rows(m, widths, x.dtype.itemsize)
+    pooled = need_x and chain_into_pooled_ok(saved, into)
+    pool_args = (ptr(None),) * 3 + i32s((0, 0, 0))
     with dout.device:
         dout = contiguous(dout)
         dx = cp.empty((m, widths[0]), dtype=x.dtype) if need_x else None
+        if pooled:
+            _, c, ph, pw = into.pool[0].shape
+            act = ACTIVATIONS[into.activation]
+            dx = cp.empty((c, m * 4 * ph * pw), dtype=x.dtype)
+            pool_args = (into.pool[0], ptr(into.y if act else None), ptr(into.bias if act else None)) + i32s(
+                (act, c, pw))
         gs = [cp.empty((m, widths[i + 1]), dtype=x.dtype) for i in range(layers)]
         name, smem = _chain_bwd_kernel(rows, widths, x.dtype.itemsize, need_x, smem_optin_bytes())
         with_smem(get("linear", name, x.dtype), smem)(
             (-(-m // rows),), (_CHAIN_THREADS,), (dout,) + _chain_params(ws, bs, saved.z, saved.h, widths, saved.acts)
-            + tuple(ptr(g) for g in _padded(gs, None)) + (ptr(dx), i32(m), i32(layers), i32(max(widths))),
-            shared_mem=smem)
+            + tuple(ptr(g) for g in _padded(gs, None)) + (ptr(dx), i32(m), i32(layers), i32(max(widths)))
+            + pool_args, shared_mem=smem)
         grads, starts, total = [], [], 0
         for i in range(layers):
             need_w, need_b = needs[i][0], needs[i][1] and bs[i] is not None
@@ -400,4 +426,4 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None):
                 (total,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
                                               + _padded(dws, None) + _padded(dbs, None))
                 + _width_args(widths) + i32s(tuple(starts)) + (i32(m),))
-    return dx, grads
+    return (ProducerGrad(dx) if pooled else dx), grads

@@ -19,8 +19,9 @@
 //            as the correlation of g with the flipped kernel, the input gradient, from an input tile and all the
 //            weights staged in shared memory (cp.async), each thread a register tile of TO channels x 4 columns.
 //            Epilogues: plain, a following small linear layer (tile_conv_lin) or a 2x2 max pooling (tile_conv_pool);
-//            for an input gradient written as the producer's g, also the producer's weight gradient where it has
-//            one input channel (tile_conv_wgrad).
+//            for an input gradient written as the producer's g (through its 2x2 max pooling where it pooled in its
+//            epilogue), also the producer's weight gradient where it has one input channel and did not pool
+//            (tile_conv_wgrad).
 //   tile_wgrad: dw and db of the same convolutions into wgrad_reduce's partial rows, persistent blocks walking row
 //            tiles of g and x staged into two buffers (the next tile's copies in flight during this one's products).
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
@@ -539,7 +540,11 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // j) = w[o, c, KS-1-i, KS-1-j] and pt = KS-1-ph, pl = KS-1-pw: the full correlation of g with the flipped kernel,
 // which is dx; no bias, activation or y, unless into: then dx is written as the g of the convolution that made
 // the input ([C, N, H, W] in this kernel's O, N, Ho, Wo), times that convolution's act'(y + b[o]) with its y
-// ([O, N, P], the output before the bias) and b read: its transpose-and-derivative kernel is not run. A block
+// ([O, N, P], the output before the bias) and b read: its transpose-and-derivative kernel is not run. With into
+// and pidx, the producer pooled its output in its own epilogue (POOL below; dx is the pooled output's gradient):
+// dx goes through that pooling's backward too, to its maximum's position in each 2x2 window of the producer's g
+// [O, N, 4P] (y [O, N, 4P] read there only: common.cuh pooled_act_grad, pidx [N, O, Ho, Wo] its indices) and 0
+// elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
 // where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
@@ -760,6 +765,38 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         const T bo = b != nullptr ? b[o] : T(0);
         T* yrow = y != nullptr ? y + (o * N + n) * P + r * Wo + s0 : nullptr;
         T* orow;
+        if (into && pidx != nullptr) {   // through the producer's pooling: its g at twice the rows and columns
+            const int FW = 2 * Wo;
+            const T* zp = y != nullptr ? y + (size_t)(o * N + n) * 4 * P : nullptr;
+            const i64* ip = pidx + ((n * O + o) * Ho + r) * Wo + s0;
+            T top[2 * ST_TW], bot[2 * ST_TW];   // rows 2r and 2r + 1, columns 2*s0 ..
+#pragma unroll
+            for (int v = 0; v < ST_TW; ++v) {
+                const int p = 2 * r * FW + 2 * (s0 + v);   // the window's first position
+                const int at = s0 + v < Wo ? (int)ip[v] : -1;   // -1: past the row, zeros (not stored)
+                bool exact = false;
+                const T gw = at >= 0 ? pooled_act_max_grad(acc[u][v], at, zp, bo, act, exact) : T(0);
+                top[2 * v] = pooled_act_grad(p, at, gw, exact, zp, bo, act);
+                top[2 * v + 1] = pooled_act_grad(p + 1, at, gw, exact, zp, bo, act);
+                bot[2 * v] = pooled_act_grad(p + FW, at, gw, exact, zp, bo, act);
+                bot[2 * v + 1] = pooled_act_grad(p + FW + 1, at, gw, exact, zp, bo, act);
+            }
+            T* gp = out + (size_t)(o * N + n) * 4 * P + 2 * r * FW + 2 * s0;
+            if (FW % 4 == 0 && s0 + ST_TW <= Wo) {   // 8 columns of each row in two aligned vectors
+                store4(gp, top);
+                store4(gp + 4, top + 4);
+                store4(gp + FW, bot);
+                store4(gp + FW + 4, bot + 4);
+            } else {
+#pragma unroll
+                for (int v = 0; v < 2 * ST_TW; ++v) {
+                    if (2 * s0 + v >= FW) break;
+                    gp[v] = top[v];
+                    gp[FW + v] = bot[v];
+                }
+            }
+            continue;
+        }
         if (into) {   // the producer's g [O, N*P]: dx * act'(y + b), y and b the producer's (read, not written)
 #pragma unroll
             for (int v = 0; v < ST_TW; ++v) {

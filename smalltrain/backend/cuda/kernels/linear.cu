@@ -191,7 +191,8 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
 //              coalesced, a butterfly sum), so the layers need no launch between them.
 //   chain_bwd_rows: the same blocks walk the layers backward: g_{L-1} = dout * act'(z), then for each layer
 //              dh = g @ w (one thread per input, the weights read along their rows) times the previous layer's
-//              act'; writes every layer's g_l [M, d_{l+1}] and, if asked, dx = the first layer's dh.
+//              act'; writes every layer's g_l [M, d_{l+1}] and, if asked, dx = the first layer's dh (or, where the
+//              input is a pooled convolution's output, that convolution's g: chain_dx_unpooled).
 //   chain_bwd_staged: the same, the weights it reads first copied into shared memory (after the row buffers, each
 //              layer's from a 16-byte boundary, chain_weight_slots), one cp.async group per layer in the order they
 //              are read, so that the copies are all in flight at once and a layer waits only for its own. H200,
@@ -313,9 +314,32 @@ __device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, in
     }
 }
 
+// With pidx, dx goes to the convolution whose output, 2x2 max pooled in its epilogue (conv.cu POOL) and flattened,
+// is the chain's input: through that pooling's and its activation's backward as its g [pc, M, 4P] (P = d0 / pc
+// pooled positions per channel, pw per row; pidx [M, d0] the pooling's indices, py [pc, M, 4P] the convolution's
+// output before its bias pb, pact its activation), as conv.cu's tile_conv writes a pooled producer's g: the
+// pooling's backward kernel does not run.
+template <typename T>
+__device__ __forceinline__ void chain_dx_unpooled(T d, int row, int k, int K, int M, const i64* __restrict__ pidx,
+                                                  const T* __restrict__ py, const T* __restrict__ pb, int pact,
+                                                  int pc, int pw, T* __restrict__ g) {
+    const int P = K / pc, ch = k / P, q = k - ch * P, qh = q / pw, fw = 2 * pw;
+    const size_t plane = ((size_t)ch * M + row) * 4 * P;
+    const T* zp = py != nullptr ? py + plane : nullptr;
+    const T bc = pb != nullptr ? pb[ch] : T(0);
+    const int at = (int)pidx[(size_t)row * K + k], p = 2 * qh * fw + 2 * (q - qh * pw);
+    bool exact;
+    const T gw = pooled_act_max_grad(d, at, zp, bc, pact, exact);
+    g[plane + p] = pooled_act_grad(p, at, gw, exact, zp, bc, pact);
+    g[plane + p + 1] = pooled_act_grad(p + 1, at, gw, exact, zp, bc, pact);
+    g[plane + p + fw] = pooled_act_grad(p + fw, at, gw, exact, zp, bc, pact);
+    g[plane + p + fw + 1] = pooled_act_grad(p + fw + 1, at, gw, exact, zp, bc, pact);
+}
+
 template <typename T, int R, bool STAGE>
 __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3,
-                               T* __restrict__ dx, int M, int L, int WMAX) {
+                               T* __restrict__ dx, int M, int L, int WMAX, const i64* __restrict__ pidx,
+                               const T* __restrict__ py, const T* __restrict__ pb, int pact, int pc, int pw) {
     ST_CHAIN_LAYERS(T);
     T* const gs[ST_CMAX] = {g0, g1, g2, g3};
     extern __shared__ unsigned char st_smem[];
@@ -381,7 +405,8 @@ __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T
                 if (r >= nr) break;
                 const int row = r0 + r;
                 if (l == 0) {
-                    dx[row * c.k + k] = acc[r];
+                    if (pidx != nullptr) chain_dx_unpooled(acc[r], row, k, c.k, M, pidx, py, pb, pact, pc, pw, dx);
+                    else dx[row * c.k + k] = acc[r];
                 } else {
                     const T v = prev.act != ST_ACT_NONE ? act_bwd(acc[r], prev.z[row * c.k + k], prev.act) : acc[r];
                     out[r * WMAX + k] = v;
@@ -667,13 +692,16 @@ ST_LINEAR(double, f64)
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_bwd_rows_r##R##_##S(const T* dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3, T* dx, int M, int L,  \
-                              int WMAX) {                                                                          \
-        chain_bwd_rows<T, R, false>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX);                          \
+                              int WMAX, const i64* pidx, const T* py, const T* pb, int pact, int pc, int pw) {     \
+        chain_bwd_rows<T, R, false>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX, pidx, py, pb, pact, pc,   \
+                                    pw);                                                                           \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_bwd_staged_r##R##_##S(const T* dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3, T* dx, int M,       \
-                                int L, int WMAX) {                                                                 \
-        chain_bwd_rows<T, R, true>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX);                           \
+                                int L, int WMAX, const i64* pidx, const T* py, const T* pb, int pact, int pc,      \
+                                int pw) {                                                                          \
+        chain_bwd_rows<T, R, true>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX, pidx, py, pb, pact, pc,    \
+                                   pw);                                                                            \
     }
 ST_CHAIN(float, f32, 1)
 ST_CHAIN(float, f32, 2)
