@@ -7,6 +7,9 @@
 # Logs under $OUT (the device tool's output folder; ./gpu_out elsewhere). Each stage has its own time limit;
 # STAGES picks stages (e.g. STAGES="tests bench ncu") so that one session's device time can be split over calls.
 # TESTS narrows the test stage to some paths (default: the whole suite), NCU_CONFIGS the ncu stage's model:batch list.
+# The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
+# MODULE.NAME=VALUE items (e.g. AB="$K=False $K=True" with K=smalltrain.backend.cuda.conv.INTO_POOLED), two rounds
+# alternating, on AB_CONFIGS (default lenet5:64 lenet5:512 cnn:64).
 set -u
 STAGES=" ${STAGES:-tests bench compile speedrun train ncu host profile} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
@@ -45,3 +48,8 @@ stage profile && for config in cnn:64 lenet5:64; do
   timeout 60 python3 benchmarks/profile_step.py --device cuda --config $config --sort cumtime --top 60 > "$OUT/profile_cum_${config/:/_}.txt" 2>&1
   head -5 "$OUT/profile_${config/:/_}.txt"
 done
+stage ab && for round in 1 2; do for setting in ${AB:-}; do
+  echo "$setting (round $round)"
+  timeout 120 python3 benchmarks/bench_compile.py --modes smalltrain-compiled --no-torch \
+    --config ${AB_CONFIGS:-lenet5:64 lenet5:512 cnn:64} --set "$setting" 2>&1 | sed -n '/^model:batch/,$p'
+done; done | tee "$OUT/ab.txt"
