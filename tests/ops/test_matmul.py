@@ -144,6 +144,27 @@ def test_linear_chain(dims, widths, acts, biases, device, rng):
         assert names[0] == ("LinearActBackward" if len(acts) > 4 else "LinearChainBackward"), names
 
 
+def test_linear_chain_of_a_flattened_input(device, rng):
+    """linear_chain(x, layers, flatten=True) is the chain of x.flatten(1), forward and backward (the input gradient
+    in x's shape); on CUDA one LinearChain op reading x itself; a 1-D input cannot be flattened from dim 1."""
+    acts = ("gelu", "relu", None)
+    x, params = _chain_args((6,), (24, 16, 12, 5), (True, False, True), rng)
+    x = x.reshape(6, 4, 2, 3)
+    names = []
+
+    def ours(x, *params):
+        out = linear_chain(x, [(params[2 * i], params[2 * i + 1], act) for i, act in enumerate(acts)], flatten=True)
+        names.append(out.grad_fn.name())
+        return out
+    torch_chain = _torch_chain(acts)
+    golden(ours, lambda x, *params: torch_chain(x.flatten(1), *params), x, *params, device=device)
+    if device == "cuda":
+        assert names[0] == "LinearChainBackward", names
+    with pytest.raises(IndexError):
+        linear_chain(st.tensor(x.reshape(-1)[:24], device=device), [(st.tensor(params[0], device=device), None,
+                                                                     None)] * 2, flatten=True)
+
+
 def test_linear_chain_gradcheck(rng):
     """float64 central differences through a chain (on CUDA: the chain kernels, r1 and r2 row layouts; on the CPU
     the layers it composes)."""
