@@ -451,3 +451,35 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
         assert pooled_bwd.count("max_pool2d_bwd_act_tiled") == 1, (mode, pooled_bwd)
         for u, v in zip(other, handed):
             assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0), mode
+
+
+@cuda
+def test_cuda_pooled_convolution_hands_a_plain_one_its_g(monkeypatch):
+    """Conv2d + ReLU, then Conv2d + GELU + MaxPool2d(2): the pooled layer's backward writes the first layer's g (the
+    plain 'into' hand-off, as Conv2dActLinear's), so no transpose-and-derivative kernel runs; gradients bit-equal to
+    the hand-off switched off."""
+    from smalltrain.backend.cuda import conv as cuda_conv
+    monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
+    launched = []
+    real_get = cuda_conv.get
+    monkeypatch.setattr(cuda_conv, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
+                                                                                                    *a))
+    st.manual_seed(0)
+    c1, c2, pool = nn.Conv2d(2, 6, 3).to("cuda"), nn.Conv2d(6, 8, 3).to("cuda"), nn.MaxPool2d(2)
+    params = list(c1.parameters()) + list(c2.parameters())
+    x = st.randn(4, 2, 14, 14).to("cuda")
+
+    def grads():
+        for p in params:
+            p.grad = None
+        launched.clear()
+        out = layer_act_pool(c2, layer_act(c1, x, "relu"), "gelu", pool)
+        (out * out).sum().backward()
+        return [p.grad.cpu().numpy() for p in params]
+    handed = grads()
+    assert not any(n.startswith("bias_act") for n in launched), launched
+    monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", False)
+    plain = grads()
+    assert any(n.startswith("bias_act") for n in launched), launched
+    for u, v in zip(handed, plain):
+        assert np.array_equal(u, v)
