@@ -229,7 +229,7 @@ class Conv2dActPool(Function):
     epilogue, the next layer (a convolution, or the linear chain reading the output flattened: LinearChain) may
     hand it its g ready-made, through the pooling's backward ("conv_g", as Conv2d's), so the pooling's backward
     kernel does not run; and where x comes from another CUDA convolution, its input gradient is written as that
-    one's g the same way (conv2d_backward's `into`, as Conv2dActLinear's)."""
+    one's g the same way (conv2d_backward's `into`, as Conv2dActLinear's). Both with conv.INTO_POOLED on."""
     makes_prepared = True
 
     @staticmethod
@@ -256,6 +256,8 @@ class Conv2dActPool(Function):
         if isinstance(dout, Prepared):   # the next convolution wrote g (prepared_kind)
             return cuda_conv.conv2d_backward(None, saved, g=dout.value.g, wpartial=dout.value.wpartial)
         g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
+        if not cuda_conv.INTO_POOLED:   # the hand-offs of this op wait for their GPU run (conv.INTO_POOLED)
+            return cuda_conv.conv2d_backward(None, saved, g=g)
         return _into_producer(ctx, saved, g)
 
 

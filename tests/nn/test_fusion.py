@@ -457,9 +457,10 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
 def test_cuda_pooled_convolution_hands_a_plain_one_its_g(monkeypatch):
     """Conv2d + ReLU, then Conv2d + GELU + MaxPool2d(2): the pooled layer's backward writes the first layer's g (the
     plain 'into' hand-off, as Conv2dActLinear's), so no transpose-and-derivative kernel runs; gradients bit-equal to
-    the hand-off switched off."""
+    the hand-off switched off. (INTO_POOLED, off by default, on here.)"""
     from smalltrain.backend.cuda import conv as cuda_conv
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
+    monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
     launched = []
     real_get = cuda_conv.get
     monkeypatch.setattr(cuda_conv, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,

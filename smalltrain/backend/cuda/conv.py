@@ -107,8 +107,9 @@ INTO_PRODUCER = True
 INTO_WGRAD = True
 # ... and where that producer pooled in its epilogue (tile_conv_pool), through the pooling's backward: the g written
 # by the next convolution's tile_conv epilogue or by the linear chain's backward kernel (linear.py
-# chain_into_pooled_ok), so that no pooling backward kernel runs (LeNet-5's two). Off by default until its tests and
-# the step's timing have run on a GPU (written without one); its tests turn it on
+# chain_into_pooled_ok), so that no pooling backward kernel runs (LeNet-5's two); also Conv2dActPool's own input
+# gradient as a producer's g. Off by default until its tests and the step's timing have run on a GPU (written
+# without one); its tests turn it on
 INTO_POOLED = False
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
 # TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images
