@@ -207,6 +207,42 @@ def test_pooled_producer_choice(monkeypatch):
     assert not conv._into_ok(consumer, producer(), f32) and not linear.chain_into_pooled_ok(chain, producer())
 
 
+def test_pooled_wgrad_plan(monkeypatch):
+    """On the CPU: pooled_wgrad takes a first layer (no input gradient, one input channel, tile_conv's geometry)
+    that pooled in its epilogue, with POOLED_WGRAD on: threads a multiple of its channels, about two blocks per SM,
+    the staged images and the sums within the default shared memory; conv2d_backward takes g None only with the
+    partial rows and no input gradient."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pytest
+
+    from smalltrain.backend.cuda import conv
+    monkeypatch.setattr(conv, "_sm_count", lambda: 132)
+
+    def producer(n=512, **over):   # LeNet-5's first layer
+        p = SimpleNamespace(x=object(), x_shape=(n, 1, 28, 28), weight=SimpleNamespace(shape=(6, 1, 5, 5)),
+                            stride=(1, 1), dilation=(1, 1), groups=1, needs=(False, True, True),
+                            pool=(np.zeros((n, 6, 12, 12), np.int64),))
+        p.__dict__.update(over)
+        return p
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    assert conv._pooled_wgrad_plan(producer(), f32) is None   # POOLED_WGRAD off
+    monkeypatch.setattr(conv, "POOLED_WGRAD", True)
+    assert conv._pooled_wgrad_plan(producer(), f32) == (252, 2, 256, 252 * 26 * 4 + 6 * 25)   # + the NaN flags
+    assert conv._pooled_wgrad_plan(producer(64), f32) == (252, 1, 64, 252 * 26 * 4 + 150)
+    assert conv._pooled_wgrad_plan(producer(64), f64) == (126, 1, 64, 126 * 26 * 8 + 150)
+    for over in ({"pool": None}, {"needs": (True, True, True)}, {"needs": (False, False, True)}, {"x": None},
+                 {"x_shape": (512, 2, 28, 28)}, {"stride": (2, 2)}, {"weight": SimpleNamespace(shape=(300, 1, 5, 5))}):
+        assert conv._pooled_wgrad_plan(producer(**over), f32) is None, over
+    big = producer(2, x_shape=(2, 1, 120, 120))   # one image's 57.6 KB staged: over the default 48 KiB
+    assert conv._pooled_wgrad_plan(big, f32) is None
+    saved = SimpleNamespace(x_shape=(2, 1, 28, 28), weight=np.zeros((6, 1, 5, 5), np.float32), out_hw=(24, 24),
+                            groups=1, needs=(True, True, True))
+    with pytest.raises(RuntimeError, match="g may be None only with wpartial and no input gradient"):
+        conv.conv2d_backward(None, saved, g=None, wpartial=np.zeros((4, 156), np.float32))
+
+
 def test_tile_wgrad_plans(monkeypatch):
     """_tile_wgrad_plan on 132 SMs, no GPU needed: (channels per thread, rows per tile, row groups, threads, blocks,
     shared bytes)."""

@@ -1020,6 +1020,62 @@ def test_tile_conv_into_a_pooled_producer(case, dtype, rng, monkeypatch):
     assert_close(db1, rdb1, tol, name="db")
 
 
+POOLED_WGRAD_CASES = [  # first layer's x, its weight, padding, activation; the second layer's weight, a NaN
+    ((5, 1, 28, 28), (6, 1, 5, 5), 0, "gelu", (16, 6, 5, 5), False),   # LeNet-5's two layers
+    ((3, 1, 14, 18), (4, 1, 3, 3), 1, "relu", (5, 4, 3, 3), True),      # padded, 7 x 9 windows, a NaN
+    ((2, 1, 12, 12), (3, 1, 5, 5), 2, None, (4, 3, 3, 3), False),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", POOLED_WGRAD_CASES)
+def test_pooled_wgrad_from_the_maxima(case, dtype, rng, monkeypatch):
+    """A first layer that pooled in its epilogue: the second layer's input gradient writes only its g at the
+    windows' maxima (tile_conv_unpool, compact) and pooled_wgrad sums its weight and bias gradients from them:
+    against the same gradients from its full g (POOLED_WGRAD off, tile_wgrad) and the float64 reference; with a
+    NaN in x, NaN exactly where those are (the taps that read it from a position whose g is 0)."""
+    xs, w1s, p1, act, w2s, nan = case
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
+    x = rng.standard_normal(xs).astype(dtype)
+    if nan:
+        x[1, 0, 4, 6] = np.nan
+    w1 = (rng.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype)
+    w2 = (rng.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype)
+    b1, b2 = rng.standard_normal(w1s[0]).astype(dtype), rng.standard_normal(w2s[0]).astype(dtype)
+    out1, s1 = ops.conv2d_forward(g(x), g(w1), g(b1), 1, p1, 1, 1, act, needs_input_grad=(False, True, True),
+                                  pool=POOL_2X2)
+    assert s1.pool is not None
+    out2, s2 = ops.conv2d_forward(out1, g(w2), g(b2), 1, 0, 1, 1, None)
+    dout = g(rng.standard_normal(out2.shape).astype(dtype))
+    grads = {}
+    for on in (True, False):
+        monkeypatch.setattr(conv_kernels, "POOLED_WGRAD", on)
+        handed, _, _ = ops.conv2d_backward(dout, s2, into=s1)
+        assert isinstance(handed, conv_kernels.ProducerGrad)
+        assert (handed.g is None and handed.wpartial is not None) == on
+        _, dw1, db1 = ops.conv2d_backward(None, s1, g=handed.g, wpartial=handed.wpartial)
+        grads[on] = (dw1.get(), db1.get())
+    tol = ref.tol(dtype)
+    for got, want in zip(grads[True], grads[False]):
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert_close(got[~np.isnan(got)], want[~np.isnan(want)], tol, name="pooled_wgrad vs tile_wgrad")
+    if nan:   # the taps that pair the NaN with any position, winner or not (0 * NaN), as the dense sum
+        assert np.isnan(grads[True][0]).any() and not np.isnan(grads[True][1]).any()
+        return
+    pre1, _ = ref.conv2d(x, w1, b1, (1, 1), _pads(p1, w1s[2:], (1, 1)), (1, 1), 1)
+    n, o, h, wd = pre1.shape
+    windows = ref.act(pre1, act).reshape(n, o, h // 2, 2, wd // 2, 2).transpose(0, 1, 2, 4, 3, 5)
+    windows = windows.reshape(n, o, h // 2, wd // 2, 4)
+    rdh, _, _ = ref.conv2d_grads(windows.max(axis=-1), w2, dout.get(), (1, 1), (0,) * 4, (1, 1), 1)
+    unpooled = (np.arange(4) == windows.argmax(axis=-1)[..., None]) * rdh[..., None]
+    dh1 = unpooled.reshape(n, o, h // 2, wd // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, o, h, wd)
+    _, rdw1, rdb1 = ref.conv2d_grads(x, w1, ref.act_grad(dh1, pre1, act), (1, 1), _pads(p1, w1s[2:], (1, 1)),
+                                     (1, 1), 1)
+    assert_close(grads[True][0], rdw1, tol, name="dw")
+    assert_close(grads[True][1], rdb1, tol, name="db")
+
+
 def test_tile_conv_pool_declines_other_poolings():
     """3x3 windows, stride 1, padding, odd output sizes: no pooling epilogue (the caller pools)."""
     x, w = cp.ones((2, 3, 11, 11), cp.float32), cp.ones((4, 3, 3, 3), cp.float32)

@@ -403,16 +403,19 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
     layer's backward writes its g through the pooling's backward (Prepared "conv_g": the second convolution's
     tile_conv epilogue for the first, the chain's kernel for the second), so no pooling backward kernel runs; the
     gradients are bit-equal to the hand-offs switched off (INTO_PRODUCER) and within float32 rounding of the
-    unfused layers. A second consumer of the first pooled output, or a hook on it, keeps that hand-off's plain
-    path. (INTO_POOLED, off by default, on here.)"""
+    unfused layers. With POOLED_WGRAD the first layer's weight gradient comes from its g at the maxima (pooled_wgrad
+    instead of a dense weight-gradient kernel), within rounding. A second consumer of the first pooled output, or a
+    hook on it, keeps that hand-off's plain path. (INTO_POOLED, off by default, on here.)"""
     from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import pool as cuda_pool
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
-    pooled_bwd = []
-    real_launch = cuda_pool.launch
+    pooled_bwd, launched = [], []
+    real_launch, real_get = cuda_pool.launch, cuda_conv.get
     monkeypatch.setattr(cuda_pool, "launch", lambda family, name, *a, **k: pooled_bwd.append(name) or real_launch(
         family, name, *a, **k))
+    monkeypatch.setattr(cuda_conv, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
+                                                                                                    *a))
     st.manual_seed(0)
     c1, c2 = nn.Conv2d(1, 6, 5).to("cuda"), nn.Conv2d(6, 16, 5).to("cuda")
     fcs = [nn.Linear(256, 120).to("cuda"), nn.Linear(120, 84).to("cuda"), nn.Linear(84, 10).to("cuda")]
@@ -424,6 +427,7 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
         for p in params:
             p.grad = None
         pooled_bwd.clear()
+        launched.clear()
         h = layer_act_pool(c1, x, act1, pool) if fused else pool(_unfused(c1, x, act1))
         if mode == "hook":
             h.register_hook(lambda g: g)
@@ -435,8 +439,20 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
             loss = loss + (h * 0).sum()
         loss.backward()
         return [p.grad.cpu().numpy() for p in params]
+    def weight_kernels():
+        return sum(n.startswith(("tile_wgrad", "igemm_wgrad", "wgrad_partial")) for n in launched)
     handed = grads(None)
     assert "max_pool2d_bwd_act_tiled" not in pooled_bwd, pooled_bwd
+    dense = weight_kernels()
+    monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", True)   # the first layer's dw from its g at the maxima
+    compact = grads(None)
+    assert "pooled_wgrad_k5" in launched and weight_kernels() == dense - 1, launched
+    for i, (u, v) in enumerate(zip(compact, handed)):   # the first layer's dw and db summed in another order
+        if i < 2:
+            assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
+        else:
+            assert np.array_equal(u, v), i
+    monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)
     monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", False)
     plain = grads(None)
     assert pooled_bwd.count("max_pool2d_bwd_act_tiled") == 2, pooled_bwd

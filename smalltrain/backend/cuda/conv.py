@@ -111,6 +111,12 @@ INTO_WGRAD = True
 # gradient as a producer's g. Off by default until its tests and the step's timing have run on a GPU (written
 # without one); its tests turn it on
 INTO_POOLED = False
+# ... and where that pooled producer has one input channel and needs no input gradient (a first layer), only its g
+# at the pooling windows' maxima is written (tile_conv_unpool's compact form), and its weight and bias gradients come
+# from that by pooled_wgrad: a quarter of tile_wgrad's products, no full-resolution g (LeNet-5's first layer). Off
+# by default like INTO_POOLED (which it needs), for the same reason
+POOLED_WGRAD = False
+_POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
 # TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images
 # (its per-image counters), so that the layer's own kernel does not read the output again. Tests set TILE_LINEAR =
@@ -473,7 +479,7 @@ def _tile_linear_ok(plan, n, lw):
 
 
 def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None, lin=None,
-               pool_idx=None, wgrad=None):
+               pool_idx=None, wgrad=None, compact=False):
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
     of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped).
@@ -482,7 +488,8 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     partials [blocks, F], counters, F) for tile_conv_lin's linear epilogue (_tile_linear_ok). pool_idx (forward,
     _tile_pool_ok): int64 [N, O, Ho/2, Wo/2] for tile_conv_pool, out then the pooled output of that shape; with
     into_nchw: the producer's pooling indices [N, O, Ho, Wo] (it pooled in tile_conv_pool), out then its g [O,
-    N*4*Ho*Wo], through the pooling's backward. wgrad
+    N*4*Ho*Wo], through the pooling's backward (tile_conv_unpool), or with compact only its values at the windows'
+    maxima, [O, N*Ho*Wo], for pooled_wgrad. wgrad
     (with into_nchw, _into_wgrad): (the producer's x [N, 1, H, W], H, W, its top and left padding, partial rows
     [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's epilogue."""
     to, th, threads, blocks, smem, cs = plan
@@ -497,6 +504,8 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     elif pool_fwd:   # split 0's outputs pass through the shared memory, [threads][TO][4]
         name = "tile_conv_pool"
         smem = max(smem, threads // cs * to * _TILE_TW * out.dtype.itemsize)
+    elif pool_idx is not None:   # into a producer that pooled
+        name = "tile_conv_unpool"
     elif wgrad is not None:   # split 0's sums per (channel, tap) pass through the shared memory
         name = "tile_conv_wgrad"
         smem = max(smem, _wgrad_epilogue_smem(plan, w.shape[3], out.dtype.itemsize))
@@ -505,7 +514,8 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     get("conv", f"{name}_k{w.shape[3]}_to{to}", out.dtype)(
         (blocks,), (threads,), (inp, w, ptr(b), out, ptr(y)) + i32s(
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
-                                                        int(into_nchw is not None), act)) + lin_args
+                                                        (2 if compact else 1) if into_nchw is not None else 0,
+                                                        act)) + lin_args
         + (ptr(pool_idx),) + wgrad_args, shared_mem=smem)
 
 
@@ -536,7 +546,8 @@ def _tile_dx(g, saved, into=None):
     geometry, and TILE_DX_MIN_THREADS_PER_SM). With `into` (the Conv2dSaved of the convolution whose output x is,
     fitting _into_ok), dx is written as that convolution's g [C, N*H*W], times its activation's derivative, and
     returned as a ProducerGrad (with that convolution's weight gradient partials where _into_wgrad takes it); where
-    that convolution pooled in its epilogue (into.pool), through the pooling's backward: g [C, N*4*H*W]."""
+    that convolution pooled in its epilogue (into.pool), through the pooling's backward: g [C, N*4*H*W], or where
+    _pooled_wgrad_plan takes it only the partial rows (g None), from the g at the windows' maxima."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
     if not _tile_geometry(saved.stride, saved.dilation, saved.groups, saved.weight.shape):
@@ -545,7 +556,9 @@ def _tile_dx(g, saved, into=None):
     if plan is None or g.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
         return None
     pooled = into is not None and into.pool is not None
-    shape = (c, n * h * wd * (4 if pooled else 1)) if into is not None else tuple(saved.x_shape)
+    pooled_plan = _pooled_wgrad_plan(into, g.dtype) if pooled else None   # then only the maxima's g is written
+    shape = (c, n * h * wd * (4 if pooled and pooled_plan is None else 1)) if into is not None \
+        else tuple(saved.x_shape)
     if math.prod(shape) >= _FITS32:
         return None
     dx = cupy().empty(shape, dtype=g.dtype)
@@ -559,9 +572,48 @@ def _tile_dx(g, saved, into=None):
         wgrad = _into_wgrad(plan, into, kh, g.dtype)
         _tile_conv(plan, g, saved.weight, into.bias if act else None, dx, into.y if act else None,
                    (o,) + tuple(saved.out_hw), (p, n * p), (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
-                   tuple(saved.x_shape), pool_idx=into.pool[0] if pooled else None, wgrad=wgrad)
+                   tuple(saved.x_shape), pool_idx=into.pool[0] if pooled else None, wgrad=wgrad,
+                   compact=pooled_plan is not None)
+        if pooled_plan is not None:   # the producer needs no g, only its weight and bias gradients' partial rows
+            return ProducerGrad(None, _pooled_wgrad(dx, into, pooled_plan))
         return ProducerGrad(dx, None if wgrad is None else wgrad[5])
     return dx
+
+
+def _pooled_wgrad_plan(into, dtype):
+    """(threads, images per block, blocks, shared memory) for pooled_wgrad on `into`'s compact g, or None where it
+    does not take `into`: POOLED_WGRAD off, `into` not pooled in its epilogue, needing its input gradient or not
+    its weight gradient, without its x, not one input channel, not tile_conv's geometry, over 256 channels, or the
+    images or sums over the default shared memory. About two blocks per SM; threads a multiple of the channels."""
+    if (not POOLED_WGRAD or into.pool is None or into.needs[0] or not into.needs[1] or into.x is None
+            or into.x_shape[1] != 1 or not _tile_geometry(into.stride, into.dilation, into.groups, into.weight.shape)
+            or into.weight.shape[0] > 256):
+        return None
+    n, _, h, wd = into.x_shape
+    o, ks = into.weight.shape[0], into.weight.shape[2]
+    threads = _POOLED_WGRAD_THREADS.get(dtype.itemsize, 128) // o * o or o
+    per_block = max(1, -(-n // (2 * _sm_count())))
+    while per_block > 1 and per_block * h * wd * dtype.itemsize + o * ks * ks > _SMEM_BYTES:
+        per_block //= 2
+    # the staged images, then the sums, and a byte per (channel, tap) for the taps that read an inf or NaN
+    smem = max(per_block * h * wd, threads * (ks * ks + 1)) * dtype.itemsize + o * ks * ks
+    if smem > _SMEM_BYTES or into.pool[0].size >= _FITS32 or n * h * wd >= _FITS32:
+        return None
+    return threads, per_block, -(-n // per_block), smem
+
+
+def _pooled_wgrad(gw, into, plan):
+    """pooled_wgrad's partial rows [blocks, O*(KS*KS + 1)] (wgrad_reduce's) of `into` from gw [O, N*P], its g at
+    its pooling's P windows' maxima per image (kernels/conv.cu pooled_wgrad), by _pooled_wgrad_plan's plan."""
+    threads, per_block, blocks, smem = plan
+    n, _, h, wd = into.x_shape
+    pidx = into.pool[0]
+    o, ks = into.weight.shape[0], into.weight.shape[2]
+    partial = cupy().empty((blocks, o * (ks * ks + 1)), dtype=gw.dtype)
+    get("conv", f"pooled_wgrad_k{ks}", gw.dtype)((blocks,), (threads,), (gw, pidx, into.x, partial) + i32s(
+        (n, o, h, wd, into.out_hw[1], pidx.shape[2] * pidx.shape[3], into.pads[0], into.pads[2], per_block)),
+        shared_mem=smem)
+    return partial
 
 
 def _into_ok(saved, into, dtype):
@@ -885,7 +937,8 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None):
     as a ProducerGrad instead: that convolution's g [C, N*H*W] (its activation's derivative applied), maybe with
     its weight gradient's partial rows, for its conv2d_backward(None, into, g=..., wpartial=...); else as usual
     [N, C, H, W]. wpartial: this convolution's weight and bias gradients' partial rows, already summed over the
-    batch by the next convolution's input gradient (ProducerGrad): only wgrad_reduce runs for dw and db.
+    batch by the next convolution's input gradient (ProducerGrad): only wgrad_reduce runs for dw and db; g may then
+    be None where no input gradient is needed.
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -894,7 +947,13 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None):
     k = cg * kh * kw
     g_, p = saved.groups, saved.out_hw[0] * saved.out_hw[1]
     dtype = w.dtype
-    if dout is None:
+    if dout is None and g is None:   # the weight and bias gradients' partial rows alone (ProducerGrad)
+        if wpartial is None or saved.needs[0]:
+            raise RuntimeError(f"{op}: expected grad_output or g (g may be None only with wpartial and no input "
+                               f"gradient needed)")
+        check_dtype(op, "wpartial", wpartial, dtype)
+        given = wpartial
+    elif dout is None:
         check_array(op, "g", g, 2)
         check_shape(op, "g", g, (o, n * p))
         check_dtype(op, "g", g, dtype)

@@ -19,11 +19,14 @@
 //            as the correlation of g with the flipped kernel, the input gradient, from an input tile and all the
 //            weights staged in shared memory (cp.async), each thread a register tile of TO channels x 4 columns.
 //            Epilogues: plain, a following small linear layer (tile_conv_lin) or a 2x2 max pooling (tile_conv_pool);
-//            for an input gradient written as the producer's g (through its 2x2 max pooling where it pooled in its
-//            epilogue), also the producer's weight gradient where it has one input channel and did not pool
-//            (tile_conv_wgrad).
+//            for an input gradient written as the producer's g, also the producer's weight gradient where it has
+//            one input channel (tile_conv_wgrad), or through the producer's 2x2 max pooling where it pooled in its
+//            epilogue (tile_conv_unpool: its full g, or only the windows' maxima for pooled_wgrad).
 //   tile_wgrad: dw and db of the same convolutions into wgrad_reduce's partial rows, persistent blocks walking row
 //            tiles of g and x staged into two buffers (the next tile's copies in flight during this one's products).
+//   pooled_wgrad: dw and db of a one-input-channel convolution whose output a 2x2 max pooling read, from its g at
+//            the windows' maxima only (the rest of its g is 0): a quarter of tile_wgrad's products, and the
+//            full-resolution g is never written (tile_conv's compact "into").
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
 //            and block of CB (8, or 2 for small batches) input channels, dx[n, c, h, w] = sum over (o, i, j) of
 //            g[o, n, oh, ow] * w[o, c, i, j] where oh*sh = h + ph - i*dh and ow*sw = w + pw - j*dw land on an output;
@@ -394,6 +397,77 @@ __device__ void wgrad_partial(const T* __restrict__ x, const T* __restrict__ g, 
     }
 }
 
+// pooled_wgrad: dw [O, 1, KS, KS] and db [O] partial rows (wpart [blocks, O*(KS*KS + 1)], wgrad_reduce's) of a
+// stride-1 convolution with one input channel from gw [O, N, P], its g at the P windows of a 2x2 max pooling of
+// its output (full-resolution width FW) where pidx [N, O, P] puts their maxima, and x [N, 1, H, W] (padding pt, pl):
+//     dw[o, 0, i, j] = sum over (n, q) of gw[o, n, q] * x[n, 0, h + i - pt, w + j - pl], (h, w) = pidx's position,
+//     db[o] = sum of gw[o]
+// the g's other positions being 0. Their products are 0 too, but where x is not finite (0 * inf, 0 * NaN: NaN in
+// the dense sum over every position, as torch's): those taps are flagged while x is staged and come out NaN. (Where
+// a maximum's z was not finite, its gw is NaN for GELU, so dw[o] and db[o] are NaN either way; ReLU's 0 * act'(z)
+// is 0.) A block takes IPB images, staged in shared memory; blockDim is a multiple of O, thread t sums channel
+// t % O over the block's windows q = t / O, t / O + blockDim / O, ...; then the block's sums per channel in
+// thread order (deterministic, no atomics).
+template <typename T, int KS>
+__device__ void pooled_wgrad(const T* __restrict__ gw, const i64* __restrict__ pidx, const T* __restrict__ x,
+                             T* __restrict__ wpart, int N, int O, int H, int W, int FW, int P, int pt, int pl,
+                             int IPB) {
+    constexpr int KK = KS * KS, KB = KK + 1;
+    extern __shared__ unsigned char st_smem[];
+    T* xs = reinterpret_cast<T*>(st_smem);   // [IPB][H*W], then (after a barrier) the sums [blockDim][KB]
+    const int n0 = blockIdx.x * IPB, images = min(IPB, N - n0), HW = H * W;
+    const int staged = max(IPB * HW, (int)blockDim.x * KB);
+    unsigned char* nan_tap = st_smem + staged * sizeof(T);   // [O][KK]: a 0 * (inf or NaN) product there
+    for (int e = threadIdx.x; e < O * KK; e += blockDim.x) nan_tap[e] = 0;
+    for (int e = threadIdx.x; e < images * HW; e += blockDim.x) xs[e] = x[(size_t)n0 * HW + e];
+    __syncthreads();
+    const int PW = FW / 2, FH = 2 * (P / PW);
+    for (int e = threadIdx.x; e < images * HW; e += blockDim.x) {   // the taps that pair x's inf or NaN with a 0
+        if (isfinite(xs[e])) continue;
+        const int img = e / HW, pr = (e - img * HW) / W, pc = e - img * HW - pr * W, n = n0 + img;
+        for (int i = 0; i < KS; ++i)
+            for (int j = 0; j < KS; ++j) {
+                const int r = pr - i + pt, c = pc - j + pl;   // the output position whose tap (i, j) reads it
+                if (r < 0 || r >= FH || c < 0 || c >= FW) continue;
+                for (int oc = 0; oc < O; ++oc)
+                    if (pidx[((size_t)n * O + oc) * P + (r / 2) * PW + c / 2] != r * FW + c)
+                        nan_tap[oc * KK + i * KS + j] = 1;   // (every writer writes 1)
+            }
+    }
+    const int o = threadIdx.x % O, per = blockDim.x / O;
+    T sum[KB];
+#pragma unroll
+    for (int k = 0; k < KB; ++k) sum[k] = T(0);
+    for (int e = threadIdx.x / O; e < images * P; e += per) {
+        const int img = e / P, q = e - img * P, n = n0 + img;
+        const int at = (int)pidx[((size_t)n * O + o) * P + q], h = at / FW, w = at - h * FW;
+        const T g = gw[((size_t)o * N + n) * P + q];
+        const T* xi = xs + img * HW;
+#pragma unroll
+        for (int i = 0; i < KS; ++i) {
+            const int r = h + i - pt;
+#pragma unroll
+            for (int j = 0; j < KS; ++j) {
+                const int c = w + j - pl;
+                sum[i * KS + j] += g * (r >= 0 && r < H && c >= 0 && c < W ? xi[r * W + c] : T(0));
+            }
+        }
+        sum[KK] += g;
+    }
+    __syncthreads();   // the staged images are read, the flags set
+    T* red = xs;
+#pragma unroll
+    for (int k = 0; k < KB; ++k) red[threadIdx.x * KB + k] = sum[k];
+    __syncthreads();
+    for (int m = threadIdx.x; m < O * KB; m += blockDim.x) {
+        const int oc = m / KB, k = m - oc * KB;
+        T s = T(0);
+        for (int t = 0; t < per; ++t) s += red[(t * O + oc) * KB + k];
+        if (k < KK && nan_tap[oc * KK + k]) s += T(0) * st_neg_inf<T>();   // NaN
+        wpart[(size_t)blockIdx.x * O * KB + m] = s;
+    }
+}
+
 // wgrad_reduce: out[m] = sum over the S rows of partial[s, m], for m = o*(K+1) + k (k == K: db). Blocks of 32
 // outputs x G row groups (G = blockDim.x / 32, up to 32; the launcher gives many rows more groups): thread (m, r)
 // sums rows r, r + G, ... in order (a warp reads 32 consecutive outputs of a row: coalesced), then the G sums
@@ -558,11 +632,13 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 #define ST_TW 4
 
 // The epilogues: ST_EPI_PLAIN (tile_conv), ST_EPI_LINEAR (tile_conv_lin), ST_EPI_POOL (tile_conv_pool),
-// ST_EPI_WGRAD (tile_conv_wgrad), each below.
+// ST_EPI_WGRAD (tile_conv_wgrad), ST_EPI_UNPOOL (tile_conv_unpool: "into" a producer that pooled, see tile_conv's
+// comment; a kernel of its own so that the others' registers stay as they were), each below.
 #define ST_EPI_PLAIN 0
 #define ST_EPI_LINEAR 1
 #define ST_EPI_POOL 2
 #define ST_EPI_WGRAD 3
+#define ST_EPI_UNPOOL 4
 
 // The forward's linear epilogue (LIN, the tile_conv_lin kernels; Conv2dActLinear: linear(flatten(act(conv(x))),
 // lw, lb) with F <= ST_LF outputs): each thread adds its outputs times lw's matching columns (lw [F, O*Ho*Wo], read
@@ -667,6 +743,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     // KEEP: the activated outputs (WGRAD: the g values) stay in acc for the epilogue, and every thread reaches its
     // block-wide steps
     constexpr bool LIN = EPI == ST_EPI_LINEAR, POOL = EPI == ST_EPI_POOL, WGRAD = EPI == ST_EPI_WGRAD;
+    constexpr bool UNPOOL = EPI == ST_EPI_UNPOOL;
     constexpr bool KEEP = LIN || POOL || WGRAD;
     extern __shared__ unsigned char st_smem[];
     const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TO, KK = KS * KS, K = C * KK;
@@ -765,7 +842,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         const T bo = b != nullptr ? b[o] : T(0);
         T* yrow = y != nullptr ? y + (o * N + n) * P + r * Wo + s0 : nullptr;
         T* orow;
-        if (into && pidx != nullptr) {   // through the producer's pooling: its g at twice the rows and columns
+        if (UNPOOL && into == 1) {   // through the producer's pooling: its g at twice the rows and columns
             const int FW = 2 * Wo;
             const T* zp = y != nullptr ? y + (size_t)(o * N + n) * 4 * P : nullptr;
             const i64* ip = pidx + ((n * O + o) * Ho + r) * Wo + s0;
@@ -798,10 +875,19 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             continue;
         }
         if (into) {   // the producer's g [O, N*P]: dx * act'(y + b), y and b the producer's (read, not written)
+            // UNPOOL, into == 2: compact, the producer's g at its pooling windows' maxima only, [O, N*P] in the
+            // pooled positions (y [O, N, 4P] read there), for pooled_wgrad
+            const T* zp = UNPOOL && y != nullptr ? y + (size_t)(o * N + n) * 4 * P : nullptr;
+            const i64* ip = UNPOOL ? pidx + ((n * O + o) * Ho + r) * Wo + s0 : nullptr;
 #pragma unroll
             for (int v = 0; v < ST_TW; ++v) {
                 pre[v] = acc[u][v];
-                val[v] = act == ST_ACT_NONE || s0 + v >= Wo ? pre[v] : act_bwd(pre[v], yrow[v] + bo, act);
+                if (ip != nullptr) {
+                    bool exact;   // (unused: dw and db are NaN wherever a maximum's z is not finite either way)
+                    val[v] = s0 + v < Wo ? pooled_act_max_grad(pre[v], (int)ip[v], zp, bo, act, exact) : pre[v];
+                } else {
+                    val[v] = act == ST_ACT_NONE || s0 + v >= Wo ? pre[v] : act_bwd(pre[v], yrow[v] + bo, act);
+                }
             }
             orow = out + (o * N + n) * P + r * Wo + s0;
             yrow = nullptr;
@@ -1218,7 +1304,8 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     }
 #define ST_TILE(T, S, KS, TO)                                                                                      \
     ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL) ST_TILE_ONE(T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD)
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL) ST_TILE_ONE(T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD) \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool, ST_EPI_UNPOOL)
 
 // tile_wgrad's blocks have at most ST_TILE_WG_THREADS threads (conv.py _TILE_WG_THREADS); in float32 the compiler
 // keeps three such blocks' registers on an SM (MnistCnn's second layer at batch 64: 384 blocks in one wave on 132
@@ -1230,6 +1317,13 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
                                                              int H, int W, int O, int Ho, int Wo, int pt, int pl,  \
                                                              int TH, int RS) {                                     \
         tile_wgrad<T, KS, TO>(x, g, partial, N, C, H, W, O, Ho, Wo, pt, pl, TH, RS);                               \
+    }
+
+#define ST_POOLED_WGRAD(T, S, KS)                                                                                  \
+    extern "C" __global__ void pooled_wgrad_k##KS##_##S(const T* gw, const i64* pidx, const T* x, T* wpart, int N,  \
+                                                       int O, int H, int W, int FW, int P, int pt, int pl,         \
+                                                       int IPB) {                                                  \
+        pooled_wgrad<T, KS>(gw, pidx, x, wpart, N, O, H, W, FW, P, pt, pl, IPB);                                   \
     }
 
 #define ST_CONV(T, S)                                                                                              \
@@ -1269,6 +1363,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
         wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
     }                                                                                                              \
+    ST_POOLED_WGRAD(T, S, 3) ST_POOLED_WGRAD(T, S, 5)                                                              \
     ST_WGRAD(T, S, 1) ST_WGRAD(T, S, 2) ST_WGRAD(T, S, 4) ST_WGRAD(T, S, 8)
 ST_CONV(float, f32)
 ST_CONV(double, f64)
@@ -1279,3 +1374,4 @@ ST_CONV(double, f64)
 #undef ST_DIRECT_DX
 #undef ST_TILE
 #undef ST_TILE_WGRAD
+#undef ST_POOLED_WGRAD
