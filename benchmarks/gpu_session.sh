@@ -8,8 +8,8 @@
 # STAGES picks stages (e.g. STAGES="tests bench ncu") so that one session's device time can be split over calls.
 # TESTS narrows the test stage to some paths (default: the whole suite), NCU_CONFIGS the ncu stage's model:batch list.
 # The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
-# MODULE.NAME=VALUE items (e.g. AB="$K=False $K=True" with K=smalltrain.backend.cuda.conv.INTO_POOLED), two rounds
-# alternating, on AB_CONFIGS (default lenet5:64 lenet5:512 cnn:64).
+# settings of comma-separated MODULE.NAME=VALUE knobs (e.g. AB="$K.INTO_POOLED=False $K.INTO_POOLED=True" with
+# K=smalltrain.backend.cuda.conv), two rounds alternating, on AB_CONFIGS (default lenet5:64 lenet5:512 cnn:64).
 set -u
 STAGES=" ${STAGES:-tests bench compile speedrun train ncu host profile} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
@@ -50,6 +50,7 @@ stage profile && for config in cnn:64 lenet5:64; do
 done
 stage ab && for round in 1 2; do for setting in ${AB:-}; do
   echo "$setting (round $round)"
+  sets=(); IFS=',' read -ra knobs <<< "$setting"; for knob in "${knobs[@]}"; do sets+=(--set "$knob"); done
   timeout 120 python3 benchmarks/bench_compile.py --modes smalltrain-compiled --no-torch \
-    --config ${AB_CONFIGS:-lenet5:64 lenet5:512 cnn:64} --set "$setting" 2>&1 | sed -n '/^model:batch/,$p'
+    --config ${AB_CONFIGS:-lenet5:64 lenet5:512 cnn:64} "${sets[@]}" 2>&1 | sed -n '/^model:batch/,$p'
 done; done | tee "$OUT/ab.txt"
