@@ -975,26 +975,51 @@ INTO_POOL_CASES = [  # producer x, producer weight, its padding, its activation,
 ]
 
 
+def _pooled_pair(case, dtype, rng, nan_at, needs=(True, True, True)):
+    """A producer convolution pooled in its epilogue and a consumer convolution of its pooled output, from a case
+    (x, w1, padding, activation, w2, padding, NaN): (x, w1, b1, w2, saved1, saved2, dout of the consumer)."""
+    xs, w1s, p1, act, w2s, p2, nan = case
+    x = rng.standard_normal(xs).astype(dtype)
+    if nan:
+        x[nan_at] = np.nan
+    w1 = (rng.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype)
+    w2 = (rng.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype)
+    b1, b2 = rng.standard_normal(w1s[0]).astype(dtype), rng.standard_normal(w2s[0]).astype(dtype)
+    out1, s1 = ops.conv2d_forward(g(x), g(w1), g(b1), 1, p1, 1, 1, act, needs_input_grad=needs, pool=POOL_2X2)
+    assert s1.pool is not None
+    out2, s2 = ops.conv2d_forward(out1, g(w2), g(b2), 1, p2, 1, 1, None)
+    return x, w1, b1, w2, s1, s2, g(rng.standard_normal(out2.shape).astype(dtype))
+
+
+def _pooled_producer_grads(case, x, w1, b1, w2, dout):
+    """The float64 reference (dw, db) of the producer in _pooled_pair: its output's 2x2 max pooling routes the
+    consumer's input gradient to each window's first maximum."""
+    _, w1s, p1, act, w2s, p2, _ = case
+    geom1 = ((1, 1), _pads(p1, w1s[2:], (1, 1)), (1, 1), 1)
+    geom2 = ((1, 1), _pads(p2, w2s[2:], (1, 1)), (1, 1), 1)
+    pre1, _ = ref.conv2d(x, w1, b1, *geom1)
+    n, o, h, wd = pre1.shape
+    windows = ref.act(pre1, act).reshape(n, o, h // 2, 2, wd // 2, 2).transpose(0, 1, 2, 4, 3, 5)
+    windows = windows.reshape(n, o, h // 2, wd // 2, 4)
+    rdh, _, _ = ref.conv2d_grads(windows.max(axis=-1), w2, dout.get(), *geom2)
+    first = windows.argmax(axis=-1)   # the first maximum, as torch's (no ties in these random values)
+    unpooled = (np.arange(4) == first[..., None]) * rdh[..., None]
+    dh1 = unpooled.reshape(n, o, h // 2, wd // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, o, h, wd)
+    _, rdw1, rdb1 = ref.conv2d_grads(x, w1, ref.act_grad(dh1, pre1, act), *geom1)
+    return rdw1, rdb1
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", INTO_POOL_CASES)
 def test_tile_conv_into_a_pooled_producer(case, dtype, rng, monkeypatch):
     """The consumer's input gradient written as the g of a producer that pooled in its epilogue (tile_conv_pool):
-    through the pooling's backward in tile_conv's epilogue, bit-equal to the consumer's plain dx, then
+    through the pooling's backward in tile_conv_unpool's epilogue, bit-equal to the consumer's plain dx, then
     max_pool2d_backward_act (NaNs included), and the producer's gradients from it within rounding of the float64
     reference; the producer's weight gradient is not taken in the epilogue (it pooled)."""
-    xs, w1s, p1, act, w2s, p2, nan = case
+    act, nan = case[3], case[6]
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
-    x = rng.standard_normal(xs).astype(dtype)
-    if nan:
-        x[1, 0, 3, 5] = np.nan
-    w1 = (rng.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype)
-    w2 = (rng.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype)
-    b1, b2 = rng.standard_normal(w1s[0]).astype(dtype), rng.standard_normal(w2s[0]).astype(dtype)
-    out1, s1 = ops.conv2d_forward(g(x), g(w1), g(b1), 1, p1, 1, 1, act, pool=POOL_2X2)
-    assert s1.pool is not None
-    out2, s2 = ops.conv2d_forward(out1, g(w2), g(b2), 1, p2, 1, 1, None)
-    dout = g(rng.standard_normal(out2.shape).astype(dtype))
+    x, w1, b1, w2, s1, s2, dout = _pooled_pair(case, dtype, rng, (1, 0, 3, 5))
     handed, _, _ = ops.conv2d_backward(dout, s2, into=s1)
     assert isinstance(handed, conv_kernels.ProducerGrad) and handed.wpartial is None
     plain_dx, _, _ = ops.conv2d_backward(dout, s2)
@@ -1004,26 +1029,16 @@ def test_tile_conv_into_a_pooled_producer(case, dtype, rng, monkeypatch):
     if nan:
         return
     _, dw1, db1 = ops.conv2d_backward(None, s1, g=handed.g)
-    geom1 = ((1, 1), _pads(p1, w1s[2:], (1, 1)), (1, 1), 1)
-    geom2 = ((1, 1), _pads(p2, w2s[2:], (1, 1)), (1, 1), 1)
-    pre1, _ = ref.conv2d(x, w1, b1, *geom1)
-    n, o, h, wd = pre1.shape
-    h1 = ref.act(pre1, act)
-    windows = h1.reshape(n, o, h // 2, 2, wd // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, o, h // 2, wd // 2, 4)
-    rdh, _, _ = ref.conv2d_grads(windows.max(axis=-1), w2, dout.get(), *geom2)
-    first = windows.argmax(axis=-1)   # the first maximum, as torch's (no ties in these random values)
-    unpooled = (np.arange(4) == first[..., None]) * rdh[..., None]
-    dh1 = unpooled.reshape(n, o, h // 2, wd // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, o, h, wd)
-    _, rdw1, rdb1 = ref.conv2d_grads(x, w1, ref.act_grad(dh1, pre1, act), *geom1)
+    rdw1, rdb1 = _pooled_producer_grads(case, x, w1, b1, w2, dout)
     tol = ref.tol(dtype)
     assert_close(dw1, rdw1, tol, name="dw")
     assert_close(db1, rdb1, tol, name="db")
 
 
-POOLED_WGRAD_CASES = [  # first layer's x, its weight, padding, activation; the second layer's weight, a NaN
-    ((5, 1, 28, 28), (6, 1, 5, 5), 0, "gelu", (16, 6, 5, 5), False),   # LeNet-5's two layers
-    ((3, 1, 14, 18), (4, 1, 3, 3), 1, "relu", (5, 4, 3, 3), True),      # padded, 7 x 9 windows, a NaN
-    ((2, 1, 12, 12), (3, 1, 5, 5), 2, None, (4, 3, 3, 3), False),
+POOLED_WGRAD_CASES = [  # first layer's x, its weight, padding, activation; the second's weight, padding; a NaN
+    ((5, 1, 28, 28), (6, 1, 5, 5), 0, "gelu", (16, 6, 5, 5), 0, False),   # LeNet-5's two layers
+    ((3, 1, 14, 18), (4, 1, 3, 3), 1, "relu", (5, 4, 3, 3), 0, True),      # padded, 7 x 9 windows, a NaN
+    ((2, 1, 12, 12), (3, 1, 5, 5), 2, None, (4, 3, 3, 3), 0, False),
 ]
 
 
@@ -1034,20 +1049,9 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, rng, monkeypatch):
     windows' maxima (tile_conv_unpool, compact) and pooled_wgrad sums its weight and bias gradients from them:
     against the same gradients from its full g (POOLED_WGRAD off, tile_wgrad) and the float64 reference; with a
     NaN in x, NaN exactly where those are (the taps that read it from a position whose g is 0)."""
-    xs, w1s, p1, act, w2s, nan = case
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
-    x = rng.standard_normal(xs).astype(dtype)
-    if nan:
-        x[1, 0, 4, 6] = np.nan
-    w1 = (rng.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype)
-    w2 = (rng.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype)
-    b1, b2 = rng.standard_normal(w1s[0]).astype(dtype), rng.standard_normal(w2s[0]).astype(dtype)
-    out1, s1 = ops.conv2d_forward(g(x), g(w1), g(b1), 1, p1, 1, 1, act, needs_input_grad=(False, True, True),
-                                  pool=POOL_2X2)
-    assert s1.pool is not None
-    out2, s2 = ops.conv2d_forward(out1, g(w2), g(b2), 1, 0, 1, 1, None)
-    dout = g(rng.standard_normal(out2.shape).astype(dtype))
+    x, w1, b1, w2, s1, s2, dout = _pooled_pair(case, dtype, rng, (1, 0, 4, 6), needs=(False, True, True))
     grads = {}
     for on in (True, False):
         monkeypatch.setattr(conv_kernels, "POOLED_WGRAD", on)
@@ -1060,18 +1064,10 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, rng, monkeypatch):
     for got, want in zip(grads[True], grads[False]):
         assert np.array_equal(np.isnan(got), np.isnan(want))
         assert_close(got[~np.isnan(got)], want[~np.isnan(want)], tol, name="pooled_wgrad vs tile_wgrad")
-    if nan:   # the taps that pair the NaN with any position, winner or not (0 * NaN), as the dense sum
+    if case[6]:   # the taps that pair the NaN with any position, winner or not (0 * NaN), as the dense sum
         assert np.isnan(grads[True][0]).any() and not np.isnan(grads[True][1]).any()
         return
-    pre1, _ = ref.conv2d(x, w1, b1, (1, 1), _pads(p1, w1s[2:], (1, 1)), (1, 1), 1)
-    n, o, h, wd = pre1.shape
-    windows = ref.act(pre1, act).reshape(n, o, h // 2, 2, wd // 2, 2).transpose(0, 1, 2, 4, 3, 5)
-    windows = windows.reshape(n, o, h // 2, wd // 2, 4)
-    rdh, _, _ = ref.conv2d_grads(windows.max(axis=-1), w2, dout.get(), (1, 1), (0,) * 4, (1, 1), 1)
-    unpooled = (np.arange(4) == windows.argmax(axis=-1)[..., None]) * rdh[..., None]
-    dh1 = unpooled.reshape(n, o, h // 2, wd // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, o, h, wd)
-    _, rdw1, rdb1 = ref.conv2d_grads(x, w1, ref.act_grad(dh1, pre1, act), (1, 1), _pads(p1, w1s[2:], (1, 1)),
-                                     (1, 1), 1)
+    rdw1, rdb1 = _pooled_producer_grads(case, x, w1, b1, w2, dout)
     assert_close(grads[True][0], rdw1, tol, name="dw")
     assert_close(grads[True][1], rdb1, tol, name="db")
 
