@@ -398,7 +398,7 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
     pool_args = (ptr(None),) * 3 + i32s((0, 0, 0))
     with dout.device:
         dout = contiguous(dout)
-        dx = cp.empty((m, widths[0]), dtype=x.dtype) if need_x else None
+        dx = cp.empty((m, widths[0]), dtype=x.dtype) if need_x and not pooled else None
         if pooled:
             _, c, ph, pw = into.pool[0].shape
             act = ACTIVATIONS[into.activation]
