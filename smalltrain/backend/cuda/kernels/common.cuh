@@ -282,7 +282,8 @@ template <typename T> __device__ __forceinline__ T act_bwd(T dout, T v, int act)
 // for ReLU, -inf); `exact` (the maximum's z not finite: a NaN or an inf in the window) reads every z and gives
 // torch's NaNs. So a window's other pre-activations are read only there. (GELU-tanh's derivative overflows to NaN
 // past |z| ~ 1e19, which the fast path does not reproduce at the other positions.)
-// gw = act_bwd(d, z[target]) and `exact`, for pooled_act_grad (zplane: the window's plane of z before the bias).
+// pooled_act_max_grad: gw = act_bwd(d, z[target]) and `exact`, for pooled_act_grad (zplane: the window's plane of
+// z before the bias).
 template <typename T>
 __device__ __forceinline__ T pooled_act_max_grad(T d, int target, const T* zplane, T bias, int act, bool& exact) {
     exact = false;
@@ -295,4 +296,16 @@ template <typename T>
 __device__ __forceinline__ T pooled_act_grad(int p, int target, T gw, bool exact, const T* zplane, T bias, int act) {
     if (p == target) return gw;
     return exact ? act_bwd(T(0), zplane[p] + bias, act) : T(0);
+}
+// A 2x2 window's four values, its first position p in a plane fw wide: v = {p, p + 1, p + fw, p + fw + 1}'s. A
+// target < 0 (no window: past a row) gives zeros without reading.
+template <typename T>
+__device__ __forceinline__ void pooled_act_grads_2x2(T d, int target, int p, int fw, const T* zplane, T bias,
+                                                     int act, T (&v)[4]) {
+    bool exact = false;
+    const T gw = target >= 0 ? pooled_act_max_grad(d, target, zplane, bias, act, exact) : T(0);
+    v[0] = pooled_act_grad(p, target, gw, exact, zplane, bias, act);
+    v[1] = pooled_act_grad(p + 1, target, gw, exact, zplane, bias, act);
+    v[2] = pooled_act_grad(p + fw, target, gw, exact, zplane, bias, act);
+    v[3] = pooled_act_grad(p + fw + 1, target, gw, exact, zplane, bias, act);
 }

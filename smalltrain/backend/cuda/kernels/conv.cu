@@ -851,12 +851,12 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             for (int v = 0; v < ST_TW; ++v) {
                 const int p = 2 * r * FW + 2 * (s0 + v);   // the window's first position
                 const int at = s0 + v < Wo ? (int)ip[v] : -1;   // -1: past the row, zeros (not stored)
-                bool exact = false;
-                const T gw = at >= 0 ? pooled_act_max_grad(acc[u][v], at, zp, bo, act, exact) : T(0);
-                top[2 * v] = pooled_act_grad(p, at, gw, exact, zp, bo, act);
-                top[2 * v + 1] = pooled_act_grad(p + 1, at, gw, exact, zp, bo, act);
-                bot[2 * v] = pooled_act_grad(p + FW, at, gw, exact, zp, bo, act);
-                bot[2 * v + 1] = pooled_act_grad(p + FW + 1, at, gw, exact, zp, bo, act);
+                T win[4];
+                pooled_act_grads_2x2(acc[u][v], at, p, FW, zp, bo, act, win);
+                top[2 * v] = win[0];
+                top[2 * v + 1] = win[1];
+                bot[2 * v] = win[2];
+                bot[2 * v + 1] = win[3];
             }
             T* gp = out + (size_t)(o * N + n) * 4 * P + 2 * r * FW + 2 * s0;
             if (FW % 4 == 0 && s0 + ST_TW <= Wo) {   // 8 columns of each row in two aligned vectors

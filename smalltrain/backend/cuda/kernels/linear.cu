@@ -328,12 +328,12 @@ __device__ __forceinline__ void chain_dx_unpooled(T d, int row, int k, int K, in
     const T* zp = py != nullptr ? py + plane : nullptr;
     const T bc = pb != nullptr ? pb[ch] : T(0);
     const int at = (int)pidx[(size_t)row * K + k], p = 2 * qh * fw + 2 * (q - qh * pw);
-    bool exact;
-    const T gw = pooled_act_max_grad(d, at, zp, bc, pact, exact);
-    g[plane + p] = pooled_act_grad(p, at, gw, exact, zp, bc, pact);
-    g[plane + p + 1] = pooled_act_grad(p + 1, at, gw, exact, zp, bc, pact);
-    g[plane + p + fw] = pooled_act_grad(p + fw, at, gw, exact, zp, bc, pact);
-    g[plane + p + fw + 1] = pooled_act_grad(p + fw + 1, at, gw, exact, zp, bc, pact);
+    T win[4];
+    pooled_act_grads_2x2(d, at, p, fw, zp, bc, pact, win);
+    g[plane + p] = win[0];
+    g[plane + p + 1] = win[1];
+    g[plane + p + fw] = win[2];
+    g[plane + p + fw + 1] = win[3];
 }
 
 template <typename T, int R, bool STAGE>
