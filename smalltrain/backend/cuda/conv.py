@@ -616,17 +616,23 @@ def _pooled_wgrad(gw, into, plan):
     return partial
 
 
-def _into_ok(saved, into, dtype):
-    """Whether conv2d_backward can write its input gradient as `into`'s g: `into` made x (its output's shape and
-    dtype; its pooled output's where it pooled in its epilogue and INTO_POOLED is on), keeps what its activation's
-    derivative needs (the output before the bias), and computes no g itself."""
+def producer_output(into, dtype):
+    """The shape of the output `into` (a Conv2dSaved) made, its pooled output's where it pooled in its epilogue,
+    where the next layer may write its g (conv2d_backward's `into`, linear_chain_backward's): of `dtype`, INTO_POOLED
+    on where it pooled, and the output before the bias kept where its activation's derivative needs it; else None."""
     if into is None or into.weight.dtype != dtype or (into.pool is not None and not INTO_POOLED):
-        return False
-    made = tuple(into.pool[0].shape) if into.pool is not None else \
-        (into.x_shape[0], into.weight.shape[0]) + tuple(into.out_hw)
-    if made != tuple(saved.x_shape):
-        return False
-    return into.activation is None or into.y is not None
+        return None
+    if into.activation is not None and into.y is None:
+        return None
+    if into.pool is not None:
+        return tuple(into.pool[0].shape)
+    return (into.x_shape[0], into.weight.shape[0]) + tuple(into.out_hw)
+
+
+def _into_ok(saved, into, dtype):
+    """Whether conv2d_backward can write its input gradient as `into`'s g: producer_output allows it, `into` made x,
+    and computes no g itself."""
+    return producer_output(into, dtype) == tuple(saved.x_shape)
 
 
 def _tile_wgrad_plan(saved, itemsize):

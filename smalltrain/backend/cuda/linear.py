@@ -365,16 +365,13 @@ def linear_chain_forward(x, layers, save=True):
 
 def chain_into_pooled_ok(saved, into):
     """Whether linear_chain_backward can write dx as `into`'s g: `into` (a Conv2dSaved) pooled in its epilogue
-    (conv2d_forward's pool, tile_conv_pool) an output whose flattened rows are the chain's input, of its dtype,
-    and kept what its activation's derivative needs; the g's indices fit 32 bits; conv.INTO_PRODUCER and
-    conv.INTO_POOLED on."""
-    if not (conv_kernels.INTO_PRODUCER and conv_kernels.INTO_POOLED) or into is None or into.pool is None:
+    (conv2d_forward's pool, tile_conv_pool) an output whose flattened rows are the chain's input and
+    conv.producer_output allows it; the g's indices fit 32 bits; conv.INTO_PRODUCER on."""
+    if not conv_kernels.INTO_PRODUCER or into is None or into.pool is None:
         return False
-    if into.weight.dtype != saved.x.dtype:
-        return False
-    n, c, ph, pw = into.pool[0].shape
-    return ((n, c * ph * pw) == tuple(saved.x.shape) and (into.activation is None or into.y is not None)
-            and 4 * n * c * ph * pw < _FITS32)
+    made = conv_kernels.producer_output(into, saved.x.dtype)
+    return made is not None and (made[0], made[1] * made[2] * made[3]) == tuple(saved.x.shape) \
+        and 4 * saved.x.size < _FITS32
 
 
 def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
