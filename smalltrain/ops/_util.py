@@ -141,3 +141,10 @@ def normalize_dims(op, dim, ndim):
         return dims
     d = normalize_dim(op, dim, ndim)
     return (d,) if ndim else ()
+
+
+def offered_producer(ctx):
+    """The kernels' saved state (ctx.kernel_saved) of the op that made this node's first input, where the engine
+    offered that op's "conv_g" kind for it (autograd.engine.Prepared: this node its only consumer), else None."""
+    offered = ctx.__dict__.get("prepared_for")
+    return ctx.inputs[0]._ctx.kernel_saved if offered and offered[0] == "conv_g" else None

@@ -13,7 +13,7 @@ from ..backend import cpu, metadata_cache
 from ..backend.cuda import conv as cuda_conv
 from ..backend.cuda import linear as cuda_linear
 from ..backend.cuda import pool as cuda_pool
-from ._util import check_same_device, xp_of
+from ._util import check_same_device, offered_producer, xp_of
 from .activation import apply_named
 from .matmul import linear
 from .pool import _geometry, act_max_pool2d, max_pool2d
@@ -264,9 +264,7 @@ class Conv2dActPool(Function):
 def _into_producer(ctx, saved, g):
     """conv2d_backward from g, its input gradient written as the producing convolution's g (a Prepared "conv_g")
     where the engine offered that kind for the input (the producer's prepared_kind, this node its only consumer)."""
-    offered = ctx.__dict__.get("prepared_for")
-    into = ctx.inputs[0]._ctx.kernel_saved if offered and offered[0] == "conv_g" else None
-    dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, into=into)
+    dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, into=offered_producer(ctx))
     if isinstance(dx, cuda_conv.ProducerGrad):   # written as the producer's g
         dx = Prepared("conv_g", dx)
     return dx, dw, db

@@ -9,7 +9,7 @@ from ..autograd.engine import Prepared
 from ..autograd.function import Function
 from ..backend.cuda import blas
 from ..backend.cuda import linear as cuda_linear
-from ._util import check_same_device, xp_of
+from ._util import check_same_device, offered_producer, xp_of
 from .activation import apply_named
 
 
@@ -176,9 +176,8 @@ class LinearChain(Function):
         g = dout.array
         need = ctx.needs_input_grad
         needs = [(need[3 + 2 * i], need[4 + 2 * i]) for i in range(len(ctx.saved.weights))]
-        offered = ctx.__dict__.get("prepared_for")
-        into = ctx.inputs[0]._ctx.kernel_saved if offered and offered[0] == "conv_g" else None
-        dx, grads = cuda_linear.linear_chain_backward(g.reshape(-1, g.shape[-1]), ctx.saved, need[0], needs, into)
+        dx, grads = cuda_linear.linear_chain_backward(g.reshape(-1, g.shape[-1]), ctx.saved, need[0], needs,
+                                                      offered_producer(ctx))
         if isinstance(dx, cuda_linear.ProducerGrad):   # written as the producing convolution's g
             dx = Prepared("conv_g", dx)
         elif dx is not None:
