@@ -31,6 +31,14 @@ def _grads(layer, x, fn):
     return [out.detach().cpu().numpy(), x.grad.cpu().numpy()] + [p.grad.cpu().numpy() for p in layer.parameters()]
 
 
+def _record_kernels(monkeypatch, module, attr):
+    """The kernel names that module.attr (a launcher or kernel getter taking (family, name, ...)) is called with
+    from now on, in a list (the test clears it between runs)."""
+    names, real = [], getattr(module, attr)
+    monkeypatch.setattr(module, attr, lambda family, name, *a, **k: names.append(name) or real(family, name, *a, **k))
+    return names
+
+
 def _layers():
     st.manual_seed(0)
     return [(nn.Linear(7, 5), (4, 3, 7)), (nn.Conv2d(3, 4, 3, padding=1), (2, 3, 6, 5))]
@@ -343,10 +351,7 @@ def test_cuda_convolution_hands_the_previous_one_its_g(act1, monkeypatch):
     the plain path."""
     from smalltrain.backend.cuda import conv as cuda_conv
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
-    launched = []
-    real_get = cuda_conv.get
-    monkeypatch.setattr(cuda_conv, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
-                                                                                                    *a))
+    launched = _record_kernels(monkeypatch, cuda_conv, "get")
     st.manual_seed(0)
     c1, c2, fc = nn.Conv2d(1, 16, 3).to("cuda"), nn.Conv2d(16, 32, 3).to("cuda"), nn.Linear(32 * 10 * 10, 10)
     fc, flatten = fc.to("cuda"), nn.Flatten()
@@ -410,12 +415,8 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
     from smalltrain.backend.cuda import pool as cuda_pool
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
-    pooled_bwd, launched = [], []
-    real_launch, real_get = cuda_pool.launch, cuda_conv.get
-    monkeypatch.setattr(cuda_pool, "launch", lambda family, name, *a, **k: pooled_bwd.append(name) or real_launch(
-        family, name, *a, **k))
-    monkeypatch.setattr(cuda_conv, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
-                                                                                                    *a))
+    pooled_bwd = _record_kernels(monkeypatch, cuda_pool, "launch")
+    launched = _record_kernels(monkeypatch, cuda_conv, "get")
     st.manual_seed(0)
     c1, c2 = nn.Conv2d(1, 6, 5).to("cuda"), nn.Conv2d(6, 16, 5).to("cuda")
     fcs = [nn.Linear(256, 120).to("cuda"), nn.Linear(120, 84).to("cuda"), nn.Linear(84, 10).to("cuda")]
@@ -477,10 +478,7 @@ def test_cuda_pooled_convolution_hands_a_plain_one_its_g(monkeypatch):
     from smalltrain.backend.cuda import conv as cuda_conv
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
-    launched = []
-    real_get = cuda_conv.get
-    monkeypatch.setattr(cuda_conv, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
-                                                                                                    *a))
+    launched = _record_kernels(monkeypatch, cuda_conv, "get")
     st.manual_seed(0)
     c1, c2, pool = nn.Conv2d(2, 6, 3).to("cuda"), nn.Conv2d(6, 8, 3).to("cuda"), nn.MaxPool2d(2)
     params = list(c1.parameters()) + list(c2.parameters())
