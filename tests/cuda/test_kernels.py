@@ -1037,7 +1037,7 @@ def test_tile_conv_into_a_pooled_producer(case, dtype, rng, monkeypatch):
 
 POOLED_WGRAD_CASES = [  # first layer's x, its weight, padding, activation; the second's weight, padding; a NaN
     ((5, 1, 28, 28), (6, 1, 5, 5), 0, "gelu", (16, 6, 5, 5), 0, False),   # LeNet-5's two layers
-    ((3, 1, 14, 18), (4, 1, 3, 3), 1, "relu", (5, 4, 3, 3), 0, True),      # padded, 7 x 9 windows, a NaN
+    ((3, 1, 14, 18), (4, 1, 5, 5), 2, "relu", (5, 4, 3, 3), 0, True),      # padded, 7 x 9 windows, a NaN
     ((2, 1, 12, 12), (3, 1, 5, 5), 2, None, (4, 3, 3, 3), 0, False),
 ]
 
