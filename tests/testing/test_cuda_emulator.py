@@ -1,0 +1,147 @@
+"""The CPU emulator of our CUDA C (smalltrain/testing/cuda_emulator.py): barriers, shared memory, shuffles and
+atomics give a GPU's results; a missing barrier, a deadlock, a wrong argument width and an unrequested shared memory
+size are reported; and the kernel tests of tests/cuda pass on it. Needs g++ (skips without)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import smalltrain
+from smalltrain.testing import cuda_emulator
+
+if not cuda_emulator.available():
+    pytest.skip("no g++ to compile kernels for the emulator", allow_module_level=True)
+
+SOURCE = r"""
+#include <math.h>
+typedef long long i64;
+// one block: out[0] = sum of x[0..n) by a shared-memory tree (n <= blockDim.x, a power of two)
+extern "C" __global__ void block_sum(const float* x, float* out, int n) {
+    __shared__ float s[1024];
+    s[threadIdx.x] = threadIdx.x < n ? x[threadIdx.x] : 0.f;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) s[threadIdx.x] += s[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = s[0];
+}
+// each thread reads its right neighbour's write: correct only with the barrier
+extern "C" __global__ void neighbour(float* out, int with_barrier) {
+    __shared__ float s[1024];
+    s[threadIdx.x] = (float)threadIdx.x;
+    if (with_barrier) __syncthreads();
+    out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+// warp sums by shuffles, then an atomicAdd per warp into out[0]; double: 8-byte shuffles
+extern "C" __global__ void warp_sums(const double* x, double* warp_out, double* total) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    double v = x[t];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (threadIdx.x % 32 == 0) {
+        warp_out[t / 32] = v;
+        atomicAdd(total, v);
+    }
+}
+// threads 0..31 wait at one barrier, the rest at another: a deadlock on a GPU
+extern "C" __global__ void divergent(float* out) {
+    if (threadIdx.x < 32) {
+        __syncthreads();
+    } else {
+        __syncthreads();
+    }
+    out[threadIdx.x] = 1.f;
+}
+// dynamic shared memory: what the block finds there before writing it (poisoned), then a round trip
+extern "C" __global__ void dynamic(float* first, float* out, i64 n) {
+    extern __shared__ float buf[];
+    first[threadIdx.x] = buf[threadIdx.x];
+    buf[threadIdx.x] = 2.f * threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = buf[n - 1 - threadIdx.x];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def module():
+    return cuda_emulator.Module(SOURCE, "emulator_test")
+
+
+def test_shared_memory_tree_sum(module):
+    x = np.arange(1, 257, dtype=np.float32)
+    out = np.zeros(3, np.float32)
+    module.get_function("block_sum")((3,), (256,), (x, out, np.int32(200)))
+    assert out.tolist() == [200 * 201 / 2] * 3
+
+
+def test_a_missing_barrier_reads_stale_shared_memory(module):
+    """Threads run in order up to a barrier, so a read of a later thread's write without one sees the old value:
+    the race shows every time instead of by chance."""
+    kern = module.get_function("neighbour")
+    out = np.full(64, -1, np.float32)
+    kern((1,), (64,), (out, np.int32(1)))
+    assert out.tolist() == [float((t + 1) % 64) for t in range(64)]
+    out[:] = -1
+    kern((1,), (64,), (out, np.int32(0)))
+    assert out[:63].tolist() != [float(t + 1) for t in range(63)]
+
+
+def test_warp_shuffles_and_atomics(module):
+    x = np.random.default_rng(0).standard_normal(128 * 3)
+    warp_out, total = np.zeros(12), np.zeros(1)
+    module.get_function("warp_sums")((3,), (128,), (x, warp_out, total))
+    np.testing.assert_allclose(warp_out, x.reshape(12, 32).sum(1), rtol=1e-12)
+    np.testing.assert_allclose(total[0], x.sum(), rtol=1e-12)
+
+
+def test_threads_at_different_barriers_are_a_deadlock(module):
+    with pytest.raises(RuntimeError, match=r"divergent: deadlock in block \(0, 0, 0\): .*__syncthreads on line"):
+        module.get_function("divergent")((1,), (64,), (np.zeros(64, np.float32),))
+
+
+def test_dynamic_shared_memory_is_poisoned_and_sized_as_on_the_gpu(module):
+    kern = module.get_function("dynamic")
+    first, out = np.zeros(32, np.float32), np.zeros(32, np.float32)
+    kern((1,), (32,), (first, out, np.int64(32)), shared_mem=32 * 4)
+    assert np.isnan(first).all() and out.tolist() == [2.0 * (31 - t) for t in range(32)]
+    with pytest.raises(RuntimeError, match="over 49152 it must opt in"):
+        kern((1,), (32,), (first, out, np.int64(32)), shared_mem=64 * 1024)
+    kern.max_dynamic_shared_size_bytes = 64 * 1024
+    kern((1,), (32,), (first, out, np.int64(32)), shared_mem=64 * 1024)
+
+
+def test_arguments_are_checked_before_the_kernel_runs(module):
+    kern = module.get_function("dynamic")
+    first, out = np.zeros(32, np.float32), np.zeros(32, np.float32)
+    with pytest.raises(TypeError, match=r"argument 2 is int32 \(4 bytes\), but the parameter is 8 bytes"):
+        kern((1,), (32,), (first, out, np.int32(32)))
+    with pytest.raises(TypeError, match="expected 3 arguments, got 2"):
+        kern((1,), (32,), (first, out))
+    with pytest.raises(TypeError, match="must be a NumPy array or a NumPy scalar"):
+        kern((1,), (32,), (first, out, 32))
+    with pytest.raises(ValueError, match="block must be 1 to 3 positive sizes"):
+        kern((1,), (0,), (first, out, np.int64(32)))
+    with pytest.raises(KeyError, match="no kernel named 'nope'"):
+        cuda_emulator.Module(SOURCE, "emulator_test").get_function("nope")
+
+
+def test_the_header_is_installed_with_the_package():
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        assert "cuda_emulator.h" in tomllib.load(f)["tool"]["setuptools"]["package-data"]["smalltrain.testing"]
+
+
+@pytest.mark.skipif(smalltrain.cuda.is_available(), reason="a GPU runs tests/cuda itself")
+def test_the_cuda_kernel_tests_pass_on_the_emulator():
+    """tests/cuda (the launchers and their kernels against float64 and torch references) on the emulated device, in a
+    process of its own: the emulator takes the place of CuPy for the whole process (cuda_emulator.install)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, SMALLTRAIN_CUDA_EMULATOR="1")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda"], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
