@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <functional>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -142,8 +143,8 @@ inline std::vector<char> stacks;
 inline const size_t stack_bytes = 256 << 10;
 inline int current;
 inline std::function<void()> body;
-inline std::vector<unsigned char> dynamic_shared;
-inline unsigned char* dynamic_shared_base;
+inline unsigned char* dynamic_shared_base;   // exactly the launch's bytes (16-aligned), so ASan sees its end
+inline size_t dynamic_shared_bytes;
 inline unsigned long long exchange[1024];   // a shuffle's values, by thread
 inline std::string error;
 inline unsigned long long block_serial;                       // counts the blocks run, to poison once per block
@@ -230,7 +231,7 @@ inline void set_thread(int t) {
 // One block: every fiber from the top until all have returned. False (and `error`) on a deadlock.
 inline bool run_block(int nthreads) {
     for (int t = 0; t < nthreads; ++t) make_fiber(t);
-    memset(dynamic_shared_base, 0xFF, dynamic_shared.size() - 16);
+    memset(dynamic_shared_base, 0xFF, dynamic_shared_bytes);
     ++block_serial;
     for (;;) {
         for (int t = 0; t < nthreads; ++t) {
@@ -295,9 +296,9 @@ inline int launch(void (*kernel)(A...), const unsigned* dims, size_t shared_byte
         fibers.resize(nthreads);
         stacks.resize((size_t)nthreads * stack_bytes);
     }
-    dynamic_shared.assign(shared_bytes + 16, 0);
-    dynamic_shared_base = reinterpret_cast<unsigned char*>(
-        (reinterpret_cast<uintptr_t>(dynamic_shared.data()) + 15) & ~uintptr_t(15));
+    ::operator delete(dynamic_shared_base, std::align_val_t(16));
+    dynamic_shared_bytes = shared_bytes;
+    dynamic_shared_base = static_cast<unsigned char*>(::operator new(shared_bytes ? shared_bytes : 1, std::align_val_t(16)));
     body = [&] { call(kernel, args, std::index_sequence_for<A...>{}); };
     error.clear();
     for (unsigned z = 0; z < gridDim.z; ++z)

@@ -31,7 +31,11 @@ import numpy as np
 from ..backend.cuda import loader
 
 HEADER = os.path.join(os.path.dirname(__file__), "cuda_emulator.h")
-_FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-fno-strict-aliasing", "-w")
+_FLAGS = ("-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-fno-strict-aliasing", "-w")
+# SMALLTRAIN_EMULATOR_ASAN=1: kernels built with AddressSanitizer (heap and global bounds: device arrays, shared
+# memory), for a process started with the ASan runtime preloaded (see tests/testing/test_cuda_emulator.py). Fiber
+# stacks are not instrumented (asan-stack=0): ASan cannot follow the switches between them.
+_ASAN_FLAGS = ("-fsanitize=address", "--param", "asan-stack=0", "-fno-omit-frame-pointer")
 # `extern __shared__ T name[];` (dynamic shared memory) becomes a pointer into the emulator's per-block buffer
 _DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w\s]+?)\s+(\w+)\s*\[\s*\]\s*;")
 # a static `__shared__ T name[...];` (or scalar) gets a call that poisons it once per block
@@ -59,7 +63,8 @@ def _compile(source, name):
     text = _DYNAMIC_SHARED.sub(r"\1* \2 = reinterpret_cast<\1*>(st_emu::dynamic_shared_base);", source)
     text = _STATIC_SHARED.sub(r"\1 st_emu::poison_shared(&\2, sizeof(\2));", text)
     text = '#include "cuda_emulator.h"\n' + text
-    key = hashlib.sha256("\0".join((header, text) + _FLAGS).encode()).hexdigest()[:20]
+    flags = _FLAGS + (_ASAN_FLAGS if os.environ.get("SMALLTRAIN_EMULATOR_ASAN") == "1" else ())
+    key = hashlib.sha256("\0".join((header, text) + flags).encode()).hexdigest()[:20]
     out = os.path.join(_cache_dir(), f"{name}-{key}.so")
     if os.path.exists(out):
         return out
@@ -79,8 +84,12 @@ def _compile(source, name):
                         f"{{ return st_emu::launch(&{k}, d, s, a); }}\n"
                         f'extern "C" int st_emu_params_{k}(int* sizes) '
                         f"{{ return st_emu::param_sizes(&{k}, sizes); }}\n")
+        # the source stays beside the library (its debug information points there: gdb shows the kernel's lines)
+        kept = out[:-3] + ".cpp"
+        shutil.copy(src, kept + ".tmp")
+        os.replace(kept + ".tmp", kept)
         tmp_out = os.path.join(tmp, "out.so")
-        cc = subprocess.run(["g++", *_FLAGS, "-I", os.path.dirname(HEADER), src, "-o", tmp_out],
+        cc = subprocess.run(["g++", *flags, "-I", os.path.dirname(HEADER), kept, "-o", tmp_out],
                             capture_output=True, text=True)
         if cc.returncode:
             raise RuntimeError(f"cuda_emulator: compiling {name} failed:\n{cc.stderr[-4000:]}")

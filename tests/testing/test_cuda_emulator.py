@@ -135,13 +135,44 @@ def test_the_header_is_installed_with_the_package():
         assert "cuda_emulator.h" in tomllib.load(f)["tool"]["setuptools"]["package-data"]["smalltrain.testing"]
 
 
+def _asan_runtime():
+    """The path of g++'s AddressSanitizer runtime, or None."""
+    try:
+        path = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+    return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
 @pytest.mark.skipif(smalltrain.cuda.is_available(), reason="a GPU runs tests/cuda itself")
 def test_the_cuda_kernel_tests_pass_on_the_emulator():
     """tests/cuda (the launchers and their kernels against float64 and torch references) on the emulated device, in a
-    process of its own: the emulator takes the place of CuPy for the whole process (cuda_emulator.install)."""
+    process of its own: the emulator takes the place of CuPy for the whole process (cuda_emulator.install). Where
+    g++ has AddressSanitizer, the kernels are built with it and the process preloads its runtime, so that a read or
+    write past a device array or a shared memory array stops the run (ASan's report names the kernel)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, SMALLTRAIN_CUDA_EMULATOR="1")
+    asan = _asan_runtime()
+    if asan:
+        env.update(SMALLTRAIN_EMULATOR_ASAN="1", LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0")
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda"], cwd=root,
                          env=env, capture_output=True, text=True, timeout=1800)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-6000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+OOB = r"""
+import numpy as np
+from smalltrain.testing import cuda_emulator
+m = cuda_emulator.Module('extern "C" __global__ void past_the_end(float* out) { out[threadIdx.x] = 1.f; }', "oob")
+m.get_function("past_the_end")((1,), (40,), (np.zeros(32, np.float32),))
+print("not caught")
+"""
+
+
+@pytest.mark.skipif(_asan_runtime() is None, reason="g++ has no AddressSanitizer runtime here")
+def test_asan_stops_a_write_past_a_device_array():
+    env = dict(os.environ, SMALLTRAIN_EMULATOR_ASAN="1", LD_PRELOAD=_asan_runtime(), ASAN_OPTIONS="detect_leaks=0")
+    run = subprocess.run([sys.executable, "-c", OOB], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "not caught" not in run.stdout
+    assert "heap-buffer-overflow" in run.stderr and "past_the_end" in run.stderr
