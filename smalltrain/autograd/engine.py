@@ -199,13 +199,13 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
             if node.out_hooks:
                 _run_tensor_hooks(node, grads)
             in_grads = _call_backward(node, grads) if in_grads is NotImplemented else _check_in_grads(node, in_grads)
+            offered = node.__dict__.get("prepared_for") or (None,) * len(node.inputs)   # read before _free clears it
             if not retain_graph:
                 _free(node)
             for i, (t, g) in enumerate(zip(node.inputs, in_grads)):
                 if t is None or g is None:
                     continue
                 if isinstance(g, Prepared):   # offered above: this node is the tensor's only consumer
-                    offered = node.__dict__.get("prepared_for") or (None,) * len(node.inputs)
                     if offered[i] != g.kind:
                         raise RuntimeError(f"{node.name()}: backward returned a Prepared({g.kind!r}) gradient for "
                                            f"input {i}, but the engine offered {offered[i]!r}")

@@ -306,9 +306,12 @@ class _Scale(Function):
     makes_prepared = True
 
     offers = []   # what the engine offered, per backward (the test reads it)
+    keeps = False  # whether forward saves an array (then the engine frees the node right after its backward)
 
     @staticmethod
     def forward(ctx, y):
+        if _Scale.keeps:
+            ctx.kept = (y.array,)
         return y.array * 3
 
     @staticmethod
@@ -321,9 +324,12 @@ class _Scale(Function):
         return dout.array * 3
 
 
-def test_prepared_gradient_goes_to_the_producer_only_where_the_engine_offers_it(device):
+@pytest.mark.parametrize("keeps", [False, True])
+def test_prepared_gradient_goes_to_the_producer_only_where_the_engine_offers_it(device, keeps, monkeypatch):
     """A consumer hands its input's producer a gradient in the producer's own form (engine.Prepared) only where
-    the tensor has no other consumer and no hook: the same gradients as the plain path either way."""
+    the tensor has no other consumer and no hook: the same gradients as the plain path either way. Also where the
+    consumer saved arrays, so that the engine frees it (clearing what it offered) right after its backward."""
+    monkeypatch.setattr(_Scale, "keeps", keeps)
     x0 = np.array([0.5, -1.5, 2.0], np.float32)
 
     def run(extra):
