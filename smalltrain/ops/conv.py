@@ -253,18 +253,22 @@ class Conv2dActPool(Function):
     @staticmethod
     def backward(ctx, dout):
         saved = ctx.kernel_saved
-        if isinstance(dout, Prepared):   # the next convolution wrote g (prepared_kind)
-            return cuda_conv.conv2d_backward(None, saved, g=dout.value.g, wpartial=dout.value.wpartial)
-        g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
+        if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our weight gradient's partials
+            g, wpartial = dout.value.g, dout.value.wpartial
+        else:
+            g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
+            wpartial = None
         if not cuda_conv.INTO_POOLED:   # the hand-offs of this op wait for their GPU run (conv.INTO_POOLED)
-            return cuda_conv.conv2d_backward(None, saved, g=g)
-        return _into_producer(ctx, saved, g)
+            return cuda_conv.conv2d_backward(None, saved, g=g, wpartial=wpartial)
+        # the g handed to us (by the chain, or another convolution) or made here: either way our input gradient may
+        # be written as the producer's g in turn (LeNet-5: the chain -> the second convolution -> the first)
+        return _into_producer(ctx, saved, g, wpartial)
 
 
-def _into_producer(ctx, saved, g):
+def _into_producer(ctx, saved, g, wpartial=None):
     """conv2d_backward from g, its input gradient written as the producing convolution's g (a Prepared "conv_g")
     where the engine offered that kind for the input (the producer's prepared_kind, this node its only consumer)."""
-    dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, into=offered_producer(ctx))
+    dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, wpartial=wpartial, into=offered_producer(ctx))
     if isinstance(dx, cuda_conv.ProducerGrad):   # written as the producer's g
         dx = Prepared("conv_g", dx)
     return dx, dw, db
