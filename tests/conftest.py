@@ -1,6 +1,9 @@
 """Shared fixtures: the device list every golden table runs over (CUDA cases skip cleanly without a GPU), the
-seed, and reprs as the installed torch prints them."""
+seed, and reprs as the installed torch prints them. With SMALLTRAIN_CUDA_EMULATOR=1 and no GPU, the CUDA cases run
+on the CPU emulator of the CUDA backend (smalltrain/testing/cuda_emulator.py), installed here before any test module
+imports CuPy."""
 import inspect
+import os
 import re
 
 import numpy as np
@@ -8,6 +11,11 @@ import pytest
 import torch
 
 import smalltrain
+from smalltrain.testing import cuda_emulator
+
+EMULATED = os.environ.get("SMALLTRAIN_CUDA_EMULATOR") == "1" and not smalltrain.cuda.is_available()
+if EMULATED:
+    cuda_emulator.install()
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not smalltrain.cuda.is_available(),
                                                                  reason="no CUDA device"))]
@@ -36,3 +44,20 @@ def torch_repr():
     if "bias" in inspect.signature(torch.nn.BatchNorm1d).parameters:
         return repr
     return lambda module: re.sub(r", bias=(True|False)(?=, track_running_stats)", "", repr(module))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """On the emulator, a test that needs what it does not emulate (cuda_emulator.NotEmulated) is a skip."""
+    outcome = yield
+    if EMULATED and call.excinfo is not None and call.excinfo.errisinstance(cuda_emulator.NotEmulated):
+        report = outcome.get_result()
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {call.excinfo.value}")
+
+
+@pytest.fixture(autouse=True)
+def _emulator_reset():
+    yield
+    if EMULATED:
+        cuda_emulator.reset()   # a capture a failed test left open

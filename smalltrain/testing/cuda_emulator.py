@@ -11,10 +11,9 @@ switch per thread per barrier): use small shapes. Two levels:
       kern = cuda_emulator.kernel("activation", "act_fwd_f32")
       kern((2,), (256,), (x, out, np.int64(x.size), np.int32(1)))
 
-- The backend's launchers (smalltrain/backend/cuda/*.py, with their plans, arguments and cuBLAS calls) on an
-  emulated H200: install() puts a NumPy-backed `cupy` in their place (DeviceArray, streams, graph capture and
-  replay, cuBLAS with its column-major semantics). tests/cuda runs this way with SMALLTRAIN_CUDA_EMULATOR=1 where
-  no GPU is present. Tensor-level ops take their CPU path there (a DeviceArray is an ndarray).
+- smalltrain on an emulated H200: install() puts a NumPy-backed `cupy` in CuPy's place (DeviceArray, streams,
+  graph capture and replay, cuBLAS with its column-major semantics), under the backend's launchers and the
+  Tensor-level CUDA paths alike. tests/cuda runs this way with SMALLTRAIN_CUDA_EMULATOR=1 where no GPU is present.
 """
 import contextlib
 import ctypes
@@ -25,6 +24,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import types
 
 import numpy as np
 
@@ -137,6 +137,7 @@ class Kernel:
             raise TypeError(f"{self.name}: expected {len(self.param_sizes)} arguments, got {len(args)}")
         cells = []
         for i, (a, size) in enumerate(zip(args, self.param_sizes)):
+            a = _unwrap(a)
             if isinstance(a, np.ndarray):
                 if size != 8:
                     raise TypeError(f"{self.name}: argument {i} is an array, but the parameter is {size} bytes")
@@ -185,41 +186,159 @@ H200_ATTRIBUTES = {"MultiProcessorCount": 132, "MaxSharedMemoryPerBlockOptin": 2
 SMEM_DEFAULT_BYTES = 48 * 1024
 
 
-class DeviceArray(np.ndarray):
-    """A NumPy array standing for a cupy.ndarray: .get(), .device, .data.ptr. While a graph is captured, an array
-    operation (which CuPy would run as a kernel of its own, recorded into the graph) raises NotEmulated."""
+class DeviceArray:
+    """A cupy.ndarray stand-in: a NumPy array inside (`_a`), with CuPy's surface. Not an ndarray, so that code that
+    tells host from device arrays (isinstance(x, np.ndarray)) takes its CUDA path; and as CuPy, it refuses implicit
+    conversion to NumPy (`.get()` copies to the host). Methods, operators, NumPy functions and ufuncs run on the
+    inner array and hand back DeviceArrays (0-d arrays where NumPy gives scalars, as CuPy); while a graph is captured
+    they go into it (_call), and reading values on the host raises, as a synchronization does in a capture."""
 
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        _no_capture(ufunc.__name__)
-        inputs = tuple(_to_host(a) for a in inputs)
-        if "out" in kwargs:
-            kwargs["out"] = tuple(_to_host(a) for a in kwargs["out"])
-        result = getattr(ufunc, method)(*inputs, **kwargs)
-        return tuple(_to_device(r) for r in result) if isinstance(result, tuple) else _to_device(result)
+    __slots__ = ("_a",)
+    __array_priority__ = 100
+
+    def __init__(self, a):
+        self._a = a
+
+    # the attributes of an array that are plain values
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    itemsize = property(lambda self: self._a.itemsize)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: _wrap(self._a.T))
+    device = property(lambda self: _Device())
+    data = property(lambda self: _Pointer(self._a.ctypes.data))
+
+    @property
+    def __cuda_array_interface__(self):
+        a = self._a
+        return {"shape": a.shape, "typestr": a.dtype.str, "data": (a.ctypes.data, not a.flags.writeable),
+                "strides": None if a.flags.c_contiguous else a.strides, "version": 3}
+
+    def get(self, stream=None, order="C", out=None):
+        _host_sync("get")
+        if out is not None:
+            np.copyto(out, self._a)
+            return out
+        return np.array(self._a, order=order)
 
     def set(self, arr, stream=None):
-        """cupy.ndarray.set: a host-to-device copy."""
-        _no_capture("set")
-        np.copyto(self.view(np.ndarray), arr)
+        _host_sync("set")
+        np.copyto(self._a, arr)
 
-    def fill(self, value):
-        _no_capture("fill")
-        super().fill(value)
+    def __getattr__(self, name):   # methods: reshape, transpose, sum, astype, fill, copy, view, ...
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return _wrap(attr)
+
+        if name in _HOST_READS:
+            _host_sync(name)
+            return attr
+        return lambda *args, **kwargs: _call(attr, (self,) + args, kwargs, bound=True)
+
+    def __getitem__(self, key):
+        return _call(np.ndarray.__getitem__, (self, key), {})
 
     def __setitem__(self, key, value):
-        _no_capture("an assignment")
-        super().__setitem__(key, value)
+        _call(np.ndarray.__setitem__, (self, key, value), {})
 
-    def get(self):
-        return np.array(self.view(np.ndarray))
+    def __array__(self, *args, **kwargs):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a "
+                        "NumPy array explicitly.")
 
-    @property
-    def device(self):
-        return _Device()
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return _call(getattr(ufunc, method), inputs, kwargs)
 
-    @property
-    def data(self):
-        return _Pointer(self.ctypes.data)
+    def __array_function__(self, func, types, args, kwargs):
+        return _call(func, args, kwargs)
+
+    def __len__(self):
+        return len(self._a)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __bool__(self):
+        _host_sync("bool")
+        return bool(self._a)
+
+    def __float__(self):
+        _host_sync("float")
+        return float(self._a)
+
+    def __int__(self):
+        _host_sync("int")
+        return int(self._a)
+
+    def __index__(self):
+        _host_sync("index")
+        return self._a.__index__()
+
+    def __complex__(self):
+        _host_sync("complex")
+        return complex(self._a)
+
+    def __repr__(self):
+        return repr(self._a).replace("array", "DeviceArray", 1)
+
+    def __dlpack__(self, *args, **kwargs):
+        raise NotEmulated("cuda_emulator: DLPack exchange is not emulated")
+
+
+def _operator(name):
+    f = getattr(np.ndarray, name)
+
+    def op(self, *args):
+        return _call(f, (self,) + args, {})
+    op.__name__ = name
+    return op
+
+
+def _inplace(name):
+    f = getattr(np.ndarray, name)
+
+    def op(self, other):
+        _call(f, (self, other), {})
+        return self
+    op.__name__ = name
+    return op
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift",
+              "rshift"):
+    setattr(DeviceArray, f"__{_name}__", _operator(f"__{_name}__"))
+    setattr(DeviceArray, f"__r{_name}__", _operator(f"__r{_name}__"))
+    setattr(DeviceArray, f"__i{_name}__", _inplace(f"__i{_name}__"))
+for _name in ("neg", "pos", "abs", "invert", "lt", "le", "eq", "ne", "gt", "ge"):
+    setattr(DeviceArray, f"__{_name}__", _operator(f"__{_name}__"))
+DeviceArray.__hash__ = None
+
+
+def _unwrap(obj):
+    """DeviceArrays -> their NumPy arrays, inside tuples, lists and dicts too."""
+    if isinstance(obj, DeviceArray):
+        return obj._a
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_unwrap(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _unwrap(v) for k, v in obj.items()}
+    return obj
+
+
+def _wrap(obj):
+    """NumPy arrays and scalars -> DeviceArrays (a scalar as a 0-d array, as CuPy returns), inside tuples too."""
+    if isinstance(obj, np.ndarray):
+        return DeviceArray(obj)
+    if isinstance(obj, np.generic):
+        return DeviceArray(np.asarray(obj))
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_wrap(o) for o in obj)
+    if isinstance(obj, list):
+        return [_wrap(o) for o in obj]
+    return obj
 
 
 class _Pointer:
@@ -259,10 +378,76 @@ _streams = []     # the streams entered (`with stream:`), innermost last
 _capture = []     # while a graph is captured: [the capturing stream, its recorded work, arrays allocated meanwhile]
 
 
-def _no_capture(what):
+# methods that hand array contents to the host: a synchronization, which a stream capture does not allow
+_HOST_READS = {"item", "tolist", "tobytes", "__array__"}
+
+
+def _host_sync(what):
     if _capture:
-        raise NotEmulated(f"cuda_emulator: {what} on a device array while a CUDA graph is captured (CuPy records a "
-                          f"kernel of its own for it; the emulator records only ours, cuBLAS's and copies)")
+        raise RuntimeError(f"cuda_emulator: {what} reads a device array on the host while a CUDA graph is captured "
+                           f"(cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing)")
+
+
+def _device_arrays(obj, found):
+    if isinstance(obj, DeviceArray):
+        found.append(obj._a)
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            _device_arrays(o, found)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _device_arrays(o, found)
+    return found
+
+
+def _as_arrays(out):
+    """A function's result with NumPy scalars as 0-d arrays (CuPy returns device arrays), inside tuples too."""
+    if isinstance(out, np.generic):
+        return np.asarray(out)
+    if isinstance(out, tuple) and not hasattr(out, "_fields"):
+        return tuple(_as_arrays(o) for o in out)
+    if isinstance(out, list):
+        return [_as_arrays(o) for o in out]
+    return out
+
+
+def _call(f, args, kwargs, bound=False):
+    """f on the arrays inside `args` (DeviceArrays unwrapped), its arrays handed back as DeviceArrays.
+
+    While a graph is captured the call also goes into the graph, as CuPy's kernel for it would: it runs now (so that
+    its results exist, with the shapes the code goes on with; their values are garbage until a replay, as on the
+    GPU), and each replay runs it again on the arrays' contents at that point and copies what it makes into the
+    arrays it made now (kept alive by the graph). A call whose results are views of its inputs, or that writes into
+    them (in-place operators, fill, out=), is simply run again."""
+    call = (lambda: f(*_unwrap(args[1:]), **_unwrap(kwargs))) if bound else \
+        (lambda: f(*_unwrap(args), **_unwrap(kwargs)))
+    if not _capture:
+        return _wrap(_as_arrays(call()))
+    with np.errstate(all="ignore"):
+        out = _as_arrays(call())
+    inputs = _device_arrays((args, kwargs), [])
+    flat = _flat_arrays(out)
+    made = [k for k, r in enumerate(flat) if not any(np.may_share_memory(r, i) for i in inputs)]
+    if made:
+        _capture[2].extend(flat[k] for k in made)
+
+        def again():
+            with np.errstate(all="ignore"):
+                new = _flat_arrays(_as_arrays(call()))
+            for k in made:
+                np.copyto(flat[k], new[k])
+        _capture[1].append(again)
+    else:
+        _capture[1].append(call)
+    return _wrap(out)
+
+
+def _flat_arrays(out):
+    if isinstance(out, np.ndarray):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [r for o in out for r in _flat_arrays(o)]
+    return []
 
 
 def _run(work):
@@ -351,14 +536,6 @@ class _MemoryPool:
         return 0
 
 
-def _to_host(a):
-    return a.view(np.ndarray) if isinstance(a, DeviceArray) else a
-
-
-def _to_device(a):
-    return a.view(DeviceArray) if type(a) is np.ndarray else a
-
-
 def _poisoned(shape, dtype=float, order="C"):
     """cupy.empty: filled with 0xFF bytes (NaN as a float, -1 as an int), as the GPU tests poison CuPy's pool, so
     that an element a kernel forgets to write shows."""
@@ -366,14 +543,16 @@ def _poisoned(shape, dtype=float, order="C"):
     a.reshape(-1).view(np.uint8).fill(255)
     if _capture:
         _capture[2].append(a)
-    return a.view(DeviceArray)
+    return DeviceArray(a)
 
 
 def _upload(a, dtype=None, order=None):
     """cupy.asarray: a host array is copied (to the "device"), as CuPy does; a DeviceArray passes through."""
     if isinstance(a, DeviceArray) and (dtype is None or np.dtype(dtype) == a.dtype):
         return a
-    return np.array(a, dtype=dtype, order=order or "K", copy=True).view(DeviceArray)
+    if isinstance(a, DeviceArray):
+        return DeviceArray(a._a.astype(dtype))
+    return DeviceArray(np.array(a, dtype=dtype, order=order or "K", copy=True))
 
 
 @contextlib.contextmanager
@@ -381,9 +560,23 @@ def _using_allocator(allocator=None):
     yield
 
 
-def _no_pointer_attributes(ptr):
-    """cudaPointerGetAttributes: no host memory is page-locked here (what CUDA says of memory it does not know)."""
-    raise RuntimeError("cuda_emulator: no pointer attributes")
+_pinned = []   # the page-locked host buffers alloc_pinned_memory made (address ranges for cudaPointerGetAttributes)
+
+
+def _alloc_pinned(nbytes):
+    buf = np.empty(max(int(nbytes), 1), np.uint8)
+    _pinned.append(buf)
+    return buf
+
+
+def _pointer_attributes(ptr):
+    """cudaPointerGetAttributes: host memory from alloc_pinned_memory is page-locked host memory; CUDA raises for
+    memory it does not know."""
+    for buf in _pinned:
+        start = buf.ctypes.data
+        if start <= ptr < start + buf.nbytes:
+            return types.SimpleNamespace(type=1, devicePointer=ptr, hostPointer=ptr)
+    raise RuntimeError("cuda_emulator: cudaErrorInvalidValue (not memory CUDA allocated or registered)")
 
 
 def _memcpy(dst, src, nbytes, kind, stream=0):
@@ -391,38 +584,55 @@ def _memcpy(dst, src, nbytes, kind, stream=0):
     _run(lambda: ctypes.memmove(dst, src, nbytes))
 
 
+class _Ufunc:
+    """A NumPy ufunc as cupy's: called, or through .at / .reduce / .accumulate / .outer, on DeviceArrays."""
+
+    def __init__(self, ufunc):
+        self.ufunc = ufunc
+        self.__name__ = ufunc.__name__
+
+    def __call__(self, *args, **kwargs):
+        return _call(self.ufunc, args, kwargs)
+
+    def __getattr__(self, name):
+        attr = getattr(self.ufunc, name)
+        if name in ("at", "reduce", "accumulate", "outer", "reduceat"):
+            return lambda *args, **kwargs: _call(attr, args, kwargs)
+        return attr
+
+
 def _numpy_function(name):
     f = getattr(np, name)
+    if isinstance(f, np.ufunc):
+        return _Ufunc(f)
     if not callable(f) or isinstance(f, type):
         return f
 
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
-        out = f(*args, **kwargs)
-        return tuple(_to_device(o) for o in out) if isinstance(out, tuple) else _to_device(out)
+        return _call(f, args, kwargs)
     return wrapped
 
 
 def _fake_cupy():
     """A module with the part of CuPy's API that smalltrain's CUDA host code and kernel tests use, over NumPy."""
-    import types
     cp = types.ModuleType("cupy")
     cp.__getattr__ = _numpy_function
     cp.ndarray = DeviceArray
     cp.empty = _poisoned
     cp.empty_like = lambda a, dtype=None: _poisoned(a.shape, dtype or a.dtype)
     cp.asarray = _upload
-    cp.array = lambda a, dtype=None, copy=True, **kw: _upload(np.array(a, dtype=dtype, copy=copy, **kw))
-    cp.asnumpy = lambda a: np.array(a.view(np.ndarray)) if isinstance(a, np.ndarray) else np.asarray(a)
+    cp.array = lambda a, dtype=None, copy=True, **kw: DeviceArray(np.array(_unwrap(a), dtype=dtype, copy=True, **kw))
+    cp.asnumpy = lambda a, stream=None: a.get() if isinstance(a, DeviceArray) else np.asarray(a)
     cp.get_default_memory_pool = lambda: _MemoryPool()
     cp.RawModule = lambda code, options=(), **kwargs: Module(code)
     cuda = types.SimpleNamespace(
         Device=_Device, Stream=_Stream, Event=_Stream, get_current_stream=_current_stream,
         MemoryPool=_MemoryPool, set_allocator=lambda *a: None, get_allocator=lambda: None,
-        alloc_pinned_memory=lambda n: np.empty(n, np.uint8), using_allocator=_using_allocator)
+        alloc_pinned_memory=_alloc_pinned, using_allocator=_using_allocator)
     cuda.runtime = types.SimpleNamespace(
         getDeviceCount=lambda: 1, CUDARuntimeError=RuntimeError, memcpyAsync=_memcpy,
-        pointerGetAttributes=_no_pointer_attributes, memcpyHostToDevice=1,
+        pointerGetAttributes=_pointer_attributes, memoryTypeHost=1, memoryTypeDevice=2, memcpyHostToDevice=1,
         memcpyDeviceToHost=2, memcpyDeviceToDevice=3, memcpyDefault=4)
     cp.cuda = cuda
     return cp
@@ -436,10 +646,16 @@ def installed():
     return bool(_installed)
 
 
+def reset():
+    """Forget a capture left open (by a test that failed inside one) and the streams entered."""
+    _capture.clear()
+    _streams.clear()
+
+
 def install():
     """Make smalltrain's CUDA backend run on this emulator: `cupy` (sys.modules and the backend's handle) becomes
-    NumPy with CuPy's names, kernels compile with g++, cuBLAS calls become NumPy matmuls (_Cublas). For the kernel
-    tests that call backend.cuda's launchers. uninstall() undoes it."""
+    NumPy with CuPy's names, kernels compile with g++, cuBLAS calls become NumPy matmuls (_Cublas). uninstall()
+    undoes it."""
     import sys
 
     from ..backend import cuda as backend_cuda
@@ -454,8 +670,7 @@ def install():
     loader._compiled = lambda source, options, device_id: _module_of_source(source)
     blas._lib = _Cublas()
     _installed.append(saved)
-    _capture.clear()
-    _streams.clear()
+    reset()
     _clear_caches(backend_cuda, _common)
 
 

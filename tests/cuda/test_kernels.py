@@ -21,7 +21,7 @@ import cuda_reference as ref  # noqa: E402
 from smalltrain.backend.cuda import conv as conv_kernels  # noqa: E402
 from smalltrain.backend.cuda import linear as linear_kernels  # noqa: E402
 from smalltrain.backend.cuda import ops  # noqa: E402
-from smalltrain.testing import assert_close, cuda_emulator  # noqa: E402
+from smalltrain.testing import assert_close  # noqa: E402
 
 DTYPES = [np.float32, np.float64]
 
@@ -1309,7 +1309,6 @@ def test_cross_entropy_writes_the_unit_gradient_for_small_inputs(shape, weighted
     assert ops.cross_entropy_forward(g(x), g(t), w, reduction=reduction)[1].unit is None
 
 
-@pytest.mark.skipif(cuda_emulator.installed(), reason="Tensor-level CUDA: the emulator runs launchers only")
 def test_loss_backward_without_a_gradient_runs_no_kernel_after_cross_entropy(rng):
     """F.cross_entropy(...).backward() takes the forward's unit gradient (autograd.engine.UNIT_SEED): the same
     gradients as backward with an explicit 1, and a retained graph's second pass scales again."""

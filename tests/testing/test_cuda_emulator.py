@@ -1,6 +1,7 @@
 """The CPU emulator of our CUDA C (smalltrain/testing/cuda_emulator.py): barriers, shared memory, shuffles and
-atomics give a GPU's results; a missing barrier, a deadlock, a wrong argument width and an unrequested shared memory
-size are reported; and the kernel tests of tests/cuda pass on it. Needs g++ (skips without)."""
+atomics give a GPU's results; a missing barrier, a deadlock, a wrong argument width, an unrequested shared memory
+size and (with ASan) a write past an array are reported; and the suite's CUDA tests pass on it where no GPU is
+present. Needs g++ (skips without)."""
 import os
 import subprocess
 import sys
@@ -144,21 +145,47 @@ def _asan_runtime():
     return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
-@pytest.mark.skipif(smalltrain.cuda.is_available(), reason="a GPU runs tests/cuda itself")
-def test_the_cuda_kernel_tests_pass_on_the_emulator():
-    """tests/cuda (the launchers and their kernels against float64 and torch references) on the emulated device, in a
-    process of its own: the emulator takes the place of CuPy for the whole process (cuda_emulator.install). Where
-    g++ has AddressSanitizer, the kernels are built with it and the process preloads its runtime, so that a read or
-    write past a device array or a shared memory array stops the run (ASan's report names the kernel)."""
+# Minutes each on the emulator (scalar kernels, many steps or float64 gradchecks through many launches); they run
+# on the GPU machine. Everything else of the suite runs on the emulator.
+SLOW_ON_THE_EMULATOR = [
+    "tests/ops/test_matmul.py::test_linear_chain_gradcheck",
+    "tests/test_compile.py::test_captured_step_equals_eager_after_100_steps",
+    "tests/test_compile.py::test_a_scheduler_changes_the_captured_learning_rate",
+    "tests/test_train.py::test_compiled_evaluation_equals_eager_evaluation",
+    "tests/test_train.py::test_cnn_with_sgd_reaches_97_percent_after_one_epoch",
+]
+
+
+def _emulated_pytest(args, asan):
+    """pytest `args` in a process of its own on the emulated device (the emulator takes the place of CuPy for the
+    whole process: tests/conftest.py installs it); with `asan`, the kernels built with AddressSanitizer and its
+    runtime preloaded, so that a read or write past a device or shared memory array stops the run with a report
+    naming the kernel. Asserts that it passed."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, SMALLTRAIN_CUDA_EMULATOR="1")
-    asan = _asan_runtime()
     if asan:
         env.update(SMALLTRAIN_EMULATOR_ASAN="1", LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0")
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda"], cwd=root,
-                         env=env, capture_output=True, text=True, timeout=1800)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=3600)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-6000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+@pytest.mark.skipif(smalltrain.cuda.is_available(), reason="a GPU runs the CUDA tests itself")
+def test_the_kernel_tests_pass_on_the_emulator():
+    """tests/cuda: the launchers and their kernels against float64 and torch references, under AddressSanitizer
+    where g++ has it."""
+    _emulated_pytest(["tests/cuda"], _asan_runtime())
+
+
+@pytest.mark.skipif(smalltrain.cuda.is_available(), reason="a GPU runs the CUDA tests itself")
+def test_the_rest_of_the_suite_passes_on_the_emulator():
+    """Every other test with its CUDA cases on the emulated device (Tensor ops, modules, fusions and their
+    hand-offs, captured steps, the trainer), but SLOW_ON_THE_EMULATOR. Without ASan: matplotlib's import exits
+    the process under its preloaded runtime."""
+    deselect = [a for t in SLOW_ON_THE_EMULATOR for a in ("--deselect", t)]
+    _emulated_pytest(["tests", "--ignore", "tests/cuda", "--ignore", "tests/testing/test_cuda_emulator.py",
+                      *deselect], None)
 
 
 OOB = r"""
