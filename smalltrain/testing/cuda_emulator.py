@@ -724,10 +724,6 @@ class _Cublas:
         m = np.lib.stride_tricks.as_strided(flat, (r, c), (item, ld * item))
         return m.T if op else m
 
-    def _gemm(self, *args):
-        _run(lambda: self._gemm_now(*args))
-        return 0
-
     def _gemm_now(self, dtype, op_a, op_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
         A = self._matrix(a, dtype, m, k, lda, op_a)
         B = self._matrix(b, dtype, k, n, ldb, op_b)
@@ -736,19 +732,11 @@ class _Cublas:
         C[...] = prod + beta * C if beta else prod
         return 0
 
-    def _batched(self, *args):
-        _run(lambda: self._batched_now(*args))
-        return 0
-
     def _batched_now(self, dtype, op_a, op_b, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch):
         item = np.dtype(dtype).itemsize
         for i in range(batch):
             self._gemm_now(dtype, op_a, op_b, m, n, k, alpha, a + i * sa * item, lda, b + i * sb * item, ldb, beta,
                        c + i * sc * item, ldc)
-        return 0
-
-    def _gemv(self, *args):
-        _run(lambda: self._gemv_now(*args))
         return 0
 
     def _gemv_now(self, dtype, op, m, n, alpha, a, lda, x, incx, beta, y, incy):
@@ -760,20 +748,12 @@ class _Cublas:
         Y[...] = prod + beta * Y if beta else prod
         return 0
 
-    def cublasSgemm_v2(self, h, *args):
-        return self._gemm(np.float32, *args)
 
-    def cublasDgemm_v2(self, h, *args):
-        return self._gemm(np.float64, *args)
 
-    def cublasSgemmStridedBatched(self, h, *args):
-        return self._batched(np.float32, *args)
-
-    def cublasDgemmStridedBatched(self, h, *args):
-        return self._batched(np.float64, *args)
-
-    def cublasSgemv_v2(self, h, *args):
-        return self._gemv(np.float32, *args)
-
-    def cublasDgemv_v2(self, h, *args):
-        return self._gemv(np.float64, *args)
+# the entry points blas._Lib calls (after the handle): each goes into the graph while one is captured (_run)
+for _name, _now, _dtype in (("cublasSgemm_v2", "_gemm_now", np.float32), ("cublasDgemm_v2", "_gemm_now", np.float64),
+                            ("cublasSgemmStridedBatched", "_batched_now", np.float32),
+                            ("cublasDgemmStridedBatched", "_batched_now", np.float64),
+                            ("cublasSgemv_v2", "_gemv_now", np.float32), ("cublasDgemv_v2", "_gemv_now", np.float64)):
+    setattr(_Cublas, _name, lambda self, handle, *args, _now=_now, _dtype=_dtype:
+            _run(lambda: getattr(self, _now)(_dtype, *args)) or 0)
