@@ -749,7 +749,6 @@ class _Cublas:
         return 0
 
 
-
 # the entry points blas._Lib calls (after the handle): each goes into the graph while one is captured (_run)
 for _name, _now, _dtype in (("cublasSgemm_v2", "_gemm_now", np.float32), ("cublasDgemm_v2", "_gemm_now", np.float64),
                             ("cublasSgemmStridedBatched", "_batched_now", np.float32),

@@ -5,6 +5,7 @@ import pytest
 import smalltrain
 from smalltrain.testing import cuda_emulator
 
+
 @pytest.fixture(autouse=True)
 def _poison_pool():
     """Fill CuPy's pooled free memory with 0xFF bytes (NaN as a float, -1 as an int): an output element that a
