@@ -1,20 +1,22 @@
 // cuda_emulator.h: the CUDA C that smalltrain's kernels use, for g++ on the CPU (see cuda_emulator.py).
 //
-// Every CUDA thread of a block is a fiber (ucontext) on one OS thread. The scheduler runs each fiber until it
-// reaches a barrier (__syncthreads, or the warp barrier inside a shuffle) or returns; a barrier opens when every
-// thread of the block (of the warp) that has not returned waits at it. Blocks run one after another, so a static
-// `__shared__` variable is the block's shared memory. A fiber runs uninterrupted between barriers, which makes a
-// missing __syncthreads show up as a stale read, and the kernel sees the worst interleaving rather than a lucky one.
-// Shared memory, static and dynamic, is refilled with 0xFF bytes (NaN as a float) for every block, as CuPy's pool
-// is poisoned in the GPU tests: a read of shared memory no thread of the block wrote shows. What is not emulated: the memory model between blocks (blocks never overlap here), inline PTX
-// (the kernels' sm_80 paths are compiled out: __CUDA_ARCH__ is not defined), and the GPU's float rounding (FMA
-// contraction, its libm): compare results within a tolerance, as the GPU tests do.
+// Every CUDA thread of a block is a fiber on one OS thread. The scheduler runs each fiber until it reaches a
+// barrier (__syncthreads, or the warp barrier inside a shuffle) or returns; a barrier opens when every thread of the
+// block (of the warp) that has not returned waits at it. Blocks run one after another, so a static `__shared__`
+// variable is the block's shared memory. A fiber runs uninterrupted between barriers, which makes a missing
+// __syncthreads show up as a stale read: the kernel sees the worst interleaving rather than a lucky one. Shared
+// memory, static and dynamic, is refilled with 0xFF bytes (NaN as a float) for every block, as CuPy's pool is
+// poisoned in the GPU tests, so a read of shared memory no thread of the block wrote shows. cp.async (common.cuh's
+// st_async_* helpers, their ST_EMULATOR branch) lands only at the wait that covers it.
+// Not emulated: inline PTX (__CUDA_ARCH__ is not defined), the memory model between blocks (they never overlap
+// here), the GPU's float rounding (FMA contraction, its libm: compare within a tolerance, as the GPU tests do).
 #pragma once
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <new>
@@ -23,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#define ST_EMULATOR 1   // common.cuh's cp.async helpers call the emulator's (st_emu::async_*)
 #define __global__
 #define __device__
 #define __host__
@@ -123,7 +126,14 @@ namespace st_emu {
 
 enum State { RUNNABLE, AT_SYNCTHREADS, AT_WARP_BARRIER, DONE };
 
+struct AsyncCopy {
+    void* dst;
+    const void* src;   // null: write zeros
+    size_t bytes;
+};
+
 struct Fiber {
+    std::vector<std::vector<AsyncCopy>> groups;   // cp.async: committed groups, oldest first, then the open one
 #if ST_EMU_FAST_SWITCH
     void* sp;
 #else
@@ -187,8 +197,44 @@ inline void wait(State s, int line = 0) {
     to_scheduler();
 }
 
+// cp.async (common.cuh's st_async_* helpers): a copy is only queued, and lands when a wait covers it, the latest
+// a GPU may complete it, so that a read of shared memory the kernel has not waited for sees the poison.
+inline void async_copy(void* dst, const void* src, size_t bytes) {
+    auto& g = fibers[current].groups;
+    if (g.empty()) g.emplace_back();
+    g.back().push_back({dst, src, bytes});
+}
+
+inline void async_commit() {
+    auto& g = fibers[current].groups;
+    if (g.empty()) g.emplace_back();   // an empty group committed
+    g.emplace_back();                  // the next open one
+}
+
+inline void land(std::vector<AsyncCopy>& group) {
+    for (auto& c : group) {
+        if (c.src) memcpy(c.dst, c.src, c.bytes);
+        else memset(c.dst, 0, c.bytes);
+    }
+    group.clear();
+}
+
+// keep: the most recent committed groups left in flight (cp.async.wait_group keep); -1: all, the open one too
+// (cp.async.wait_all). The open group is the last entry once async_commit has started a new one.
+inline void async_wait(int keep) {
+    auto& g = fibers[current].groups;
+    if (g.empty()) return;
+    const int committed = (int)g.size() - 1;   // the last entry is the open (uncommitted) group
+    const int upto = keep < 0 ? (int)g.size() : std::max(0, committed - keep);
+    for (int i = 0; i < upto; ++i) land(g[i]);
+    while (!g.empty() && g.front().empty() && g.size() > 1) g.erase(g.begin());
+    if (keep < 0) g.clear();
+}
+
 inline void start() {
     body();
+    for (auto& group : fibers[current].groups) land(group);   // copies never waited for still complete
+    fibers[current].groups.clear();
     fibers[current].state = DONE;
 #if ST_EMU_FAST_SWITCH
     to_scheduler();   // never returns: the fiber is started afresh for the next block

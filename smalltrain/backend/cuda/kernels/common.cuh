@@ -28,6 +28,8 @@ __device__ __forceinline__ void st_async_copy(T* dst, const T* src, bool valid) 
     const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(sizeof(T)),
                  "r"(valid ? static_cast<int>(sizeof(T)) : 0));
+#elif defined(ST_EMULATOR)   // the CPU emulator (smalltrain/testing): the copy lands at the wait that covers it
+    st_emu::async_copy(dst, valid ? src : nullptr, sizeof(T));
 #else
     *dst = valid ? *src : T(0);
 #endif
@@ -35,6 +37,8 @@ __device__ __forceinline__ void st_async_copy(T* dst, const T* src, bool valid) 
 __device__ __forceinline__ void st_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_all;\n" ::: "memory");
+#elif defined(ST_EMULATOR)
+    st_emu::async_wait(-1);
 #endif
 }
 // Double buffering: st_async_commit closes the copies issued since the last commit into a group;
@@ -43,11 +47,15 @@ __device__ __forceinline__ void st_async_wait() {
 __device__ __forceinline__ void st_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(ST_EMULATOR)
+    st_emu::async_commit();
 #endif
 }
 __device__ __forceinline__ void st_async_wait_but_last() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#elif defined(ST_EMULATOR)
+    st_emu::async_wait(1);
 #endif
 }
 // Waits until at most n (0..3, more counts as 3) of this thread's committed groups are still in flight: groups
@@ -58,6 +66,8 @@ __device__ __forceinline__ void st_async_wait_pending(int n) {
     else if (n == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
     else if (n == 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
     else asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+#elif defined(ST_EMULATOR)
+    st_emu::async_wait(n <= 0 ? 0 : n >= 3 ? 3 : n);
 #endif
 }
 // n elements src -> dst by the block's threads: 16-byte copies where both ends are 16-byte aligned and n fills
