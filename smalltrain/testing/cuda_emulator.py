@@ -13,7 +13,8 @@ switch per thread per barrier): use small shapes. Two levels:
 
 - smalltrain on an emulated H200: install() puts a NumPy-backed `cupy` in CuPy's place (DeviceArray, streams,
   graph capture and replay, cuBLAS with its column-major semantics), under the backend's launchers and the
-  Tensor-level CUDA paths alike. tests/cuda runs this way with SMALLTRAIN_CUDA_EMULATOR=1 where no GPU is present.
+  Tensor-level CUDA paths alike. The test suite's CUDA cases run this way with SMALLTRAIN_CUDA_EMULATOR=1 where no
+  GPU is present (tests/conftest.py); NCCL between processes, timings and torch's own CUDA are out of its reach.
 """
 import contextlib
 import ctypes
