@@ -87,8 +87,9 @@ def _compile(source, name):
                         f"{{ return st_emu::param_sizes(&{k}, sizes); }}\n")
         # the source stays beside the library (its debug information points there: gdb shows the kernel's lines)
         kept = out[:-3] + ".cpp"
-        shutil.copy(src, kept + ".tmp")
-        os.replace(kept + ".tmp", kept)
+        staged = f"{kept}.{os.getpid()}.tmp"   # one per process: pytest-xdist workers may compile the same family
+        shutil.copy(src, staged)
+        os.replace(staged, kept)
         tmp_out = os.path.join(tmp, "out.so")
         cc = subprocess.run(["g++", *flags, "-I", os.path.dirname(HEADER), kept, "-o", tmp_out],
                             capture_output=True, text=True)
