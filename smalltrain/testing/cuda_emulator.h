@@ -227,7 +227,7 @@ inline void async_wait(int keep) {
     const int committed = (int)g.size() - 1;   // the last entry is the open (uncommitted) group
     const int upto = keep < 0 ? (int)g.size() : std::max(0, committed - keep);
     for (int i = 0; i < upto; ++i) land(g[i]);
-    while (!g.empty() && g.front().empty() && g.size() > 1) g.erase(g.begin());
+    while (g.size() > 1 && g.front().empty()) g.erase(g.begin());
     if (keep < 0) g.clear();
 }
 
@@ -263,6 +263,7 @@ inline void make_fiber(int t) {
     f.ctx.uc_link = &scheduler;
     makecontext(&f.ctx, start, 0);
 #endif
+    f.groups.clear();   // a launch that stopped on a deadlock may have left copies queued
     f.state = RUNNABLE;
 }
 
@@ -287,13 +288,12 @@ inline bool run_block(int nthreads) {
             to_fiber(t);
         }
         // every fiber now waits at a barrier or has returned: open the warp barriers whose live lanes all wait
-        bool opened = false, any_sync = false, any_live = false;
+        bool opened = false, any_live = false;
         for (int w = 0; w < nthreads; w += 32) {
             int live = 0, waiting = 0;
             for (int t = w; t < nthreads && t < w + 32; ++t) {
                 live += fibers[t].state != DONE;
                 waiting += fibers[t].state == AT_WARP_BARRIER;
-                any_sync |= fibers[t].state == AT_SYNCTHREADS;
             }
             any_live |= live > 0;
             if (waiting && waiting == live) {
@@ -317,7 +317,6 @@ inline bool run_block(int nthreads) {
             }
             line = fibers[t].line;
         }
-        (void)any_sync;
         for (int t = 0; t < nthreads; ++t)
             if (fibers[t].state == AT_SYNCTHREADS) fibers[t].state = RUNNABLE;
     }

@@ -424,7 +424,7 @@ def _call(f, args, kwargs, bound=False):
     call = (lambda: f(*_unwrap(args[1:]), **_unwrap(kwargs))) if bound else \
         (lambda: f(*_unwrap(args), **_unwrap(kwargs)))
     if not _capture:
-        return _wrap(_as_arrays(call()))
+        return _wrap(call())
     with np.errstate(all="ignore"):
         out = _as_arrays(call())
     inputs = _device_arrays((args, kwargs), [])
@@ -550,10 +550,8 @@ def _poisoned(shape, dtype=float, order="C"):
 
 def _upload(a, dtype=None, order=None):
     """cupy.asarray: a host array is copied (to the "device"), as CuPy does; a DeviceArray passes through."""
-    if isinstance(a, DeviceArray) and (dtype is None or np.dtype(dtype) == a.dtype):
-        return a
     if isinstance(a, DeviceArray):
-        return DeviceArray(a._a.astype(dtype))
+        return a if dtype is None or np.dtype(dtype) == a.dtype else DeviceArray(a._a.astype(dtype))
     return DeviceArray(np.array(a, dtype=dtype, order=order or "K", copy=True))
 
 
