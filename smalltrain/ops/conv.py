@@ -229,7 +229,8 @@ class Conv2dActPool(Function):
     epilogue, the next layer (a convolution, or the linear chain reading the output flattened: LinearChain) may
     hand it its g ready-made, through the pooling's backward ("conv_g", as Conv2d's), so the pooling's backward
     kernel does not run; and where x comes from another CUDA convolution, its input gradient is written as that
-    one's g the same way (conv2d_backward's `into`, as Conv2dActLinear's). Both with conv.INTO_POOLED on."""
+    one's g the same way (conv2d_backward's `into`, as Conv2dActLinear's). Through a pooling only with
+    conv.INTO_POOLED on."""
     makes_prepared = True
 
     @staticmethod
@@ -258,8 +259,6 @@ class Conv2dActPool(Function):
         else:
             g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
             wpartial = None
-        if not cuda_conv.INTO_POOLED:   # the hand-offs of this op wait for their GPU run (conv.INTO_POOLED)
-            return cuda_conv.conv2d_backward(None, saved, g=g, wpartial=wpartial)
         # the g handed to us (by the chain, or another convolution) or made here: either way our input gradient may
         # be written as the producer's g in turn (LeNet-5: the chain -> the second convolution -> the first)
         return _into_producer(ctx, saved, g, wpartial)

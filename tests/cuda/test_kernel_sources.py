@@ -200,9 +200,10 @@ def test_pooled_producer_choice(monkeypatch):
         assert not linear.chain_into_pooled_ok(chain, producer(**over)), over
     assert conv._into_ok(SimpleNamespace(x_shape=(64, 16, 8, 8)), producer(pool=None), f32)   # not pooled
     assert not linear.chain_into_pooled_ok(SimpleNamespace(x=np.zeros((64, 1024), np.float32)), producer(pool=None))
-    monkeypatch.setattr(conv, "INTO_PRODUCER", False)
-    assert not linear.chain_into_pooled_ok(chain, producer())
-    monkeypatch.setattr(conv, "INTO_PRODUCER", True)
+    for module, knob in ((conv, "INTO_PRODUCER"), (linear, "CHAIN_INTO_POOLED")):
+        monkeypatch.setattr(module, knob, False)
+        assert not linear.chain_into_pooled_ok(chain, producer()), knob
+        monkeypatch.setattr(module, knob, True)
     monkeypatch.setattr(conv, "INTO_POOLED", False)
     assert not conv._into_ok(consumer, producer(), f32) and not linear.chain_into_pooled_ok(chain, producer())
 
@@ -227,7 +228,8 @@ def test_pooled_wgrad_plan(monkeypatch):
         p.__dict__.update(over)
         return p
     f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
-    assert conv._pooled_wgrad_plan(producer(), f32) is None   # POOLED_WGRAD off
+    monkeypatch.setattr(conv, "POOLED_WGRAD", False)
+    assert conv._pooled_wgrad_plan(producer(), f32) is None
     monkeypatch.setattr(conv, "POOLED_WGRAD", True)
     assert conv._pooled_wgrad_plan(producer(), f32) == (252, 2, 256, 252 * 26 * 4 + 6 * 25)   # + the NaN flags
     assert conv._pooled_wgrad_plan(producer(64), f32) == (252, 1, 64, 252 * 26 * 4 + 150)

@@ -410,11 +410,12 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
     gradients are bit-equal to the hand-offs switched off (INTO_PRODUCER) and within float32 rounding of the
     unfused layers. With POOLED_WGRAD the first layer's weight gradient comes from its g at the maxima (pooled_wgrad
     instead of a dense weight-gradient kernel), within rounding. A second consumer of the first pooled output, or a
-    hook on it, keeps that hand-off's plain path. (INTO_POOLED, off by default, on here.)"""
+    hook on it, keeps that hand-off's plain path."""
     from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import pool as cuda_pool
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
+    monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)   # first the dense weight gradients, then pooled_wgrad's
     pooled_bwd = _record_kernels(monkeypatch, cuda_pool, "launch")
     launched = _record_kernels(monkeypatch, cuda_conv, "get")
     st.manual_seed(0)
@@ -474,7 +475,7 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
 def test_cuda_pooled_convolution_hands_a_plain_one_its_g(monkeypatch):
     """Conv2d + ReLU, then Conv2d + GELU + MaxPool2d(2): the pooled layer's backward writes the first layer's g (the
     plain 'into' hand-off, as Conv2dActLinear's), so no transpose-and-derivative kernel runs; gradients bit-equal to
-    the hand-off switched off. (INTO_POOLED, off by default, on here.)"""
+    the hand-off switched off."""
     from smalltrain.backend.cuda import conv as cuda_conv
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)

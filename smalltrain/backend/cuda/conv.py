@@ -108,14 +108,15 @@ INTO_WGRAD = True
 # ... and where that producer pooled in its epilogue (tile_conv_pool), through the pooling's backward: the g written
 # by the next convolution's tile_conv epilogue or by the linear chain's backward kernel (linear.py
 # chain_into_pooled_ok), so that no pooling backward kernel runs (LeNet-5's two); also Conv2dActPool's own input
-# gradient as a producer's g. Off by default until its tests and the step's timing have run on a GPU (written
-# without one); its tests turn it on
-INTO_POOLED = False
+# gradient as a producer's g. Alone it loses (H100, LeNet-5's captured step: b64 85.1 / 89.1 -> 99.7 / 103.4 us,
+# b512 172.4 / 173.7 -> 184.8 / 188.4): the full-resolution g the first layer gets costs more than the pooling
+# backward it saves; with POOLED_WGRAD it gains (below). Tests set it False for the pooling backward kernels
+INTO_POOLED = True
 # ... and where that pooled producer has one input channel and needs no input gradient (a first layer), only its g
 # at the pooling windows' maxima is written (tile_conv_unpool's compact form), and its weight and bias gradients come
-# from that by pooled_wgrad: a quarter of tile_wgrad's products, no full-resolution g (LeNet-5's first layer). Off
-# by default like INTO_POOLED (which it needs), for the same reason
-POOLED_WGRAD = False
+# from that by pooled_wgrad: a quarter of tile_wgrad's products, no full-resolution g (LeNet-5's first layer).
+# With INTO_POOLED (which it needs), against both off (H100, two rounds): b64 90.0 / 84.4 us, b512 164.1 / 165.0
+POOLED_WGRAD = True
 _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
 # TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images

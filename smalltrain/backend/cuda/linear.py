@@ -58,6 +58,10 @@ _SMEM_BYTES = SMEM_DEFAULT_BYTES
 # the chain's backward copies the weights it reads into shared memory first (chain_bwd_staged) where they fit the
 # block's opt-in shared memory; tests turn it off for the unstaged kernel
 CHAIN_STAGE = True
+# the chain's backward writes a pooled convolution's g where its input is that one's pooled output flattened
+# (chain_into_pooled_ok; with conv.INTO_POOLED): off, the convolution's own pooling backward kernel runs instead
+# (benchmarks: that hand-off timed alone)
+CHAIN_INTO_POOLED = True
 
 
 @dataclass
@@ -366,8 +370,8 @@ def linear_chain_forward(x, layers, save=True):
 def chain_into_pooled_ok(saved, into):
     """Whether linear_chain_backward can write dx as `into`'s g: `into` (a Conv2dSaved) pooled in its epilogue
     (conv2d_forward's pool, tile_conv_pool) an output whose flattened rows are the chain's input and
-    conv.producer_output allows it; the g's indices fit 32 bits; conv.INTO_PRODUCER on."""
-    if not conv_kernels.INTO_PRODUCER or into is None or into.pool is None:
+    conv.producer_output allows it; the g's indices fit 32 bits; conv.INTO_PRODUCER and CHAIN_INTO_POOLED on."""
+    if not (conv_kernels.INTO_PRODUCER and CHAIN_INTO_POOLED) or into is None or into.pool is None:
         return False
     made = conv_kernels.producer_output(into, saved.x.dtype)
     return made is not None and (made[0], made[1] * made[2] * made[3]) == tuple(saved.x.shape) \
