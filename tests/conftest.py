@@ -3,7 +3,6 @@ seed, and reprs as the installed torch prints them. With SMALLTRAIN_CUDA_EMULATO
 on the CPU emulator of the CUDA backend (smalltrain/testing/cuda_emulator.py), installed here before any test module
 imports CuPy."""
 import inspect
-import os
 import re
 
 import numpy as np
@@ -13,9 +12,7 @@ import torch
 import smalltrain
 from smalltrain.testing import cuda_emulator
 
-EMULATED = os.environ.get("SMALLTRAIN_CUDA_EMULATOR") == "1" and not smalltrain.cuda.is_available()
-if EMULATED:
-    cuda_emulator.install()
+EMULATED = cuda_emulator.install_if_requested()
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not smalltrain.cuda.is_available(),
                                                                  reason="no CUDA device"))]

@@ -12,9 +12,10 @@ switch per thread per barrier): use small shapes. Two levels:
       kern((2,), (256,), (x, out, np.int64(x.size), np.int32(1)))
 
 - smalltrain on an emulated H200: install() puts a NumPy-backed `cupy` in CuPy's place (DeviceArray, streams,
-  graph capture and replay, cuBLAS with its column-major semantics), under the backend's launchers and the
-  Tensor-level CUDA paths alike. The test suite's CUDA cases run this way with SMALLTRAIN_CUDA_EMULATOR=1 where no
-  GPU is present (tests/conftest.py); NCCL between processes, timings and torch's own CUDA are out of its reach.
+  graph capture and replay, cuBLAS with its column-major semantics, NCCL for a world of one process), under the
+  backend's launchers and the Tensor-level CUDA paths alike. The test suite's CUDA cases run this way with
+  SMALLTRAIN_CUDA_EMULATOR=1 where no GPU is present (install_if_requested: tests/conftest.py, and the worker
+  processes of the distributed tests); NCCL between processes, timings and torch's own CUDA are out of its reach.
 """
 import contextlib
 import ctypes
@@ -614,6 +615,51 @@ def _numpy_function(name):
     return wrapped
 
 
+# NCCL's data types by their enum value in cupy.cuda.nccl, as item sizes (what a world of one needs to copy them)
+_NCCL_TYPES = {"NCCL_INT8": 1, "NCCL_UINT8": 1, "NCCL_INT32": 4, "NCCL_INT64": 8, "NCCL_FLOAT16": 2,
+               "NCCL_FLOAT32": 4, "NCCL_FLOAT64": 8}
+_NCCL_OPS = ("NCCL_SUM", "NCCL_PROD", "NCCL_MAX", "NCCL_MIN", "NCCL_AVG")
+
+
+class _NcclCommunicator:
+    """cupy.cuda.nccl.NcclCommunicator for a world of one process: every collective is a copy (or nothing, in
+    place); the copies join the stream's work like any other (recorded while a graph is captured)."""
+
+    def __init__(self, size, unique_id, rank):
+        if size != 1:
+            raise NotEmulated(f"NCCL across {size} processes (the emulator gives each process its own device)")
+
+    def _copy(self, dst, src, count, dtype):
+        if dst != src:
+            _memcpy(dst, src, count * list(_NCCL_TYPES.values())[dtype], 3)
+
+    def allReduce(self, send, recv, count, dtype, op, stream):
+        self._copy(recv, send, count, dtype)
+
+    def reduceScatter(self, send, recv, count, dtype, op, stream):
+        self._copy(recv, send, count, dtype)
+
+    def allGather(self, send, recv, count, dtype, stream):
+        self._copy(recv, send, count, dtype)
+
+    def bcast(self, buf, count, dtype, root, stream):
+        pass
+
+    def destroy(self):
+        pass
+
+
+def _fake_nccl():
+    nccl = types.ModuleType("cupy.cuda.nccl")
+    for i, name in enumerate(_NCCL_TYPES):
+        setattr(nccl, name, i)
+    for i, name in enumerate(_NCCL_OPS):
+        setattr(nccl, name, i)
+    nccl.get_unique_id = lambda: b"emulated"
+    nccl.NcclCommunicator = _NcclCommunicator
+    return nccl
+
+
 def _fake_cupy():
     """A module with the part of CuPy's API that smalltrain's CUDA host code and kernel tests use, over NumPy."""
     cp = types.ModuleType("cupy")
@@ -626,16 +672,21 @@ def _fake_cupy():
     cp.asnumpy = lambda a, stream=None: a.get() if isinstance(a, DeviceArray) else np.asarray(a)
     cp.get_default_memory_pool = lambda: _MemoryPool()
     cp.RawModule = lambda code, options=(), **kwargs: Module(code)
-    cuda = types.SimpleNamespace(
+    cuda = types.ModuleType("cupy.cuda")   # a module: `from cupy.cuda import nccl` (distributed/nccl_backend.py)
+    cuda.__dict__.update(
         Device=_Device, Stream=_Stream, Event=_Stream, get_current_stream=_current_stream,
         MemoryPool=_MemoryPool, set_allocator=lambda *a: None, get_allocator=lambda: None,
-        alloc_pinned_memory=_alloc_pinned, using_allocator=_using_allocator)
+        alloc_pinned_memory=_alloc_pinned, using_allocator=_using_allocator, nccl=_fake_nccl())
     cuda.runtime = types.SimpleNamespace(
         getDeviceCount=lambda: 1, CUDARuntimeError=RuntimeError, memcpyAsync=_memcpy,
         pointerGetAttributes=_pointer_attributes, memoryTypeHost=1, memoryTypeDevice=2, memcpyHostToDevice=1,
-        memcpyDeviceToHost=2, memcpyDeviceToDevice=3, memcpyDefault=4)
+        memcpyDeviceToHost=2, memcpyDeviceToDevice=3, memcpyDefault=4,
+        deviceGetPCIBusId=lambda device: f"0000:00:{device:02x}.0")
     cp.cuda = cuda
     return cp
+
+
+_MODULES = ("cupy", "cupy.cuda", "cupy.cuda.nccl")   # the names install() puts in sys.modules
 
 
 _installed = []
@@ -663,15 +714,26 @@ def install():
     if _installed:
         return
     cp = _fake_cupy()
-    saved = dict(cupy=sys.modules.get("cupy"), handle=backend_cuda._cupy, error=backend_cuda._import_error,
-                 compiled=loader._compiled, blas=blas._lib)
-    sys.modules["cupy"] = cp
+    saved = dict(modules={name: sys.modules.get(name) for name in _MODULES}, handle=backend_cuda._cupy,
+                 error=backend_cuda._import_error, compiled=loader._compiled, blas=blas._lib)
+    sys.modules.update(zip(_MODULES, (cp, cp.cuda, cp.cuda.nccl)))
     backend_cuda._cupy, backend_cuda._import_error = cp, None
     loader._compiled = lambda source, options, device_id: _module_of_source(source)
     blas._lib = _Cublas()
     _installed.append(saved)
     reset()
     _clear_caches(backend_cuda, _common)
+
+
+def install_if_requested():
+    """install() where SMALLTRAIN_CUDA_EMULATOR=1 and no GPU is usable (the test suite's conftest, and the worker
+    processes its distributed tests start); whether the emulator is in effect."""
+    import os
+
+    from .. import cuda
+    if os.environ.get("SMALLTRAIN_CUDA_EMULATOR") == "1" and not cuda.is_available():
+        install()
+    return installed()
 
 
 def uninstall():
@@ -682,10 +744,11 @@ def uninstall():
     if not _installed:
         return
     saved = _installed.pop()
-    if saved["cupy"] is None:
-        sys.modules.pop("cupy", None)
-    else:
-        sys.modules["cupy"] = saved["cupy"]
+    for name, module in saved["modules"].items():
+        if module is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = module
     backend_cuda._cupy, backend_cuda._import_error = saved["handle"], saved["error"]
     loader._compiled, blas._lib = saved["compiled"], saved["blas"]
     _clear_caches(backend_cuda, _common)

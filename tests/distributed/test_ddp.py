@@ -12,7 +12,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workers._launch import requires_mpi, run_worker
 
 import smalltrain
-from smalltrain.testing import cuda_emulator
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -139,18 +138,14 @@ def test_buffers_names_and_state_dict(tmp_path):
 
 
 cuda = pytest.mark.skipif(not smalltrain.cuda.is_available(), reason="no CUDA device")
-# NCCL between worker processes: not on the CPU emulator of the CUDA backend (the workers are processes of their own)
-real_gpu = pytest.mark.skipif(cuda_emulator.installed(), reason="NCCL worker processes need a real GPU")
 
 
 @cuda
-@real_gpu
 def test_nccl_ddp_world_size_one_without_launcher(tmp_path):
     check_equivalence(run(tmp_path, "equivalence", launcher=False, backend="nccl"), 1)
 
 
 @cuda
-@real_gpu
 @requires_mpi
 def test_nccl_ddp_under_mpiexec_one_process(tmp_path):
     check_equivalence(run(tmp_path, "equivalence", n=1, backend="nccl"), 1)

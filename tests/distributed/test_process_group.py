@@ -15,7 +15,6 @@ from workers.collectives import make_inputs
 
 import smalltrain
 import smalltrain.distributed as dist
-from smalltrain.testing import cuda_emulator
 
 REDUCE = {"SUM": lambda xs: np.sum(xs, axis=0), "AVG": lambda xs: np.mean(xs, axis=0),
           "MAX": lambda xs: np.max(xs, axis=0), "MIN": lambda xs: np.min(xs, axis=0)}
@@ -114,19 +113,15 @@ def test_rank_and_local_rank_under_mpiexec(tmp_path):
 
 
 cuda = pytest.mark.skipif(not smalltrain.cuda.is_available(), reason="no CUDA device")
-# NCCL between worker processes: not on the CPU emulator of the CUDA backend (the workers are processes of their own)
-real_gpu = pytest.mark.skipif(cuda_emulator.installed(), reason="NCCL worker processes need a real GPU")
 
 
 @cuda
-@real_gpu
 def test_nccl_collectives_world_size_one_without_launcher(tmp_path):
     run_worker("collectives.py", tmp_path, "nccl", launcher=False)
     check_collectives(tmp_path, 1, backend="nccl")
 
 
 @cuda
-@real_gpu
 @requires_mpi
 def test_nccl_collectives_under_mpiexec_one_process(tmp_path):
     run_worker("collectives.py", tmp_path, "nccl", n=1)
@@ -134,7 +129,6 @@ def test_nccl_collectives_under_mpiexec_one_process(tmp_path):
 
 
 @cuda
-@real_gpu
 @requires_mpi
 def test_nccl_two_processes(tmp_path):
     """Two GPUs: the collectives over NCCL; one GPU: both ranks refuse to share it, with a message, not a hang."""

@@ -164,6 +164,21 @@ def _emulated_pytest(args, asan):
     assert " passed" in run.stdout and " failed" not in run.stdout
 
 
+def test_nccl_is_a_world_of_one():
+    """The emulated cupy.cuda.nccl (what distributed/nccl_backend.py runs on there): a communicator of one process
+    copies each collective's input to its output (half of the float64 buffer here, by the count); more processes
+    are not emulated."""
+    nccl = cuda_emulator._fake_nccl()
+    with pytest.raises(cuda_emulator.NotEmulated, match="NCCL across 2 processes"):
+        nccl.NcclCommunicator(2, nccl.get_unique_id(), 0)
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    send, recv = np.arange(1.0, 7.0), np.zeros(6)
+    comm.allReduce(send.ctypes.data, recv.ctypes.data, 3, nccl.NCCL_FLOAT64, nccl.NCCL_SUM, 0)
+    assert recv.tolist() == [1.0, 2.0, 3.0, 0.0, 0.0, 0.0]
+    comm.allGather(send.ctypes.data, recv.ctypes.data, 6, nccl.NCCL_FLOAT64, 0)
+    assert np.array_equal(recv, send)
+
+
 @pytest.mark.skipif(smalltrain.cuda.is_available(), reason="a GPU runs the CUDA tests itself")
 def test_the_kernel_tests_pass_on_the_emulator():
     """tests/cuda: the launchers and their kernels against float64 and torch references, under AddressSanitizer

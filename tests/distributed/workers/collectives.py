@@ -82,6 +82,8 @@ def errors(dist, st, device, world):
 def main(out_dir, backend="mpi"):
     import smalltrain as st
     import smalltrain.distributed as dist
+    from smalltrain.testing import cuda_emulator
+    cuda_emulator.install_if_requested()   # the test suite's emulated run: this process's device emulated too
     assert not dist.is_initialized()
     group = dist.init_process_group(backend)
     rank, world = group.rank, group.world_size
