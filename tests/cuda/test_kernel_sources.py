@@ -209,10 +209,11 @@ def test_pooled_producer_choice(monkeypatch):
 
 
 def test_pooled_wgrad_plan(monkeypatch):
-    """On the CPU: pooled_wgrad takes a first layer (no input gradient, one input channel, tile_conv's geometry)
-    that pooled in its epilogue, with POOLED_WGRAD on: threads a multiple of its channels, about two blocks per SM,
-    the staged images and the sums within the default shared memory; conv2d_backward takes g None only with the
-    partial rows and no input gradient."""
+    """On the CPU: pooled_wgrad takes a convolution (tile_conv's geometry) that pooled in its epilogue, with
+    POOLED_WGRAD on, where it needs no input gradient (a first layer) or its full g is written too
+    (with_input_grad: the linear chain's hand-off, LeNet-5's second layer): threads a multiple of its channels, about
+    two blocks per SM, the staged images, one input channel's sums and the NaN flags within the default shared
+    memory; conv2d_backward takes g None only with the partial rows and no input gradient."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -231,11 +232,17 @@ def test_pooled_wgrad_plan(monkeypatch):
     monkeypatch.setattr(conv, "POOLED_WGRAD", False)
     assert conv._pooled_wgrad_plan(producer(), f32) is None
     monkeypatch.setattr(conv, "POOLED_WGRAD", True)
-    assert conv._pooled_wgrad_plan(producer(), f32) == (252, 2, 256, 252 * 26 * 4 + 6 * 25)   # + the NaN flags
-    assert conv._pooled_wgrad_plan(producer(64), f32) == (252, 1, 64, 252 * 26 * 4 + 150)
-    assert conv._pooled_wgrad_plan(producer(64), f64) == (126, 1, 64, 126 * 26 * 8 + 150)
+    # the staged images, one input channel's sums per thread, a NaN flag per (channel, input channel, tap)
+    assert conv._pooled_wgrad_plan(producer(), f32) == (252, 2, 256, (2 * 784 + 252 * 26) * 4 + 6 * 25)
+    assert conv._pooled_wgrad_plan(producer(64), f32) == (252, 1, 64, (784 + 252 * 26) * 4 + 150)
+    assert conv._pooled_wgrad_plan(producer(64), f64) == (126, 1, 64, (784 + 126 * 26) * 8 + 150)
+    second = producer(x_shape=(512, 6, 12, 12), weight=SimpleNamespace(shape=(16, 6, 5, 5)), needs=(True,) * 3,
+                      pool=(np.zeros((512, 16, 4, 4), np.int64),))   # LeNet-5's second layer
+    assert conv._pooled_wgrad_plan(second, f32) is None   # needs its input gradient
+    assert conv._pooled_wgrad_plan(second, f32, with_input_grad=True) == (256, 2, 256,
+                                                                         (2 * 864 + 256 * 26) * 4 + 16 * 150)
     for over in ({"pool": None}, {"needs": (True, True, True)}, {"needs": (False, False, True)}, {"x": None},
-                 {"x_shape": (512, 2, 28, 28)}, {"stride": (2, 2)}, {"weight": SimpleNamespace(shape=(300, 1, 5, 5))}):
+                 {"stride": (2, 2)}, {"weight": SimpleNamespace(shape=(300, 1, 5, 5))}):
         assert conv._pooled_wgrad_plan(producer(**over), f32) is None, over
     big = producer(2, x_shape=(2, 1, 120, 120))   # one image's 57.6 KB staged: over the default 48 KiB
     assert conv._pooled_wgrad_plan(big, f32) is None

@@ -730,8 +730,10 @@ CHAIN_INTO_POOL_CASES = [  # x, conv weight, its activation, rows (batch), the c
 def test_linear_chain_into_a_pooled_convolution(case, dtype, stage, rng, monkeypatch):
     """The chain's dx written as the g of the convolution whose pooled output (tile_conv_pool) the chain reads
     flattened (linear.cu chain_dx_unpooled): bit-equal to the plain dx, then max_pool2d_backward_act; the chain's
-    weight gradients unchanged; none of it where INTO_POOLED or INTO_PRODUCER is off or the chain's input is not
-    that output."""
+    weight gradients unchanged; with CHAIN_POOLED_WGRAD also the convolution's weight gradient's partial rows from
+    its g at the maxima (pooled_wgrad, several input channels): the same g, dx bit-equal and dw, db within rounding
+    of the dense ones; none of it where INTO_POOLED or INTO_PRODUCER is off or the chain's input is not that
+    output."""
     monkeypatch.setattr(linear_kernels, "CHAIN_STAGE", stage)
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
     xs, ws, act, widths = case
@@ -755,6 +757,18 @@ def test_linear_chain_into_a_pooled_convolution(case, dtype, stage, rng, monkeyp
     assert handed.g.shape == want.shape and cp.array_equal(handed.g, want)
     for (dw, db), (pw, pb) in zip(grads, plain_grads):
         assert cp.array_equal(dw, pw) and cp.array_equal(db, pb)
+    monkeypatch.setattr(linear_kernels, "CHAIN_POOLED_WGRAD", True)
+    compact, _ = ops.linear_chain_backward(dout, saved, into=csaved)
+    assert compact.wpartial is not None and cp.array_equal(compact.g, handed.g)
+    dense = ops.conv2d_backward(None, csaved, g=handed.g)
+    from_maxima = ops.conv2d_backward(None, csaved, g=compact.g, wpartial=compact.wpartial)
+    assert cp.array_equal(from_maxima[0], dense[0])
+    scale = ref.tol(dtype) * max(1, np.sqrt(handed.g.shape[1]) / 8)   # the dense sums run over N * 4P positions
+    assert_close(from_maxima[1], cp.asnumpy(dense[1]), scale, name="dw from the maxima")
+    assert_close(from_maxima[2], cp.asnumpy(dense[2]), scale, name="db from the maxima")
+    monkeypatch.setattr(conv_kernels, "POOLED_WGRAD", False)
+    assert ops.linear_chain_backward(dout, saved, into=csaved)[0].wpartial is None
+    monkeypatch.setattr(linear_kernels, "CHAIN_POOLED_WGRAD", False)
     _, other = ops.conv2d_forward(g(x[:-1]), g(w), g(b), 1, 0, 1, 1, act, pool=POOL_2X2)   # one image fewer
     assert other.pool is not None
     assert not isinstance(ops.linear_chain_backward(dout, saved, into=other)[0], conv_kernels.ProducerGrad)

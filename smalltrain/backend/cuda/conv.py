@@ -581,38 +581,40 @@ def _tile_dx(g, saved, into=None):
     return dx
 
 
-def _pooled_wgrad_plan(into, dtype):
+def _pooled_wgrad_plan(into, dtype, with_input_grad=False):
     """(threads, images per block, blocks, shared memory) for pooled_wgrad on `into`'s compact g, or None where it
-    does not take `into`: POOLED_WGRAD off, `into` not pooled in its epilogue, needing its input gradient or not
-    its weight gradient, without its x, not one input channel, not tile_conv's geometry, over 256 channels, or the
-    images or sums over the default shared memory. About two blocks per SM; threads a multiple of the channels."""
-    if (not POOLED_WGRAD or into.pool is None or into.needs[0] or not into.needs[1] or into.x is None
-            or into.x_shape[1] != 1 or not _tile_geometry(into.stride, into.dilation, into.groups, into.weight.shape)
+    does not take `into`: POOLED_WGRAD off, `into` not pooled in its epilogue, needing its input gradient (unless
+    with_input_grad: its full g is written too, the linear chain's case) or not its weight gradient, without its x,
+    not tile_conv's geometry, over 256 channels, or the images or sums over the default shared memory. About two
+    blocks per SM; threads a multiple of the channels."""
+    if (not POOLED_WGRAD or into.pool is None or (into.needs[0] and not with_input_grad) or not into.needs[1]
+            or into.x is None or not _tile_geometry(into.stride, into.dilation, into.groups, into.weight.shape)
             or into.weight.shape[0] > 256):
         return None
-    n, _, h, wd = into.x_shape
+    n, c, h, wd = into.x_shape
     o, ks = into.weight.shape[0], into.weight.shape[2]
     threads = _POOLED_WGRAD_THREADS.get(dtype.itemsize, 128) // o * o or o
     per_block = max(1, -(-n // (2 * _sm_count())))
-    while per_block > 1 and per_block * h * wd * dtype.itemsize + o * ks * ks > _SMEM_BYTES:
+
+    def smem(images):   # the staged images, one channel's sums, a byte per (channel, input channel, tap): the
+        return (images * c * h * wd + threads * (ks * ks + 1)) * dtype.itemsize + o * c * ks * ks   # NaN taps
+    while per_block > 1 and smem(per_block) > _SMEM_BYTES:
         per_block //= 2
-    # the staged images, then the sums, and a byte per (channel, tap) for the taps that read an inf or NaN
-    smem = max(per_block * h * wd, threads * (ks * ks + 1)) * dtype.itemsize + o * ks * ks
-    if smem > _SMEM_BYTES or into.pool[0].size >= _FITS32 or n * h * wd >= _FITS32:
+    if smem(per_block) > _SMEM_BYTES or into.pool[0].size >= _FITS32 or n * c * h * wd >= _FITS32:
         return None
-    return threads, per_block, -(-n // per_block), smem
+    return threads, per_block, -(-n // per_block), smem(per_block)
 
 
 def _pooled_wgrad(gw, into, plan):
-    """pooled_wgrad's partial rows [blocks, O*(KS*KS + 1)] (wgrad_reduce's) of `into` from gw [O, N*P], its g at
+    """pooled_wgrad's partial rows [blocks, O*(C*KS*KS + 1)] (wgrad_reduce's) of `into` from gw [O, N*P], its g at
     its pooling's P windows' maxima per image (kernels/conv.cu pooled_wgrad), by _pooled_wgrad_plan's plan."""
     threads, per_block, blocks, smem = plan
-    n, _, h, wd = into.x_shape
+    n, c, h, wd = into.x_shape
     pidx = into.pool[0]
     o, ks = into.weight.shape[0], into.weight.shape[2]
-    partial = cupy().empty((blocks, o * (ks * ks + 1)), dtype=gw.dtype)
+    partial = cupy().empty((blocks, o * (c * ks * ks + 1)), dtype=gw.dtype)
     get("conv", f"pooled_wgrad_k{ks}", gw.dtype)((blocks,), (threads,), (gw, pidx, into.x, partial) + i32s(
-        (n, o, h, wd, into.out_hw[1], pidx.shape[2] * pidx.shape[3], into.pads[0], into.pads[2], per_block)),
+        (n, c, o, h, wd, into.out_hw[1], pidx.shape[2] * pidx.shape[3], into.pads[0], into.pads[2], per_block)),
         shared_mem=smem)
     return partial
 

@@ -67,6 +67,10 @@ CHAIN_INTO_POOLED = True
 # the partial sums (kernels/linear.cu chain_wgrad). Off until timed on a GPU (written without one: LeNet-5's
 # chain_wgrad at batch 512, 13.2 us under ncu against 5.6 at 64, is the tiles' four serial rounds over the rows)
 CHAIN_WGRAD_SPLIT_ROWS = 0
+# ... and where it writes a pooled convolution's g (CHAIN_INTO_POOLED), also that g at the pooling windows' maxima,
+# from which pooled_wgrad sums the convolution's weight and bias gradients (conv._pooled_wgrad_plan, with
+# conv.POOLED_WGRAD): a quarter of tile_wgrad's products (LeNet-5's second layer). Off until timed on a GPU
+CHAIN_POOLED_WGRAD = False
 _CHAIN_WGRAD_BLOCKS_PER_SM = 6
 _CHAIN_WGRAD_COUNTERS = 1 << 15   # tiles of at most CHAIN_MAX_LAYERS layers CHAIN_MAX_WIDTH wide: 4 * 64 * 65
 
@@ -390,7 +394,7 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
     all), a gradient is None where its flag is off or the layer has no bias. into: the Conv2dSaved of the
     convolution whose pooled output is x flattened; where chain_into_pooled_ok, dx is returned as a ProducerGrad
     instead, that convolution's g [C, M*4*P] through its pooling's and activation's backward (linear.cu
-    chain_dx_unpooled)."""
+    chain_dx_unpooled), with CHAIN_POOLED_WGRAD also its weight gradient's partial rows (pooled_wgrad)."""
     op = "linear_chain_backward"
     x, ws, bs = saved.x, saved.weights, saved.biases
     m, layers = x.shape[0], len(ws)
@@ -403,7 +407,10 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
     cp = cupy()
     rows = chain_rows(m, widths, x.dtype.itemsize)
     pooled = need_x and chain_into_pooled_ok(saved, into)
-    pool_args = (ptr(None),) * 3 + i32s((0, 0, 0))
+    # and that convolution's weight gradient from its g at the maxima (pooled_wgrad), its full g written as well
+    compact = conv_kernels._pooled_wgrad_plan(into, x.dtype, with_input_grad=True) \
+        if pooled and CHAIN_POOLED_WGRAD else None
+    pool_args = (ptr(None),) * 3 + i32s((0, 0, 0)) + (ptr(None),)
     with dout.device:
         dout = contiguous(dout)
         dx = cp.empty((m, widths[0]), dtype=x.dtype) if need_x and not pooled else None
@@ -411,8 +418,9 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
             _, c, ph, pw = into.pool[0].shape
             act = ACTIVATIONS[into.activation]
             dx = cp.empty((c, m * 4 * ph * pw), dtype=x.dtype)
+            gc = cp.empty((c, m * ph * pw), dtype=x.dtype) if compact else None
             pool_args = (into.pool[0], ptr(into.y if act else None), ptr(into.bias if act else None)) + i32s(
-                (act, c, pw))
+                (act, c, pw)) + (ptr(gc),)
         gs = [cp.empty((m, widths[i + 1]), dtype=x.dtype) for i in range(layers)]
         name, smem = _chain_bwd_kernel(rows, widths, x.dtype.itemsize, need_x, smem_optin_bytes())
         with_smem(get("linear", name, x.dtype), smem)(
@@ -439,6 +447,8 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
                 (total * splits,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
                                                        + _padded(dws, None) + _padded(dbs, None))
                 + _width_args(widths) + i32s(tuple(starts)) + (i32(m), ptr(part), ptr(counters), i32(splits)))
+    if compact:
+        return ProducerGrad(dx, conv_kernels._pooled_wgrad(gc, into, compact)), grads
     return (ProducerGrad(dx) if pooled else dx), grads
 
 

@@ -24,9 +24,10 @@
 //            epilogue (tile_conv_unpool: its full g, or only the windows' maxima for pooled_wgrad).
 //   tile_wgrad: dw and db of the same convolutions into wgrad_reduce's partial rows, persistent blocks walking row
 //            tiles of g and x staged into two buffers (the next tile's copies in flight during this one's products).
-//   pooled_wgrad: dw and db of a one-input-channel convolution whose output a 2x2 max pooling read, from its g at
-//            the windows' maxima only (the rest of its g is 0): a quarter of tile_wgrad's products, and the
-//            full-resolution g is never written (tile_conv's compact "into").
+//   pooled_wgrad: dw and db of a convolution whose output a 2x2 max pooling read, from its g at the windows'
+//            maxima only (the rest of its g is 0): a quarter of tile_wgrad's products (tile_conv's compact "into"
+//            for a first layer, whose full-resolution g is then never written; the linear chain's for the
+//            convolution it reads).
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
 //            and block of CB (8, or 2 for small batches) input channels, dx[n, c, h, w] = sum over (o, i, j) of
 //            g[o, n, oh, ow] * w[o, c, i, j] where oh*sh = h + ph - i*dh and ow*sw = w + pw - j*dw land on an output;
@@ -397,74 +398,79 @@ __device__ void wgrad_partial(const T* __restrict__ x, const T* __restrict__ g, 
     }
 }
 
-// pooled_wgrad: dw [O, 1, KS, KS] and db [O] partial rows (wpart [blocks, O*(KS*KS + 1)], wgrad_reduce's) of a
-// stride-1 convolution with one input channel from gw [O, N, P], its g at the P windows of a 2x2 max pooling of
-// its output (full-resolution width FW) where pidx [N, O, P] puts their maxima, and x [N, 1, H, W] (padding pt, pl):
-//     dw[o, 0, i, j] = sum over (n, q) of gw[o, n, q] * x[n, 0, h + i - pt, w + j - pl], (h, w) = pidx's position,
+// pooled_wgrad: dw [O, C, KS, KS] and db [O] partial rows (wpart [blocks, O*(C*KS*KS + 1)], wgrad_reduce's) of a
+// stride-1 convolution from gw [O, N, P], its g at the P windows of a 2x2 max pooling of its output
+// (full-resolution width FW) where pidx [N, O, P] puts their maxima, and x [N, C, H, W] (padding pt, pl):
+//     dw[o, c, i, j] = sum over (n, q) of gw[o, n, q] * x[n, c, h + i - pt, w + j - pl], (h, w) = pidx's position,
 //     db[o] = sum of gw[o]
 // the g's other positions being 0. Their products are 0 too, but where x is not finite (0 * inf, 0 * NaN: NaN in
 // the dense sum over every position, as torch's): those taps are flagged while x is staged and come out NaN. (Where
 // a maximum's z was not finite, its gw is NaN for GELU, so dw[o] and db[o] are NaN either way; ReLU's 0 * act'(z)
 // is 0.) A block takes IPB images, staged in shared memory; blockDim is a multiple of O, thread t sums channel
-// t % O over the block's windows q = t / O, t / O + blockDim / O, ...; then the block's sums per channel in
-// thread order (deterministic, no atomics).
+// t % O over the block's windows q = t / O, t / O + blockDim / O, ..., one input channel after another (KS*KS + 1
+// sums in registers); then the block's sums per channel in thread order (deterministic, no atomics).
 template <typename T, int KS>
 __device__ void pooled_wgrad(const T* __restrict__ gw, const i64* __restrict__ pidx, const T* __restrict__ x,
-                             T* __restrict__ wpart, int N, int O, int H, int W, int FW, int P, int pt, int pl,
+                             T* __restrict__ wpart, int N, int C, int O, int H, int W, int FW, int P, int pt, int pl,
                              int IPB) {
     constexpr int KK = KS * KS, KB = KK + 1;
     extern __shared__ unsigned char st_smem[];
-    T* xs = reinterpret_cast<T*>(st_smem);   // [IPB][H*W], then (after a barrier) the sums [blockDim][KB]
-    const int n0 = blockIdx.x * IPB, images = min(IPB, N - n0), HW = H * W;
-    const int staged = max(IPB * HW, (int)blockDim.x * KB);
-    unsigned char* nan_tap = st_smem + staged * sizeof(T);   // [O][KK]: a 0 * (inf or NaN) product there
-    for (int e = threadIdx.x; e < O * KK; e += blockDim.x) nan_tap[e] = 0;
-    for (int e = threadIdx.x; e < images * HW; e += blockDim.x) xs[e] = x[(size_t)n0 * HW + e];
+    const int n0 = blockIdx.x * IPB, images = min(IPB, N - n0), HW = H * W, CK = C * KK + 1;
+    T* xs = reinterpret_cast<T*>(st_smem);   // [IPB][C][H*W]
+    T* red = xs + IPB * C * HW;              // [blockDim][KB]: the sums of one input channel
+    unsigned char* nan_tap = reinterpret_cast<unsigned char*>(red + blockDim.x * KB);   // [O][C][KK]
+    for (int e = threadIdx.x; e < O * C * KK; e += blockDim.x) nan_tap[e] = 0;
+    for (int e = threadIdx.x; e < images * C * HW; e += blockDim.x) xs[e] = x[(size_t)n0 * C * HW + e];
     __syncthreads();
     const int PW = FW / 2, FH = 2 * (P / PW);
-    for (int e = threadIdx.x; e < images * HW; e += blockDim.x) {   // the taps that pair x's inf or NaN with a 0
+    for (int e = threadIdx.x; e < images * C * HW; e += blockDim.x) {   // taps pairing x's inf or NaN with a 0
         if (isfinite(xs[e])) continue;
-        const int img = e / HW, pr = (e - img * HW) / W, pc = e - img * HW - pr * W, n = n0 + img;
+        const int plane = e / HW, img = plane / C, ch = plane - img * C, pr = (e - plane * HW) / W;
+        const int pc = e - plane * HW - pr * W, n = n0 + img;
         for (int i = 0; i < KS; ++i)
             for (int j = 0; j < KS; ++j) {
                 const int r = pr - i + pt, c = pc - j + pl;   // the output position whose tap (i, j) reads it
                 if (r < 0 || r >= FH || c < 0 || c >= FW) continue;
                 for (int oc = 0; oc < O; ++oc)
                     if (pidx[((size_t)n * O + oc) * P + (r / 2) * PW + c / 2] != r * FW + c)
-                        nan_tap[oc * KK + i * KS + j] = 1;   // (every writer writes 1)
+                        nan_tap[(oc * C + ch) * KK + i * KS + j] = 1;   // (every writer writes 1)
             }
     }
     const int o = threadIdx.x % O, per = blockDim.x / O;
-    T sum[KB];
+    for (int ch = 0; ch < C; ++ch) {
+        T sum[KB];
 #pragma unroll
-    for (int k = 0; k < KB; ++k) sum[k] = T(0);
-    for (int e = threadIdx.x / O; e < images * P; e += per) {
-        const int img = e / P, q = e - img * P, n = n0 + img;
-        const int at = (int)pidx[((size_t)n * O + o) * P + q], h = at / FW, w = at - h * FW;
-        const T g = gw[((size_t)o * N + n) * P + q];
-        const T* xi = xs + img * HW;
+        for (int k = 0; k < KB; ++k) sum[k] = T(0);
+        for (int e = threadIdx.x / O; e < images * P; e += per) {
+            const int img = e / P, q = e - img * P, n = n0 + img;
+            const int at = (int)pidx[((size_t)n * O + o) * P + q], h = at / FW, w = at - h * FW;
+            const T g = gw[((size_t)o * N + n) * P + q];
+            const T* xi = xs + (img * C + ch) * HW;
 #pragma unroll
-        for (int i = 0; i < KS; ++i) {
-            const int r = h + i - pt;
+            for (int i = 0; i < KS; ++i) {
+                const int r = h + i - pt;
 #pragma unroll
-            for (int j = 0; j < KS; ++j) {
-                const int c = w + j - pl;
-                sum[i * KS + j] += g * (r >= 0 && r < H && c >= 0 && c < W ? xi[r * W + c] : T(0));
+                for (int j = 0; j < KS; ++j) {
+                    const int c = w + j - pl;
+                    sum[i * KS + j] += g * (r >= 0 && r < H && c >= 0 && c < W ? xi[r * W + c] : T(0));
+                }
             }
+            sum[KK] += g;
         }
-        sum[KK] += g;
-    }
-    __syncthreads();   // the staged images are read, the flags set
-    T* red = xs;
+        // (the first pass's barrier also orders the flags before they are read)
+        if (ch > 0) __syncthreads();   // the previous channel's sums are read
 #pragma unroll
-    for (int k = 0; k < KB; ++k) red[threadIdx.x * KB + k] = sum[k];
-    __syncthreads();
-    for (int m = threadIdx.x; m < O * KB; m += blockDim.x) {
-        const int oc = m / KB, k = m - oc * KB;
-        T s = T(0);
-        for (int t = 0; t < per; ++t) s += red[(t * O + oc) * KB + k];
-        if (k < KK && nan_tap[oc * KK + k]) s += T(0) * st_neg_inf<T>();   // NaN
-        wpart[(size_t)blockIdx.x * O * KB + m] = s;
+        for (int k = 0; k < KB; ++k) red[threadIdx.x * KB + k] = sum[k];
+        __syncthreads();
+        // this channel's taps, and the bias with the first
+        for (int m = threadIdx.x; m < O * KB; m += blockDim.x) {
+            const int oc = m / KB, k = m - oc * KB;
+            if (k == KK && ch > 0) continue;
+            T s = T(0);
+            for (int t = 0; t < per; ++t) s += red[(t * O + oc) * KB + k];
+            if (k < KK && nan_tap[(oc * C + ch) * KK + k]) s += T(0) * st_neg_inf<T>();   // NaN
+            wpart[((size_t)blockIdx.x * O + oc) * CK + (k < KK ? ch * KK + k : C * KK)] = s;
+        }
     }
 }
 
@@ -1321,9 +1327,9 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
 
 #define ST_POOLED_WGRAD(T, S, KS)                                                                                  \
     extern "C" __global__ void pooled_wgrad_k##KS##_##S(const T* gw, const i64* pidx, const T* x, T* wpart, int N,  \
-                                                       int O, int H, int W, int FW, int P, int pt, int pl,         \
+                                                       int C, int O, int H, int W, int FW, int P, int pt, int pl,  \
                                                        int IPB) {                                                  \
-        pooled_wgrad<T, KS>(gw, pidx, x, wpart, N, O, H, W, FW, P, pt, pl, IPB);                                   \
+        pooled_wgrad<T, KS>(gw, pidx, x, wpart, N, C, O, H, W, FW, P, pt, pl, IPB);                                \
     }
 
 #define ST_CONV(T, S)                                                                                              \

@@ -335,11 +335,12 @@ __device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, in
 // is the chain's input: through that pooling's and its activation's backward as its g [pc, M, 4P] (P = d0 / pc
 // pooled positions per channel, pw per row; pidx [M, d0] the pooling's indices, py [pc, M, 4P] the convolution's
 // output before its bias pb, pact its activation), as conv.cu's tile_conv writes a pooled producer's g: the
-// pooling's backward kernel does not run.
+// pooling's backward kernel does not run. With gc, also its g at the windows' maxima only, [pc, M, P], for its
+// weight gradient by pooled_wgrad (conv.cu).
 template <typename T>
 __device__ __forceinline__ void chain_dx_unpooled(T d, int row, int k, int K, int M, const i64* __restrict__ pidx,
                                                   const T* __restrict__ py, const T* __restrict__ pb, int pact,
-                                                  int pc, int pw, T* __restrict__ g) {
+                                                  int pc, int pw, T* __restrict__ g, T* __restrict__ gc) {
     const int P = K / pc, ch = k / P, q = k - ch * P, qh = q / pw, fw = 2 * pw;
     const size_t plane = ((size_t)ch * M + row) * 4 * P;
     const T* zp = py != nullptr ? py + plane : nullptr;
@@ -351,12 +352,17 @@ __device__ __forceinline__ void chain_dx_unpooled(T d, int row, int k, int K, in
     g[plane + p + 1] = win[1];
     g[plane + p + fw] = win[2];
     g[plane + p + fw + 1] = win[3];
+    if (gc != nullptr) {
+        bool exact;
+        gc[((size_t)ch * M + row) * P + q] = pooled_act_max_grad(d, at, zp, bc, pact, exact);
+    }
 }
 
 template <typename T, int R, bool STAGE>
 __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3,
                                T* __restrict__ dx, int M, int L, int WMAX, const i64* __restrict__ pidx,
-                               const T* __restrict__ py, const T* __restrict__ pb, int pact, int pc, int pw) {
+                               const T* __restrict__ py, const T* __restrict__ pb, int pact, int pc, int pw,
+                               T* __restrict__ pgc) {
     ST_CHAIN_LAYERS(T);
     T* const gs[ST_CMAX] = {g0, g1, g2, g3};
     extern __shared__ unsigned char st_smem[];
@@ -422,7 +428,7 @@ __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T
                 if (r >= nr) break;
                 const int row = r0 + r;
                 if (l == 0) {
-                    if (pidx != nullptr) chain_dx_unpooled(acc[r], row, k, c.k, M, pidx, py, pb, pact, pc, pw, dx);
+                    if (pidx != nullptr) chain_dx_unpooled(acc[r], row, k, c.k, M, pidx, py, pb, pact, pc, pw, dx, pgc);
                     else dx[row * c.k + k] = acc[r];
                 } else {
                     const T v = prev.act != ST_ACT_NONE ? act_bwd(acc[r], prev.z[row * c.k + k], prev.act) : acc[r];
@@ -751,16 +757,17 @@ ST_LINEAR(double, f64)
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_bwd_rows_r##R##_##S(const T* dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3, T* dx, int M, int L,  \
-                              int WMAX, const i64* pidx, const T* py, const T* pb, int pact, int pc, int pw) {     \
+                              int WMAX, const i64* pidx, const T* py, const T* pb, int pact, int pc, int pw,       \
+                              T* pgc) {                                                                            \
         chain_bwd_rows<T, R, false>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX, pidx, py, pb, pact, pc,   \
-                                    pw);                                                                           \
+                                    pw, pgc);                                                                      \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_bwd_staged_r##R##_##S(const T* dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3, T* dx, int M,       \
                                 int L, int WMAX, const i64* pidx, const T* py, const T* pb, int pact, int pc,      \
-                                int pw) {                                                                          \
+                                int pw, T* pgc) {                                                                  \
         chain_bwd_rows<T, R, true>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX, pidx, py, pb, pact, pc,    \
-                                   pw);                                                                            \
+                                   pw, pgc);                                                                       \
     }
 ST_CHAIN(float, f32, 1)
 ST_CHAIN(float, f32, 2)
