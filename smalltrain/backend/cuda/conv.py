@@ -112,10 +112,11 @@ INTO_WGRAD = True
 # b512 172.4 / 173.7 -> 184.8 / 188.4): the full-resolution g the first layer gets costs more than the pooling
 # backward it saves; with POOLED_WGRAD it gains (below). Tests set it False for the pooling backward kernels
 INTO_POOLED = True
-# ... and where that pooled producer has one input channel and needs no input gradient (a first layer), only its g
-# at the pooling windows' maxima is written (tile_conv_unpool's compact form), and its weight and bias gradients come
-# from that by pooled_wgrad: a quarter of tile_wgrad's products, no full-resolution g (LeNet-5's first layer).
-# With INTO_POOLED (which it needs), against both off (H100, two rounds): b64 90.0 / 84.4 us, b512 164.1 / 165.0
+# ... and where that pooled producer needs no input gradient (a first layer), only its g at the pooling windows'
+# maxima is written (tile_conv_unpool's compact form), and its weight and bias gradients come from that by
+# pooled_wgrad: a quarter of tile_wgrad's products, no full-resolution g (LeNet-5's first layer). With INTO_POOLED
+# (which it needs), against both off (H100, two rounds): b64 90.0 / 84.4 us, b512 164.1 / 165.0. (The linear
+# chain's hand-off uses it too with linear.CHAIN_POOLED_WGRAD.)
 POOLED_WGRAD = True
 _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
