@@ -203,8 +203,8 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
 // z_l (its pre-activation, bias included; null when no activation needs it) and h_l (its output; for the last
 // layer the chain's output).
 //   chain_fwd: each block takes R rows through every layer in shared memory (two [R][WMAX] buffers in turn),
-//              a warp computing JW outputs (ST_CJW, at most 32 / R) at a time for all R rows (lanes over the reduction, weights read
-//              coalesced, a butterfly sum), so the layers need no launch between them.
+//              a warp computing JW outputs (ST_CJW, at most 32 / R) at a time for all R rows (lanes over the
+//              reduction, weights read coalesced, a butterfly sum), so the layers need no launch between them.
 //   chain_bwd_rows: the same blocks walk the layers backward: g_{L-1} = dout * act'(z), then for each layer
 //              dh = g @ w (one thread per input, the weights read along their rows) times the previous layer's
 //              act'; writes every layer's g_l [M, d_{l+1}] and, if asked, dx = the first layer's dh (or, where the
