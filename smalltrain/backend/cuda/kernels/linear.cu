@@ -347,15 +347,12 @@ __device__ __forceinline__ void chain_dx_unpooled(T d, int row, int k, int K, in
     const T bc = pb != nullptr ? pb[ch] : T(0);
     const int at = (int)pidx[(size_t)row * K + k], p = 2 * qh * fw + 2 * (q - qh * pw);
     T win[4];
-    pooled_act_grads_2x2(d, at, p, fw, zp, bc, pact, win);
+    const T at_max = pooled_act_grads_2x2(d, at, p, fw, zp, bc, pact, win);
     g[plane + p] = win[0];
     g[plane + p + 1] = win[1];
     g[plane + p + fw] = win[2];
     g[plane + p + fw + 1] = win[3];
-    if (gc != nullptr) {
-        bool exact;
-        gc[((size_t)ch * M + row) * P + q] = pooled_act_max_grad(d, at, zp, bc, pact, exact);
-    }
+    if (gc != nullptr) gc[((size_t)ch * M + row) * P + q] = at_max;
 }
 
 template <typename T, int R, bool STAGE>
