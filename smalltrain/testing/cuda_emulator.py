@@ -618,6 +618,7 @@ def _numpy_function(name):
 # NCCL's data types by their enum value in cupy.cuda.nccl, as item sizes (what a world of one needs to copy them)
 _NCCL_TYPES = {"NCCL_INT8": 1, "NCCL_UINT8": 1, "NCCL_INT32": 4, "NCCL_INT64": 8, "NCCL_FLOAT16": 2,
                "NCCL_FLOAT32": 4, "NCCL_FLOAT64": 8}
+_NCCL_ITEMSIZES = tuple(_NCCL_TYPES.values())   # by enum value
 _NCCL_OPS = ("NCCL_SUM", "NCCL_PROD", "NCCL_MAX", "NCCL_MIN", "NCCL_AVG")
 
 
@@ -631,7 +632,7 @@ class _NcclCommunicator:
 
     def _copy(self, dst, src, count, dtype):
         if dst != src:
-            _memcpy(dst, src, count * list(_NCCL_TYPES.values())[dtype], 3)
+            _memcpy(dst, src, count * _NCCL_ITEMSIZES[dtype], 3)   # (3: device to device)
 
     def allReduce(self, send, recv, count, dtype, op, stream):
         self._copy(recv, send, count, dtype)

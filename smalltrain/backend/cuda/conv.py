@@ -597,8 +597,8 @@ def _pooled_wgrad_plan(into, dtype, with_input_grad=False):
     threads = _POOLED_WGRAD_THREADS.get(dtype.itemsize, 128) // o * o or o
     per_block = max(1, -(-n // (2 * _sm_count())))
 
-    def smem(images):   # the staged images, one channel's sums, a byte per (channel, input channel, tap): the
-        return (images * c * h * wd + threads * (ks * ks + 1)) * dtype.itemsize + o * c * ks * ks   # NaN taps
+    def smem(images):   # the staged images, one input channel's sums, a NaN-tap flag per (channel, input channel, tap)
+        return (images * c * h * wd + threads * (ks * ks + 1)) * dtype.itemsize + o * c * ks * ks
     while per_block > 1 and smem(per_block) > _SMEM_BYTES:
         per_block //= 2
     if smem(per_block) > _SMEM_BYTES or into.pool[0].size >= _FITS32 or n * c * h * wd >= _FITS32:

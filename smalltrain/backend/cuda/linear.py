@@ -62,15 +62,15 @@ CHAIN_STAGE = True
 # (chain_into_pooled_ok; with conv.INTO_POOLED): off, the convolution's own pooling backward kernel runs instead
 # (benchmarks: that hand-off timed alone)
 CHAIN_INTO_POOLED = True
+# ... and with it also that g at the pooling windows' maxima, from which pooled_wgrad sums the convolution's weight
+# and bias gradients (conv._pooled_wgrad_plan, with conv.POOLED_WGRAD): a quarter of tile_wgrad's products
+# (LeNet-5's second layer). Off until timed on a GPU
+CHAIN_POOLED_WGRAD = False
 # chain_wgrad splits each tile's sum over the M rows between blocks of at least CHAIN_WGRAD_SPLIT_ROWS rows (0: one
 # block per tile) while the grid stays within _CHAIN_WGRAD_BLOCKS_PER_SM blocks per SM; a tile's last block adds
 # the partial sums (kernels/linear.cu chain_wgrad). Off until timed on a GPU (written without one: LeNet-5's
 # chain_wgrad at batch 512, 13.2 us under ncu against 5.6 at 64, is the tiles' four serial rounds over the rows)
 CHAIN_WGRAD_SPLIT_ROWS = 0
-# ... and where it writes a pooled convolution's g (CHAIN_INTO_POOLED), also that g at the pooling windows' maxima,
-# from which pooled_wgrad sums the convolution's weight and bias gradients (conv._pooled_wgrad_plan, with
-# conv.POOLED_WGRAD): a quarter of tile_wgrad's products (LeNet-5's second layer). Off until timed on a GPU
-CHAIN_POOLED_WGRAD = False
 _CHAIN_WGRAD_BLOCKS_PER_SM = 6
 _CHAIN_WGRAD_COUNTERS = 1 << 15   # tiles of at most CHAIN_MAX_LAYERS layers CHAIN_MAX_WIDTH wide: 4 * 64 * 65
 
