@@ -182,6 +182,30 @@ template <typename T> __device__ __forceinline__ T warp_sum(T v) {
     return v;
 }
 
+// N sums over the warp at once (N a power of 2, at most 32): returns the sum of a[i] over the warp's lanes for i =
+// lane >> (5 - log2 N), so that lane L of a full warp (N == 32) holds sum L. Each step halves the values a lane
+// keeps: lanes with the step's lane bit set keep the upper half, the others the lower, and each adds its partner's
+// copy of the half it keeps (N - 1 shuffles in all, against 5 N for N warp_sums; LeNet-5's chain_fwd sums 32
+// values a warp at once); the rest of the warp then adds by warp_sum's butterfly. A fixed order in every lane and
+// call: deterministic. a is scratch afterwards.
+template <typename T, int N> __device__ __forceinline__ T warp_sum_spread(T (&a)[N]) {
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "warp_sum_spread: N a power of 2 up to 32");
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = N, off = 16; n > 1; n >>= 1, off >>= 1) {
+        const bool up = (lane & off) != 0;
+#pragma unroll
+        for (int i = 0; i < n / 2; ++i) {
+            const T keep = up ? a[i + n / 2] : a[i], send = up ? a[i] : a[i + n / 2];
+            a[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+    }
+    T v = a[0];
+#pragma unroll
+    for (int off = 32 / N / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
 template <typename T> __device__ __forceinline__ T warp_max(T v) {
     for (int off = 16; off > 0; off >>= 1) v = st_max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
     return v;

@@ -204,7 +204,8 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
 // layer the chain's output).
 //   chain_fwd: each block takes R rows through every layer in shared memory (two [R][WMAX] buffers in turn),
 //              a warp computing JW outputs (ST_CJW, at most 32 / R) at a time for all R rows (lanes over the
-//              reduction, weights read coalesced, a butterfly sum), so the layers need no launch between them.
+//              reduction, weights read coalesced, the JW * R sums over the lanes at once by warp_sum_spread), so
+//              the layers need no launch between them.
 //   chain_bwd_rows: the same blocks walk the layers backward: g_{L-1} = dout * act'(z), then for each layer
 //              dh = g @ w (one thread per input, the weights read along their rows) times the previous layer's
 //              act'; writes every layer's g_l [M, d_{l+1}] and, if asked, dx = the first layer's dh (or, where the
@@ -307,17 +308,16 @@ __device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, in
                     for (int u = 0; u < JW; ++u) acc[u][r] += a * wv[u];
                 }
             }
-            // lane u*R + r keeps output (row r, j0 + u): R * JW <= 32
-            T v = T(0);
+            // the JW * R sums at once (<= 32): lane L keeps output (row r, j0 + u) for u * R + r = L / (32 / (JW * R))
+            constexpr int N = JW * R, LANES = 32 / N;
+            T sums[N];
 #pragma unroll
             for (int u = 0; u < JW; ++u)
 #pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const T sum = warp_sum(acc[u][r]);
-                    if (lane == u * R + r) v = sum;
-                }
-            const int u = lane / R, r = lane - u * R, j = j0 + u;
-            if (u < JW && j < c.f) {
+                for (int r = 0; r < R; ++r) sums[u * R + r] = acc[u][r];
+            T v = warp_sum_spread(sums);
+            const int u = lane / LANES / R, r = lane / LANES - u * R, j = j0 + u;
+            if (lane % LANES == 0 && j < c.f) {
                 if (c.b != nullptr) v += c.b[j];
                 const T hv = act_fwd(v, c.act);
                 out[r * WMAX + j] = hv;
