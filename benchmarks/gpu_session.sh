@@ -9,7 +9,8 @@
 # TESTS narrows the test stage to some paths (default: the whole suite), NCU_CONFIGS the ncu stage's model:batch list.
 # The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
 # settings of comma-separated MODULE.NAME=VALUE knobs (e.g. AB="$K.INTO_POOLED=False $K.INTO_POOLED=True" with
-# K=smalltrain.backend.cuda.conv), two rounds alternating, on AB_CONFIGS (default lenet5:64 lenet5:512 cnn:64).
+# K=smalltrain.backend.cuda.conv), two rounds alternating, on AB_CONFIGS (default lenet5:64 lenet5:512 cnn:64);
+# with AB_BASE (below) the code before a change as the setting "base" first.
 set -u
 STAGES=" ${STAGES:-tests nccl bench compile speedrun train ncu host profile} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
@@ -53,9 +54,16 @@ stage profile && for config in cnn:64 lenet5:64; do
   timeout 60 python3 benchmarks/profile_step.py --device cuda --config $config --sort cumtime --top 60 > "$OUT/profile_cum_${config/:/_}.txt" 2>&1
   head -5 "$OUT/profile_${config/:/_}.txt"
 done
-stage ab && for round in 1 2; do for setting in ${AB:-}; do
+# AB_BASE: a patch (git diff BASE HEAD) whose reverse gives the code to compare with; its setting "base" runs a copy of
+# the tree with the patch reversed, so that a kernel change without a knob is timed in the same call
+if stage ab && [ -n "${AB_BASE:-}" ]; then
+  rm -rf /tmp/ab_base && cp -r . /tmp/ab_base && (cd /tmp/ab_base && patch -R -p1 -s < "$OLDPWD/$AB_BASE") || exit 1
+fi
+stage ab && for round in 1 2; do for setting in ${AB_BASE:+base} ${AB:-}; do
   echo "$setting (round $round)"
-  sets=(); IFS=',' read -ra knobs <<< "$setting"; for knob in "${knobs[@]}"; do sets+=(--set "$knob"); done
-  timeout 120 python3 benchmarks/bench_compile.py --modes smalltrain-compiled --no-torch \
-    --config ${AB_CONFIGS:-lenet5:64 lenet5:512 cnn:64} "${sets[@]}" 2>&1 | sed -n '/^model:batch/,$p'
+  sets=(); dir=.
+  if [ "$setting" = base ]; then dir=/tmp/ab_base; else
+    IFS=',' read -ra knobs <<< "$setting"; for knob in "${knobs[@]}"; do sets+=(--set "$knob"); done; fi
+  (cd $dir && timeout 120 python3 benchmarks/bench_compile.py --modes smalltrain-compiled --no-torch \
+    --config ${AB_CONFIGS:-lenet5:64 lenet5:512 cnn:64} "${sets[@]}" 2>&1 | sed -n '/^model:batch/,$p')
 done; done | tee "$OUT/ab.txt"
