@@ -188,18 +188,20 @@ template <typename T> __device__ __forceinline__ T warp_sum(T v) {
 // copy of the half it keeps (N - 1 shuffles in all, against 5 N for N warp_sums; LeNet-5's chain_fwd sums 32
 // values a warp at once); the rest of the warp then adds by warp_sum's butterfly. A fixed order in every lane and
 // call: deterministic. a is scratch afterwards.
-template <typename T, int N> __device__ __forceinline__ T warp_sum_spread(T (&a)[N]) {
-    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "warp_sum_spread: N a power of 2 up to 32");
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int n = N, off = 16; n > 1; n >>= 1, off >>= 1) {
+template <int n, int off, typename T> __device__ __forceinline__ void warp_sum_halves(T* a, int lane) {
+    if constexpr (n > 1) {   // (recursion, not a loop: every index a compile-time constant, a in registers)
         const bool up = (lane & off) != 0;
 #pragma unroll
         for (int i = 0; i < n / 2; ++i) {
             const T keep = up ? a[i + n / 2] : a[i], send = up ? a[i] : a[i + n / 2];
             a[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
         }
+        warp_sum_halves<n / 2, off / 2>(a, lane);
     }
+}
+template <typename T, int N> __device__ __forceinline__ T warp_sum_spread(T (&a)[N]) {
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "warp_sum_spread: N a power of 2 up to 32");
+    warp_sum_halves<N, 16>(a, threadIdx.x & 31);
     T v = a[0];
 #pragma unroll
     for (int off = 32 / N / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);

@@ -694,19 +694,16 @@ __device__ __forceinline__ void linear_sums(const T (&val)[TO][ST_TW], const T* 
 }
 
 template <typename T>
-__device__ void linear_finish(const T* lsum, const T* __restrict__ lb, T* __restrict__ lout, T* __restrict__ lpart,
+__device__ void linear_finish(T (&lsum)[ST_LF], const T* __restrict__ lb, T* __restrict__ lout, T* __restrict__ lpart,
                               unsigned* lcount, int F, int n, int tile, int tiles) {
     extern __shared__ unsigned char st_smem[];
     T* red = reinterpret_cast<T*>(st_smem);   // [warps][ST_LF], then the ticket
     unsigned* ticket = reinterpret_cast<unsigned*>(red + (blockDim.x / 32) * ST_LF);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     __syncthreads();   // every thread is done with the staged tiles (and the splits' sums)
-#pragma unroll
-    for (int f = 0; f < ST_LF; ++f) {
-        if (f >= F) break;
-        const T v = warp_sum(lsum[f]);
-        if (lane == 0) red[warp * ST_LF + f] = v;
-    }
+    // the ST_LF sums over the warp at once (those past F are 0): lane L holds output L / 2
+    const T v = warp_sum_spread(lsum);
+    if (lane % (32 / ST_LF) == 0 && lane / (32 / ST_LF) < F) red[warp * ST_LF + lane / (32 / ST_LF)] = v;
     __syncthreads();
     if (threadIdx.x < F) {
         T s = T(0);
@@ -1021,7 +1018,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         return;
     }
     if (LIN) {   // this thread's outputs times the linear layer's weights, then the block's and the image's sums
-        T lsum[ST_LF];
+        T lsum[ST_LF] = {};   // (linear_sums sets the first F)
         linear_sums<T, TO>(acc, lw + og * TO * P + r * Wo + s0, O * P, P, live ? min(TO, O - og * TO) : 0, Wo - s0,
                            F, lin_vec, lsum);
         linear_finish<T>(lsum, lb, lout, lpart, lcount, F, n, blockIdx.x - n * tiles, tiles);
