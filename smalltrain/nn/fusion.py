@@ -98,11 +98,14 @@ def layer_act_pool(layer, x, activation, pool):
                            activation, pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
 
 
+def plain_flatten(module):
+    """An unhooked Flatten from dim 1 to the last (x.flatten(1)), which a fused op after it may do itself."""
+    return type(module) is Flatten and not _hooked(module) and module.start_dim == 1 and module.end_dim == -1
+
+
 def _conv_and_linear(layer, flatten, linear):
-    """An unhooked zero-padded Conv2d, an unhooked Flatten from dim 1 to the last and an unhooked Linear: the layers
-    Conv2dActLinear takes."""
-    return (type(layer) is Conv2d and _fusable_layer(layer) and type(flatten) is Flatten and not _hooked(flatten)
-            and flatten.start_dim == 1 and flatten.end_dim == -1 and _chain_layer(linear))
+    """An unhooked zero-padded Conv2d, plain_flatten and an unhooked Linear: the layers Conv2dActLinear takes."""
+    return type(layer) is Conv2d and _fusable_layer(layer) and plain_flatten(flatten) and _chain_layer(linear)
 
 
 def linear_fusable(modules, i):

@@ -483,6 +483,49 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
 
 
 @cuda
+def test_sequential_flattens_inside_the_chain_so_the_pooled_convolution_takes_its_g(monkeypatch):
+    """nn.Sequential's LeNet-5 (the benchmark's form: MaxPool2d, Flatten, Linear, GELU, ...): the Flatten module is
+    done inside the chain op, so the chain's backward writes the second convolution's g through its pooling (no
+    pooling backward kernel), as chain_act(..., flatten=True) does; the gradients bit-equal that functional form.
+    A hooked Flatten runs as a module (it must see its output), and the pooling's backward kernel runs."""
+    from smalltrain.backend.cuda import conv as cuda_conv
+    from smalltrain.backend.cuda import pool as cuda_pool
+    monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # the first layer's hand-off at this batch too
+    pooled_bwd = _record_kernels(monkeypatch, cuda_pool, "launch")
+    st.manual_seed(0)
+    seq = nn.Sequential(nn.Conv2d(1, 6, 5), nn.GELU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.GELU(),
+                        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(256, 120), nn.GELU(), nn.Linear(120, 84),
+                        nn.GELU(), nn.Linear(84, 10)).to("cuda")
+    x = st.randn(4, 1, 28, 28).to("cuda")
+
+    def grads(forward):
+        for p in seq.parameters():
+            p.grad = None
+        pooled_bwd.clear()
+        out = forward(x)
+        (out * out).sum().backward()
+        return [out.detach().cpu().numpy()] + [p.grad.cpu().numpy() for p in seq.parameters()]
+
+    def functional(v):
+        v = layer_act_pool(seq[0], v, "gelu", seq[2])
+        v = layer_act_pool(seq[3], v, "gelu", seq[5])
+        return chain_act(v, [(seq[7], "gelu"), (seq[9], "gelu"), (seq[11], None)], flatten=True)
+    reference = grads(functional)
+    assert "max_pool2d_bwd_act_tiled" not in pooled_bwd, pooled_bwd
+    assert "LinearChain" in seq(x).grad_fn.name()
+    sequential = grads(seq)
+    assert "max_pool2d_bwd_act_tiled" not in pooled_bwd, pooled_bwd
+    for u, v in zip(sequential, reference):
+        assert np.array_equal(u, v)
+    seen = []
+    seq[6].register_forward_hook(lambda m, i, o: seen.append(tuple(o.shape)))
+    hooked = grads(seq)
+    assert seen == [(4, 256)] and pooled_bwd.count("max_pool2d_bwd_act_tiled") == 1, (seen, pooled_bwd)
+    for u, v in zip(hooked, reference):
+        assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0)
+
+
+@cuda
 def test_cuda_pooled_convolution_hands_a_plain_one_its_g(monkeypatch):
     """Conv2d + ReLU, then Conv2d + GELU + MaxPool2d(2): the pooled layer's backward writes the first layer's g (the
     plain 'into' hand-off, as Conv2dActLinear's), so no transpose-and-derivative kernel runs; gradients bit-equal to

@@ -106,10 +106,16 @@ class Sequential(Module):
         while i < len(modules):
             m = modules[i]
             cuda = isinstance(input, Tensor) and input.is_cuda
-            pairs, after = fusion.linear_run(modules, i) if cuda else ((), i)
+            # Flatten before Linear layers: flattened inside the chain op, so that its backward can hand a pooled
+            # convolution before it its g (a Flatten module between them would take that gradient itself)
+            flat = cuda and fusion.plain_flatten(m) and input.ndim >= 2
+            pairs, after = fusion.linear_run(modules, i + flat) if cuda else ((), i)
             if pairs:   # Linear layers (+ activations): one chain op for a run, one fused layer for a single one
-                input = fusion.chain_act(input, pairs)
+                input = fusion.chain_act(input, pairs, flatten=flat)
                 i = after
+            elif flat:
+                input = m(input)
+                i += 1
             elif cuda and fusion.linear_fusable(modules, i):
                 input = fusion.layer_act_linear(m, input, fusion.activation_name(modules[i + 1]), modules[i + 2],
                                                 modules[i + 3])
