@@ -54,16 +54,18 @@ stage profile && for config in cnn:64 lenet5:64; do
   timeout 60 python3 benchmarks/profile_step.py --device cuda --config $config --sort cumtime --top 60 > "$OUT/profile_cum_${config/:/_}.txt" 2>&1
   head -5 "$OUT/profile_${config/:/_}.txt"
 done
-# AB_BASE: a patch (git diff BASE HEAD) whose reverse gives the code to compare with; its setting "base" runs a copy of
-# the tree with the patch reversed, so that a kernel change without a knob is timed in the same call
-if stage ab && [ -n "${AB_BASE:-}" ]; then
-  rm -rf /tmp/ab_base && cp -r . /tmp/ab_base && (cd /tmp/ab_base && patch -R -p1 -s < "$OLDPWD/$AB_BASE") || exit 1
-fi
+# AB_BASE: a folder inside the tree (so that it travels) holding the code to compare with, made by
+# `git archive BASE smalltrain benchmarks ':!smalltrain/datasets/data' | tar -x -C DIR` (the data set is copied from
+# the tree); its setting "base" runs there first in each round, so that a change without a knob is timed in the
+# same call
+stage ab && [ -n "${AB_BASE:-}" ] && [ ! -d "$AB_BASE/smalltrain/datasets/data" ] && \
+  cp -r smalltrain/datasets/data "$AB_BASE/smalltrain/datasets/"
 stage ab && for round in 1 2; do for setting in ${AB_BASE:+base} ${AB:-}; do
   echo "$setting (round $round)"
   sets=(); dir=.
-  if [ "$setting" = base ]; then dir=/tmp/ab_base; else
+  if [ "$setting" = base ]; then dir=$AB_BASE; else
     IFS=',' read -ra knobs <<< "$setting"; for knob in "${knobs[@]}"; do sets+=(--set "$knob"); done; fi
   (cd $dir && timeout 120 python3 benchmarks/bench_compile.py --modes smalltrain-compiled --no-torch \
-    --config ${AB_CONFIGS:-lenet5:64 lenet5:512 cnn:64} "${sets[@]}" 2>&1 | sed -n '/^model:batch/,$p')
+    --config ${AB_CONFIGS:-lenet5:64 lenet5:512 cnn:64} "${sets[@]}" > /tmp/ab_run.txt 2>&1)
+  grep -q '^model:batch' /tmp/ab_run.txt && sed -n '/^model:batch/,$p' /tmp/ab_run.txt || tail -5 /tmp/ab_run.txt
 done; done | tee "$OUT/ab.txt"
