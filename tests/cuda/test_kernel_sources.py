@@ -417,22 +417,6 @@ def test_every_chain_variant_is_instantiated():
             assert f"ST_CHAIN({dtype}, {s}, {r})" in src, (s, r)
 
 
-def test_chain_wgrad_splits(monkeypatch):
-    """On the CPU: chain_wgrad's blocks per tile, one while CHAIN_WGRAD_SPLIT_ROWS is 0; else as many as give each
-    at least that many rows, within _CHAIN_WGRAD_BLOCKS_PER_SM blocks per SM over the grid, and one where the
-    tiles outnumber the counters."""
-    from smalltrain.backend.cuda import linear
-    monkeypatch.setattr(linear, "_sm_count", lambda: 132)
-    monkeypatch.setattr(linear, "CHAIN_WGRAD_SPLIT_ROWS", 0)
-    assert linear.chain_wgrad_splits(512, 190) == 1
-    monkeypatch.setattr(linear, "CHAIN_WGRAD_SPLIT_ROWS", 128)
-    assert linear.chain_wgrad_splits(512, 190) == 4                  # LeNet-5's head at batch 512: 760 blocks
-    assert linear.chain_wgrad_splits(64, 190) == 1                   # batch 64: fewer rows than one split
-    assert linear.chain_wgrad_splits(4096, 190) == 6 * 132 // 190    # 32 by rows, 4 by the grid
-    assert linear.chain_wgrad_splits(4096, 2000) == 1
-    assert linear.chain_wgrad_splits(4096, linear._CHAIN_WGRAD_COUNTERS + 1) == 1
-
-
 def test_tile_linear_epilogue_choice(monkeypatch):
     """_tile_linear_ok on the CPU (the counters stubbed): tile_conv_lin takes the linear layer after MnistCnn's
     second convolution (10 outputs, 192-thread blocks) and declines more than TILE_LINEAR_MAX_F outputs, blocks of

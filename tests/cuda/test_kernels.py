@@ -632,20 +632,14 @@ CHAIN_CASES = [  # M, widths, activations, biases, needs per layer (weight, bias
 ]
 
 
-@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("stage", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CHAIN_CASES)
-def test_linear_chain(case, dtype, stage, split, rng, monkeypatch):
+def test_linear_chain(case, dtype, stage, rng, monkeypatch):
     """The chain kernels against the float64 layers one by one: output, dx and every layer's dw, db, with some
     gradients not asked for (None back), at 1, 2, 4 and 8 rows per block (the widest chain in float64: 2 rows, the
-    shared-memory bound), the backward with its weights staged in shared memory where they fit and without, the
-    weight gradients' rows in one block per tile and split between blocks (32 rows each at most 62 blocks, the last
-    ones empty where the rows run out first: 2000 rows in 61 blocks of 33)."""
+    shared-memory bound), the backward with its weights staged in shared memory where they fit and without."""
     monkeypatch.setattr(linear_kernels, "CHAIN_STAGE", stage)
-    if split:
-        monkeypatch.setattr(linear_kernels, "CHAIN_WGRAD_SPLIT_ROWS", 32)
-        monkeypatch.setattr(linear_kernels, "_CHAIN_WGRAD_BLOCKS_PER_SM", 1 << 20)
     m, widths, acts, biases, needs, need_x = case
     layers, pre, h = [], [], [rng.standard_normal((m, widths[0])).astype(dtype)]
     for i, act in enumerate(acts):
@@ -680,41 +674,6 @@ def test_linear_chain(case, dtype, stage, split, rng, monkeypatch):
         assert_close(dx, gpre, tol * max(1, np.sqrt(widths[1]) / 8), name="dx")
     else:
         assert dx is None
-
-
-def test_chain_weight_gradient_split_replays_as_a_cuda_graph(rng, monkeypatch):
-    """LeNet-5's head at batch 512 with chain_wgrad's rows split between blocks: bit-equal to the eager result and
-    within rounding of the unsplit one, and captured once (counters made by the eager run), replayed on new output
-    gradients twice: the same as eager each time, so every tile's counter is back at zero after a replay."""
-    m, widths = 512, (256, 120, 84, 10)
-    layers = []
-    for i in range(3):
-        w = (rng.standard_normal((widths[i + 1], widths[i])) / np.sqrt(widths[i])).astype(np.float32)
-        layers.append((g(w), g(rng.standard_normal(widths[i + 1]).astype(np.float32)), "gelu" if i < 2 else None))
-    _, saved = ops.linear_chain_forward(g(rng.standard_normal((m, widths[0])).astype(np.float32)), layers)
-    dout = g(rng.standard_normal((m, widths[-1])).astype(np.float32))
-    whole = [cp.asnumpy(a) for pair in ops.linear_chain_backward(dout, saved)[1] for a in pair]
-    monkeypatch.setattr(linear_kernels, "CHAIN_WGRAD_SPLIT_ROWS", 128)
-    assert linear_kernels.chain_wgrad_splits(m, 190) == min(4, 6 * conv_kernels._sm_count() // 190) > 1
-
-    def eager():
-        return [cp.asnumpy(a) for pair in ops.linear_chain_backward(dout, saved)[1] for a in pair]
-    split = eager()
-    for u, v in zip(split, whole):
-        assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0)
-    cp.cuda.Device().synchronize()
-    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
-    with stream, cp.cuda.using_allocator(pool.malloc):
-        stream.begin_capture()
-        _, grads = ops.linear_chain_backward(dout, saved)
-        graph = stream.end_capture()
-        for _ in range(2):
-            dout.set(rng.standard_normal((m, widths[-1])).astype(np.float32), stream=stream)
-            graph.launch(stream)
-            stream.synchronize()
-            replayed = [cp.asnumpy(a) for pair in grads for a in pair]
-            for u, v in zip(replayed, eager()):
-                assert np.array_equal(u, v)
 
 
 CHAIN_INTO_POOL_CASES = [  # x, conv weight, its activation, rows (batch), the chain's widths after the first

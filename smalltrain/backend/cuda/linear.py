@@ -66,13 +66,6 @@ CHAIN_INTO_POOLED = True
 # and bias gradients (conv._pooled_wgrad_plan, with conv.POOLED_WGRAD): a quarter of tile_wgrad's products
 # (LeNet-5's second layer). Off until timed on a GPU
 CHAIN_POOLED_WGRAD = False
-# chain_wgrad splits each tile's sum over the M rows between blocks of at least CHAIN_WGRAD_SPLIT_ROWS rows (0: one
-# block per tile) while the grid stays within _CHAIN_WGRAD_BLOCKS_PER_SM blocks per SM; a tile's last block adds
-# the partial sums (kernels/linear.cu chain_wgrad). Off until timed on a GPU (written without one: LeNet-5's
-# chain_wgrad at batch 512, 13.2 us under ncu against 5.6 at 64, is the tiles' four serial rounds over the rows)
-CHAIN_WGRAD_SPLIT_ROWS = 0
-_CHAIN_WGRAD_BLOCKS_PER_SM = 6
-_CHAIN_WGRAD_COUNTERS = 1 << 15   # tiles of at most CHAIN_MAX_LAYERS layers CHAIN_MAX_WIDTH wide: 4 * 64 * 65
 
 
 @dataclass
@@ -436,25 +429,12 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
             total += _dw_tiles(widths[i + 1], widths[i], need_w, need_b)
         if total:
             ins = [x] + saved.h[:-1]
-            splits = chain_wgrad_splits(m, total)
-            counters = device_counters("chain_wgrad", _CHAIN_WGRAD_COUNTERS) if splits > 1 else None
-            if counters is None:
-                splits = 1
-            part = cp.empty(total * splits * _TILE * _TILE, dtype=x.dtype) if splits > 1 else None   # per block
-            starts = _padded([t * splits for t in starts[1:]], total * splits)[:CHAIN_MAX_LAYERS - 1]
+            starts = _padded(starts[1:], total)[:CHAIN_MAX_LAYERS - 1]
             dws, dbs = [dw for dw, _ in grads], [db for _, db in grads]
-            get("linear", "chain_wgrad_split" if splits > 1 else "chain_wgrad", x.dtype)(
-                (total * splits,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
-                                                       + _padded(dws, None) + _padded(dbs, None))
-                + _width_args(widths) + i32s(tuple(starts)) + (i32(m), ptr(part), ptr(counters), i32(splits)))
+            get("linear", "chain_wgrad", x.dtype)(
+                (total,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
+                                              + _padded(dws, None) + _padded(dbs, None))
+                + _width_args(widths) + i32s(tuple(starts)) + (i32(m),))
     if compact:
         return ProducerGrad(dx, conv_kernels._pooled_wgrad(gc, into, compact)), grads
     return (ProducerGrad(dx) if pooled else dx), grads
-
-
-def chain_wgrad_splits(m, tiles):
-    """Blocks per chain_wgrad tile (CHAIN_WGRAD_SPLIT_ROWS): each at least that many of the m rows, the grid at
-    most _CHAIN_WGRAD_BLOCKS_PER_SM per SM and its tiles within the counters; 1 where off."""
-    if CHAIN_WGRAD_SPLIT_ROWS <= 0 or tiles > _CHAIN_WGRAD_COUNTERS:
-        return 1
-    return max(1, min(m // CHAIN_WGRAD_SPLIT_ROWS, _CHAIN_WGRAD_BLOCKS_PER_SM * _sm_count() // tiles))

@@ -116,41 +116,25 @@ __device__ void tile_gemm(const Operand<T>& A, const Operand<T>& Bt, int i0, int
 // Tile `bid` of [dw | db] [F, K + 1] = gt [F, M] @ [x | 1] [M, K + 1] (x [M, K] row-major; db as the bias
 // column K). Without dw (frozen weight) only the tiles of column K are counted, without db column K is left out:
 // dw_tiles(F, K, ...) tiles in all.
-// (dw_tile_sums: the tile's sums for the threads of group 0, its origin (i0, j0); dw_tile_store writes them. gt
-// and x may start at a later row, M then the rows from there: chain_wgrad's splits.)
 template <typename T>
-__device__ void dw_tile_sums(const Operand<T>& gt, const T* __restrict__ x, bool has_dw, bool has_db, int M,
-                             int K, int bid, int& i0, int& j0, T (&acc)[4]) {
-    const int KB = has_db ? K + 1 : K, first = has_dw ? 0 : K;
+__device__ void dw_tile(const Operand<T>& gt, const T* __restrict__ x, T* __restrict__ dw, T* __restrict__ db,
+                        int M, int K, int F, int bid) {
+    const int KB = db != nullptr ? K + 1 : K, first = dw != nullptr ? 0 : K;
     const int tiles_j = (KB - first + ST_LT - 1) / ST_LT;
-    i0 = (bid / tiles_j) * ST_LT;
-    j0 = first + (bid % tiles_j) * ST_LT;
+    const int i0 = (bid / tiles_j) * ST_LT, j0 = first + (bid % tiles_j) * ST_LT;
     Operand<T> xt = plain(x, 1, K, K, M);
-    if (has_db) xt.ones = K;
+    if (db != nullptr) xt.ones = K;
+    T acc[4];
     tile_gemm<T>(gt, xt, i0, j0, M, acc);
-}
-
-template <typename T>
-__device__ void dw_tile_store(const T (&acc)[4], T* __restrict__ dw, T* __restrict__ db, int K, int F, int i0,
-                              int j0) {
-    const int KB = db != nullptr ? K + 1 : K, j = j0 + threadIdx.x % ST_LT;
+    const int j = j0 + threadIdx.x % ST_LT;
     if (threadIdx.x >= ST_LGROUP || j >= KB) return;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int i = i0 + threadIdx.x / ST_LT + 4 * r;
         if (i >= F) break;
-        if (j < K) dw[i * K + j] = acc[r];   // j < K only when dw is wanted (the tiles start at column 0 then)
+        if (j < K) dw[i * K + j] = acc[r];   // j < K only when dw is wanted (first == 0)
         else db[i] = acc[r];
     }
-}
-
-template <typename T>
-__device__ void dw_tile(const Operand<T>& gt, const T* __restrict__ x, T* __restrict__ dw, T* __restrict__ db,
-                        int M, int K, int F, int bid) {
-    int i0, j0;
-    T acc[4];
-    dw_tile_sums<T>(gt, x, dw != nullptr, db != nullptr, M, K, bid, i0, j0, acc);
-    dw_tile_store<T>(acc, dw, db, K, F, i0, j0);
 }
 
 template <typename T>
@@ -217,8 +201,7 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
 //              busy, each thread's weight loads an L2 round trip per 16; chain_bwd_staged 13.2 us. (The forward
 //              staged the same way lost: 8.1 -> 8.5 us at batch 64, 12.4 -> 14.0 at 512; its warps already keep
 //              32 coalesced weight loads in flight each.)
-//   chain_wgrad: [dw_l | db_l] = g_l^T @ [h_{l-1} | 1] (h_{-1} = x) for every layer in one grid of dw_tile tiles,
-//              each tile's rows maybe split over several blocks whose partial sums its last block adds.
+//   chain_wgrad: [dw_l | db_l] = g_l^T @ [h_{l-1} | 1] (h_{-1} = x) for every layer in one grid of dw_tile tiles.
 // Fixed summation orders everywhere (deterministic). The launcher checks the shapes and that the chain fits.
 #define ST_CMAX 4
 #ifndef ST_CTHREADS   // (overridable for benchmarks/chain_variants.py)
@@ -438,16 +421,11 @@ __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T
     }
 }
 
-// blocks [t_l, t_{l+1}) are layer l's dw_tile tiles (t0 = 0), `splits` blocks per tile; x_l is layer l's input (x,
-// then h_0, h_1, ...). SPLIT (chain_wgrad_split): each of a tile's blocks sums its share of the M rows (a tile's
-// sum is M / 4 rows long per thread group: at M = 512 its four serial rounds of loads were most of the kernel) and
-// writes the partial sums to part[block][4][ST_LGROUP]; the tile's last block to arrive (counters[tile], reset to
-// 0 after) adds them in split order and writes the tile: deterministic.
-template <typename T, bool SPLIT>
+// blocks [t_l, t_{l+1}) are layer l's dw_tile tiles (t0 = 0); x_l is layer l's input (x, then h_0, h_1, ...)
+template <typename T>
 __device__ void chain_wgrad(const T* g0, const T* g1, const T* g2, const T* g3, const T* x0, const T* x1,
                             const T* x2, const T* x3, T* dw0, T* dw1, T* dw2, T* dw3, T* db0, T* db1, T* db2, T* db3,
-                            int d0, int d1, int d2, int d3, int d4, int t1, int t2, int t3, int M, T* part,
-                            unsigned* counters, int splits) {
+                            int d0, int d1, int d2, int d3, int d4, int t1, int t2, int t3, int M) {
     const T* gs[ST_CMAX] = {g0, g1, g2, g3};
     const T* xs[ST_CMAX] = {x0, x1, x2, x3};
     T* dws[ST_CMAX] = {dw0, dw1, dw2, dw3};
@@ -464,32 +442,7 @@ __device__ void chain_wgrad(const T* g0, const T* g1, const T* g2, const T* g3, 
 #pragma unroll
     for (int i = 1; i < ST_CMAX; ++i)
         if (l == i) g = gs[i], xl = xs[i], dw = dws[i], db = dbs[i], k = ds[i], f = ds[i + 1], t = ts[i];
-    if (!SPLIT) {
-        dw_tile<T>(plain(g, 1, f, f, M), xl, dw, db, M, k, f, blockIdx.x - t);
-        return;
-    }
-    const int tile = blockIdx.x / splits, s = blockIdx.x - tile * splits, rows = (M + splits - 1) / splits;
-    const int r0 = min(M, s * rows), n = min(rows, M - r0);
-    int i0, j0;
-    T acc[4];
-    dw_tile_sums<T>(plain(g + (size_t)r0 * f, 1, f, f, n), xl + (size_t)r0 * k, dw != nullptr, db != nullptr, n, k,
-                    tile - t / splits, i0, j0, acc);
-    if (threadIdx.x < ST_LGROUP) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) part[((size_t)blockIdx.x * 4 + r) * ST_LGROUP + threadIdx.x] = acc[r];
-    }
-    // (st_last_to_arrive's fence makes the partials visible to the block that adds them)
-    if (!st_last_to_arrive(&counters[tile], splits)) return;
-    if (threadIdx.x == 0) counters[tile] = 0u;
-    if (threadIdx.x < ST_LGROUP) {
-        const T* first = part + (size_t)tile * splits * 4 * ST_LGROUP + threadIdx.x;
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[r] = T(0);
-        for (int q = 0; q < splits; ++q)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[r] += __ldcg(first + (q * 4 + r) * ST_LGROUP);
-    }
-    dw_tile_store<T>(acc, dw, db, k, f, i0, j0);
+    dw_tile<T>(plain(g, 1, f, f, M), xl, dw, db, M, k, f, blockIdx.x - t);
 }
 
 // ---- wide layers: few outputs over a long reduction (MnistCnn's Linear(18432, 10)), one launch each way ----
@@ -701,17 +654,6 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
 // on the 18432-wide MnistCnn head, and the extra blocks hide more of it than the spill costs (H200, ncu, MnistCnn
 // b64: 13.0 -> 10.1 us; captured step 137.8 -> 133.0 us). float64 keeps the plain bound (its registers double).
 #define ST_WIDE_BWD_MIN_BLOCKS(T) (sizeof(T) == 4 ? 3 : 1)
-// chain_wgrad, and with its rows split between blocks (chain_wgrad_split: part, counters and splits used). The split
-// form is bounded to four resident blocks per SM in float32 (64 registers and 36 bytes of spill; unbounded, its
-// index arithmetic took ptxas to 127), two in float64; the plain one keeps its 64 registers, no spill
-#define ST_CHAIN_WGRAD_MIN_BLOCKS(T) (sizeof(T) == 4 ? 4 : 2)
-#define ST_CHAIN_WGRAD_PARAMS(T)                                                                                   \
-    const T *g0, const T *g1, const T *g2, const T *g3, const T *x0, const T *x1, const T *x2, const T *x3, T *dw0, \
-        T *dw1, T *dw2, T *dw3, T *db0, T *db1, T *db2, T *db3, int d0, int d1, int d2, int d3, int d4, int t1,    \
-        int t2, int t3, int M, T *part, unsigned *counters, int splits
-#define ST_CHAIN_WGRAD_ARGS                                                                                        \
-    g0, g1, g2, g3, x0, x1, x2, x3, dw0, dw1, dw2, dw3, db0, db1, db2, db3, d0, d1, d2, d3, d4, t1, t2, t3, M, part,  \
-        counters, splits
 #define ST_LINEAR(T, S)                                                                                            \
     extern "C" __global__ void __launch_bounds__(ST_LTHREADS)                                                      \
     linear_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, int M, int K, int F, int act) {               \
@@ -723,12 +665,11 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
         linear_bwd<T>(dout, y, b, x, w, dx, dw, db, M, K, F, ysm, ysf, act, blocks_dx);                            \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_LTHREADS)                                                      \
-    chain_wgrad_##S(ST_CHAIN_WGRAD_PARAMS(T)) {                                                                    \
-        chain_wgrad<T, false>(ST_CHAIN_WGRAD_ARGS);                                                                \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(ST_LTHREADS, ST_CHAIN_WGRAD_MIN_BLOCKS(T))                       \
-    chain_wgrad_split_##S(ST_CHAIN_WGRAD_PARAMS(T)) {                                                              \
-        chain_wgrad<T, true>(ST_CHAIN_WGRAD_ARGS);                                                                 \
+    chain_wgrad_##S(const T* g0, const T* g1, const T* g2, const T* g3, const T* x0, const T* x1, const T* x2,     \
+                    const T* x3, T* dw0, T* dw1, T* dw2, T* dw3, T* db0, T* db1, T* db2, T* db3, int d0, int d1,   \
+                    int d2, int d3, int d4, int t1, int t2, int t3, int M) {                                       \
+        chain_wgrad<T>(g0, g1, g2, g3, x0, x1, x2, x3, dw0, dw1, dw2, dw3, db0, db1, db2, db3, d0, d1, d2, d3, d4, \
+                       t1, t2, t3, M);                                                                             \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_WTHREADS)                                                      \
     wide_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, T* part, unsigned* counters, int M, int K,      \
