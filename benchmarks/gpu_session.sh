@@ -5,20 +5,33 @@
 # LeNet-5 b64/b512 and MnistCnn b64 steps (ncu) and the host cost of the primitives an eager step is made of
 # (benchmarks/host_costs.py), and a cProfile of the eager step's host side (benchmarks/profile_step.py).
 # Logs under $OUT (the device tool's output folder; ./gpu_out elsewhere). Each stage has its own time limit;
-# STAGES picks stages (e.g. STAGES="tests bench ncu") so that one session's device time can be split over calls.
+# STAGES picks stages (e.g. STAGES="warm tests bench ncu") so that one session's device time can be split over calls;
+# warm (first) compiles every kernel file before anything times or tests them.
 # TESTS narrows the test stage to some paths (default: the whole suite), NCU_CONFIGS the ncu stage's model:batch list.
 # The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
 # settings of comma-separated MODULE.NAME=VALUE knobs (e.g. AB="$K.INTO_POOLED=False $K.INTO_POOLED=True" with
 # K=smalltrain.backend.cuda.conv), two rounds alternating, on AB_CONFIGS (default lenet5:64 lenet5:512 cnn:64);
 # with AB_BASE (below) the code before a change as the setting "base" first.
 set -u
-STAGES=" ${STAGES:-tests nccl bench compile speedrun train ncu host profile} "
+STAGES=" ${STAGES:-warm tests nccl bench compile speedrun train ncu host profile} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUPY_TF32=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | head -1)
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import cupy, torch, numpy; print('cupy', cupy.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"; } 2>&1 | tee "$OUT/env.txt"
+# Every kernel file of the tree in DIR compiled into CuPy's disk cache, one process per file (conv.cu alone takes
+# ~70 s in nvcc on a 2-core machine): a cold cache made each of the ab stage's 120 s runs time out on a fresh H100
+# (nineteenth session), and the test stage's workers would each wait on the same compiles.
+warm_kernels() {
+  local t0=$SECONDS
+  (cd "$1" && for f in smalltrain/backend/cuda/kernels/*.cu; do
+    timeout 300 python3 -c "import sys; from smalltrain.backend.cuda import loader
+loader.compile_module(loader.read_source(sys.argv[1]))" "$f" &
+  done; wait)
+  echo "kernels of $1 compiled in $((SECONDS - t0)) s"
+}
+stage warm && warm_kernels .
 if stage tests; then
   # -v: every result is a line as it comes, so the failures are in the log even if the time limit cuts the run.
   # 420 s: the whole suite took 265 s on the H200 (13th session) and did not finish in 300 on an H100 (97%)
@@ -60,6 +73,7 @@ done
 # same call
 stage ab && [ -n "${AB_BASE:-}" ] && [ ! -d "$AB_BASE/smalltrain/datasets/data" ] && \
   cp -r smalltrain/datasets/data "$AB_BASE/smalltrain/datasets/"
+stage ab && [ -n "${AB_BASE:-}" ] && warm_kernels "$AB_BASE"
 stage ab && for round in 1 2; do for setting in ${AB_BASE:+base} ${AB:-}; do
   echo "$setting (round $round)"
   sets=(); dir=.
