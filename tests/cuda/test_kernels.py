@@ -196,32 +196,36 @@ TILE_CASES = [  # x shape, out channels, kernel size, padding, activation, bias
     ((2, 4, 7, 10), 3, 3, (1, 0, 2, 1), "gelu_tanh", True),   # asymmetric padding
     ((1, 2, 6, 5), 9, 5, "same", "relu", True),       # padding past the kernel's reach on the bottom/right
     ((2, 3, 11, 6), 4, 5, 4, None, True),             # padding larger than the dx correlation's own (pt < 0)
+    ((2, 6, 10, 9), 18, 5, 2, "relu", True),          # 18 channels: three groups of 6 (TILE_TO6), 9 columns
 ]
 
 
 def _force_tile_plan(monkeypatch, plan):
     """tile_conv on every case (the kernel's values, not where it pays), its plan as planned or with one choice
-    forced: "4 channels" / "8 channels" per thread, "row tiles" (3 rows per block: 9 of 12, 26 of 28 ... the last
-    partial), "K channel splits"."""
+    forced: "4 channels" / "8 channels" per thread, "6 channels" where that leaves no dead channel (TILE_TO6),
+    "row tiles" (3 rows per block: 9 of 12, 26 of 28 ... the last partial), "K channel splits"."""
     monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     if plan == "4 channels":
         monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 1 << 30)
     if plan == "8 channels":
         monkeypatch.setattr(conv_kernels, "_TILE_TO8_THREADS_PER_SM", 0)
+    if plan == "6 channels":
+        monkeypatch.setattr(conv_kernels, "TILE_TO6", True)
+        monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)
     if plan == "row tiles":
         monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 3)
     if plan.endswith("channel splits"):
         monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", int(plan[0]))
 
 
-@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "row tiles", "2 channel splits",
-                                  "3 channel splits"])
+@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "6 channels", "row tiles",
+                                  "2 channel splits", "3 channel splits"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES)
 def test_tile_conv(case, dtype, plan, rng, monkeypatch):
     """tile_conv takes the forward and dx of stride-1, undilated 3x3 and 5x5 convolutions (whatever the padding),
-    against the float64 reference, on its own choices and with each forced: 4 or 8 channels per thread, blocks
+    against the float64 reference, on its own choices and with each forced: 4, 8 or 6 channels per thread, blocks
     of few rows (several row tiles per image, the last one partial), the input channels split over 2 or 3 thread
     groups (uneven where C is not a multiple; one group where C is 1). dw by the implicit GEMM from the kept x."""
     shape, o, ks, padding, activation, bias = case
@@ -237,6 +241,10 @@ def test_tile_conv(case, dtype, plan, rng, monkeypatch):
     assert [n for n in launched if n.startswith("tile_conv")] == [n for n in launched], launched
     to = int(launched[0].split("_to")[1])
     assert plan not in ("4 channels", "8 channels") or to == int(plan[0])
+
+    def six(channels):   # the channel counts TILE_TO6 takes: 6 per thread, none dead where 4 would leave some
+        return plan == "6 channels" and ks == 5 and channels % 6 == 0 and channels % 4 != 0
+    assert (to == 6) == six(o), (to, o)
     geom = ((1, 1), _pads(padding, (ks, ks), (1, 1)), (1, 1), 1)
     pre, _ = ref.conv2d(x, w, b, *geom)
     tol = ref.tol(dtype)
@@ -250,6 +258,7 @@ def test_tile_conv(case, dtype, plan, rng, monkeypatch):
     dx_plan = conv_kernels._tile_plan(shape[0], o, saved.out_hw, shape[1], shape[2:], ks, np.dtype(dtype).itemsize)
     assert dx_plan is not None or dtype == np.float64
     assert sum(n.startswith("tile_conv") for n in launched) == (dx_plan is not None), launched
+    assert dx_plan is None or ("tile_conv_k5_to6" in launched) == six(shape[1]), launched
     rdx, rdw, rdb = ref.conv2d_grads(x, w, ref.act_grad(dout, pre, activation), *geom)
     assert_close(dx, rdx, tol, name="dx")
     assert_close(dw, rdw, tol, name="dw")
@@ -942,13 +951,16 @@ TILE_POOL_CASES = [  # x, weight, padding, rows per block (None: planned), a NaN
 ]
 
 
+@pytest.mark.parametrize("to6", [False, True], ids=["to4", "to6"])
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_POOL_CASES)
-def test_tile_conv_pool_epilogue(case, dtype, activation, rng, monkeypatch):
+def test_tile_conv_pool_epilogue(case, dtype, activation, to6, rng, monkeypatch):
     """tile_conv's 2x2 max-pooling epilogue: the pooled output against the float64 reference, and bit-equal (values,
     indices, the backward's g) to the unfused path on the same plan (max_pool2d_forward on the convolution's output:
-    ties of ReLU's zeros go to the first maximum, a NaN wins); with TILE_POOL off saved.pool is None."""
+    ties of ReLU's zeros go to the first maximum, a NaN wins); with TILE_POOL off saved.pool is None. to6:
+    TILE_TO6 (LeNet-5's first layer with 6 channels a thread)."""
+    monkeypatch.setattr(conv_kernels, "TILE_TO6", to6)
     x_shape, w_shape, pad, rows, nan = case
     x = rng.standard_normal(x_shape).astype(dtype)
     if nan:
@@ -1023,14 +1035,17 @@ def _pooled_producer_grads(case, x, w1, b1, w2, dout):
     return rdw1, rdb1
 
 
+@pytest.mark.parametrize("to6", [False, True], ids=["to4", "to6"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", INTO_POOL_CASES)
-def test_tile_conv_into_a_pooled_producer(case, dtype, rng, monkeypatch):
+def test_tile_conv_into_a_pooled_producer(case, dtype, to6, rng, monkeypatch):
     """The consumer's input gradient written as the g of a producer that pooled in its epilogue (tile_conv_pool):
     through the pooling's backward in tile_conv_unpool's epilogue, bit-equal to the consumer's plain dx, then
     max_pool2d_backward_act (NaNs included), and the producer's gradients from it within rounding of the float64
-    reference; the producer's weight gradient is not taken in the epilogue (it pooled)."""
+    reference; the producer's weight gradient is not taken in the epilogue (it pooled). to6: TILE_TO6 (LeNet-5's
+    layers: both kernels with 6 channels a thread)."""
     act, nan = case[3], case[6]
+    monkeypatch.setattr(conv_kernels, "TILE_TO6", to6)
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
     x, w1, b1, w2, s1, s2, dout = _pooled_pair(case, dtype, rng, (1, 0, 3, 5))
@@ -1056,13 +1071,15 @@ POOLED_WGRAD_CASES = [  # first layer's x, its weight, padding, activation; the 
 ]
 
 
+@pytest.mark.parametrize("to6", [False, True], ids=["to4", "to6"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", POOLED_WGRAD_CASES)
-def test_pooled_wgrad_from_the_maxima(case, dtype, rng, monkeypatch):
+def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rng, monkeypatch):
     """A first layer that pooled in its epilogue: the second layer's input gradient writes only its g at the
     windows' maxima (tile_conv_unpool, compact) and pooled_wgrad sums its weight and bias gradients from them:
     against the same gradients from its full g (POOLED_WGRAD off, tile_wgrad) and the float64 reference; with a
-    NaN in x, NaN exactly where those are (the taps that read it from a position whose g is 0)."""
+    NaN in x, NaN exactly where those are (the taps that read it from a position whose g is 0). to6: TILE_TO6."""
+    monkeypatch.setattr(conv_kernels, "TILE_TO6", to6)
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
     x, w1, b1, w2, s1, s2, dout = _pooled_pair(case, dtype, rng, (1, 0, 4, 6), needs=(False, True, True))

@@ -76,6 +76,12 @@ _TILE_MIN_THREADS = 128       # ... of at least this many threads where the rows
                               # 128: MnistCnn b64 132.7 / 129.9-130.1 us (its conv2 input gradient: 5-row tiles, 384
                               # blocks of 280 threads, for 4-row ones, 448 of 224); LeNet-5's plans are the same
 _TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this many threads per SM, else 4
+# ... or 6 where that computes no dead channel and 4 or 8 would (LeNet-5's 6-channel first layer and its input
+# gradient into it: a quarter of those kernels' products are padding at 4 or 8) and the grid keeps
+# _TILE_TO6_THREADS_PER_SM threads per SM before channel splits (0: always; the splits may make up for the threads
+# it halves); KS = 5 only (conv.cu ST_TILE). Off until timed on a GPU
+TILE_TO6 = False
+_TILE_TO6_THREADS_PER_SM = 0
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -379,7 +385,7 @@ def _tile_knobs():
     return (TILE_CONV, TILE_WGRAD, _TILE_THREADS, _TILE_BLOCKS_PER_SM, _TILE_MIN_THREADS, _TILE_TO8_THREADS_PER_SM,
             _TILE_ROWS, _TILE_SPLIT_THREADS_PER_SM, _TILE_SPLIT_MAX_THREADS, _TILE_SPLITS, _TILE_WG_THREADS,
             _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_GRID, _TILE_WG_SPLIT, _SMEM_BYTES,
-            _sm_count())
+            TILE_TO6, _TILE_TO6_THREADS_PER_SM, _sm_count())
 
 
 def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize, even_rows=False):
@@ -393,20 +399,24 @@ def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs, even_rows=False
     channels out_hw with a ks x ks kernel, or None where it does not take the convolution (TILE_CONV off, ks not
     compiled, nothing to do, indices past 32 bits, a row of tiles over 1024 threads or one row's input and the weights
     over the shared memory). TO: 8 channels per thread where that leaves _TILE_TO8_THREADS_PER_SM threads per SM,
-    else 4. TH, the output rows per block: of the row counts whose block fits (_TILE_THREADS threads, the shared
-    memory), those giving _TILE_BLOCKS_PER_SM blocks per SM of _TILE_MIN_THREADS threads (else those of that many
-    threads, else all), the one wasting the least: lanes of partial warps, staged halo rows, rows of a partial last
-    tile (_TILE_ROWS, if set: the most rows up to it that fit); even_rows: an even TH only (the pooling epilogue's
-    row pairs). CS: the input channels' splits over thread groups."""
+    else 4; 6 instead where TILE_TO6 allows it (its weights take 8 slots a tap in shared memory). TH, the output rows
+    per block: of the row counts whose block fits (_TILE_THREADS threads, the shared memory), those giving
+    _TILE_BLOCKS_PER_SM blocks per SM of _TILE_MIN_THREADS threads (else those of that many threads, else all), the
+    one wasting the least: lanes of partial warps, staged halo rows, rows of a partial last tile (_TILE_ROWS, if set:
+    the most rows up to it that fit); even_rows: an even TH only (the pooling epilogue's row pairs). CS: the input
+    channels' splits over thread groups."""
     ho, wo = out_hw
     if (not TILE_CONV or ks not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * in_hw[0] * in_hw[1] >= _FITS32
             or n * o * ho * wo >= _FITS32):
         return None
     cg, sms = -(-wo // _TILE_TW), knobs[-1]
     to = 8 if n * ho * cg * -(-o // 8) >= _TILE_TO8_THREADS_PER_SM * sms else 4
+    if (TILE_TO6 and ks == 5 and o % to and o % 6 == 0
+            and n * ho * cg * (o // 6) >= _TILE_TO6_THREADS_PER_SM * sms):
+        to = 6
     og = -(-o // to)
     per_row = og * cg
-    weights = c * ks * ks * og * to * itemsize
+    weights = c * ks * ks * og * -(-to // 4) * 4 * itemsize
     row_bytes = c * (cg * _TILE_TW + 4) * itemsize
     fits = [t for t in range(1, min(ho, max(1, _TILE_THREADS // per_row)) + 1)
             if weights + (t + ks - 1) * row_bytes <= _SMEM_BYTES and per_row * t <= 1024]

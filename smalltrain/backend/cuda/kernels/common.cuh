@@ -170,6 +170,17 @@ __device__ __forceinline__ void store4(T* p, const T* r) {   // load4's counterp
 }
 
 template <typename T>
+__device__ __forceinline__ void load2(const T* p, T* r) {   // 2 consecutive values, 8 (float) or 16 bytes aligned
+    if constexpr (sizeof(T) == 4) {
+        const float2 v = *reinterpret_cast<const float2*>(p);
+        r[0] = v.x; r[1] = v.y;
+    } else {
+        const double2 v = *reinterpret_cast<const double2*>(p);
+        r[0] = v.x; r[1] = v.y;
+    }
+}
+
+template <typename T>
 __device__ __forceinline__ void store2(T* p, const T* r) {   // 2 consecutive values, 8 (float) or 16 bytes aligned
     if constexpr (sizeof(T) == 4) *reinterpret_cast<float2*>(p) = make_float2(r[0], r[1]);
     else *reinterpret_cast<double2*>(p) = make_double2(r[0], r[1]);

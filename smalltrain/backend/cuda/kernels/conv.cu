@@ -742,23 +742,27 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                           int act, const T* __restrict__ lw, const T* __restrict__ lb, T* __restrict__ lout,
                           T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx,
                           const T* __restrict__ px, int pH, int pW, int ppt, int ppl, T* __restrict__ wpart) {
-    static_assert(KS >= 1 && KS <= 5 && TO % 4 == 0, "tile_conv: 8 x values per row cover TW + KS - 1");
+    static_assert(KS >= 1 && KS <= 5 && (TO % 4 == 0 || TO == 6), "tile_conv: 8 x values per row cover TW + KS - 1");
+    // TS: a thread's TO weights of a tap take TS slots (a multiple of 4: aligned vector loads; TO = 6, for 6
+    // channels without the 2 dead ones TO = 4 or 8 compute, reads a 4-vector and a 2-vector of 8 slots)
+    constexpr int TS = (TO + 3) / 4 * 4;
     // KEEP: the activated outputs (WGRAD: the g values) stay in acc for the epilogue, and every thread reaches its
     // block-wide steps
     constexpr bool LIN = EPI == ST_EPI_LINEAR, POOL = EPI == ST_EPI_POOL, WGRAD = EPI == ST_EPI_WGRAD;
     constexpr bool UNPOOL = EPI == ST_EPI_UNPOOL;
     constexpr bool KEEP = LIN || POOL || WGRAD;
     extern __shared__ unsigned char st_smem[];
-    const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TO, KK = KS * KS, K = C * KK;
+    const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TS, KK = KS * KS, K = C * KK;
     const int WP = CG * ST_TW + 4, RP = TH + KS - 1, tiles = (Ho + TH - 1) / TH;
     const int n = blockIdx.x / tiles, r0 = (blockIdx.x - n * tiles) * TH;
-    T* ws = reinterpret_cast<T*>(st_smem);   // [K][OP]: tap k = (c*KS + i)*KS + j, channels zero-padded to OP
+    T* ws = reinterpret_cast<T*>(st_smem);   // [K][OP]: tap k = (c*KS + i)*KS + j, group og's channels at og*TS..
     T* xs = ws + K * OP;                     // [C][RP][WP]: rows r0 - pt .. r0 - pt + RP - 1, columns -pl ..
     // staged by cp.async (common.cuh): the weights in shared memory's order (consecutive threads write consecutive
     // words; their strided reads of w hit L1 after the first), x by rows; coordinates by st_walk3
-    st_walk3 wk(1 << 30, OP);   // (0, k, o)
+    st_walk3 wk(1 << 30, OP);   // (0, k, slot)
     for (int e = threadIdx.x; e < K * OP; e += blockDim.x, wk.next()) {
-        const int k = wk.b, o = wk.c;
+        const int k = wk.b, o = TS == TO ? wk.c : wk.c / TS * TO + wk.c % TS;   // slots past TO: zeros, as o >= O
+        const bool on = (TS == TO || wk.c % TS < TO) && o < O;
         int src;
         if (transposed) {   // w [C][O][KS][KS] in this kernel's names, the taps flipped
             const int c = k / KK;   // KK: a compile-time constant
@@ -766,7 +770,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         } else {
             src = o * K + k;
         }
-        st_async_copy(ws + e, w + (o < O ? src : 0), o < O);
+        st_async_copy(ws + e, w + (on ? src : 0), on);
     }
     const T* inn = in + n * in_sn;
     st_walk3 xw(RP, WP);   // (c, row, column)
@@ -787,7 +791,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
 #pragma unroll
         for (int v = 0; v < ST_TW; ++v) acc[u][v] = T(0);
     const T* xrow = xs + row * WP + cg * ST_TW;
-    const T* wcol = ws + og * TO;
+    const T* wcol = ws + og * TS;
     for (int c = cs * C / CS, c_end = (cs + 1) * C / CS; c < c_end; ++c) {
 #pragma unroll
         for (int i = 0; i < KS; ++i) {
@@ -800,7 +804,10 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                 T wv[TO];
                 const T* wk = wcol + ((c * KS + i) * KS + j) * OP;
 #pragma unroll
-                for (int u = 0; u < TO; u += 4) load4(wk + u, wv + u);
+                for (int u = 0; u < TO; u += 4) {
+                    if (u + 4 <= TO) load4(wk + u, wv + u);
+                    else load2(wk + u, wv + u);
+                }
 #pragma unroll
                 for (int u = 0; u < TO; ++u)
 #pragma unroll
@@ -1360,7 +1367,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     }                                                                                                              \
     ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8) ST_DIRECT_DX(T, S, 2) ST_DIRECT_DX(T, S, 8)                              \
     ST_IGEMM(T, S, 16) ST_IGEMM(T, S, 32)                                                                          \
-    ST_TILE(T, S, 3, 4) ST_TILE(T, S, 3, 8) ST_TILE(T, S, 5, 4) ST_TILE(T, S, 5, 8)                              \
+    ST_TILE(T, S, 3, 4) ST_TILE(T, S, 3, 8) ST_TILE(T, S, 5, 4) ST_TILE(T, S, 5, 6) ST_TILE(T, S, 5, 8)          \
     ST_TILE_WGRAD(T, S, 3, 4) ST_TILE_WGRAD(T, S, 3, 8) ST_TILE_WGRAD(T, S, 5, 4) ST_TILE_WGRAD(T, S, 5, 8)      \
     ST_IGEMM_WGRAD(T, S, 32, 64, 4, 4) ST_IGEMM_WGRAD(T, S, 16, 128, 4, 4) ST_IGEMM_WGRAD(T, S, 8, 32, 2, 2)       \
     extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
