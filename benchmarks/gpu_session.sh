@@ -20,15 +20,17 @@ export PYTHONUNBUFFERED=1 CUPY_TF32=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | head -1)
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import cupy, torch, numpy; print('cupy', cupy.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"; } 2>&1 | tee "$OUT/env.txt"
-# Every kernel file of the tree in DIR compiled into CuPy's disk cache, one process per file (conv.cu alone takes
-# ~70 s in nvcc on a 2-core machine): a cold cache made each of the ab stage's 120 s runs time out on a fresh H100
-# (nineteenth session), and the test stage's workers would each wait on the same compiles.
+# Every kernel file of the tree in DIR compiled into CuPy's disk cache as the loader compiles it (a module per element
+# type, loader.family_source), one process per module: a cold cache made each of the ab stage's 120 s runs time out
+# on a fresh H100 (nineteenth session, when conv.cu was one module of ~70 s in nvcc), and the test stage's workers
+# would each wait on the same compiles.
 warm_kernels() {
   local t0=$SECONDS
-  (cd "$1" && for f in smalltrain/backend/cuda/kernels/*.cu; do
-    timeout 300 python3 -c "import sys; from smalltrain.backend.cuda import loader
-loader.compile_module(loader.read_source(sys.argv[1]))" "$f" &
-  done; wait)
+  (cd "$1" && for f in smalltrain/backend/cuda/kernels/*.cu; do for d in 1 2; do
+    timeout 300 python3 -c "import os, sys; from smalltrain.backend.cuda import loader
+if hasattr(loader, 'family_source'): loader.compile_module(loader.family_source(os.path.basename(sys.argv[1])[:-3], int(sys.argv[2])))
+elif sys.argv[2] == '1': loader.compile_module(loader.read_source(sys.argv[1]))  # (a tree from before the split)" "$f" $d &
+  done; done; wait)
   echo "kernels of $1 compiled in $((SECONDS - t0)) s"
 }
 stage warm && warm_kernels .

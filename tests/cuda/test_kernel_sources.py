@@ -428,9 +428,23 @@ def test_every_chain_variant_is_instantiated():
     from smalltrain.backend.cuda import linear
     src = loader.read_source(os.path.join(loader.KERNEL_DIR, "linear.cu"))
     assert f"#define ST_CMAX {linear.CHAIN_MAX_LAYERS}" in src and f"#define ST_CTHREADS {linear._CHAIN_THREADS}" in src
-    for dtype, s in (("float", "f32"), ("double", "f64")):
-        for r in linear._CHAIN_ROWS:
-            assert f"ST_CHAIN({dtype}, {s}, {r})" in src, (s, r)
+    chains = " ".join(f"ST_CHAIN(T, S, {r})" for r in linear._CHAIN_ROWS)
+    assert f"#define ST_CHAINS(T, S) {chains}\nST_INSTANTIATE(ST_CHAINS)" in src
+
+
+def test_each_kernel_file_instantiates_through_the_element_type_switch():
+    """Every kernel file instantiates its typed kernels by ST_INSTANTIATE (common.cuh), so that the loader's module
+    of one element type (family_source) has no kernel of the other: no (float, f32) / (double, f64) instantiation
+    outside it. The loader asks for the float64 module for _f64 names only."""
+    for name in sorted(os.listdir(loader.KERNEL_DIR)):
+        if not name.endswith(".cu"):
+            continue
+        src = loader.read_source(os.path.join(loader.KERNEL_DIR, name))
+        assert "ST_INSTANTIATE(" in src.split("#define ST_INSTANTIATE", 1)[1], name
+        assert re.search(r"^\s*ST_\w+\((float, f32|double, f64)", src, re.M) is None, name
+        assert loader.family_source(name[:-3], 1).startswith("#define ST_DTYPES 1\n"), name
+    assert (loader.dtypes_of("adam_step_f64"), loader.dtypes_of("adam_step_f32"), loader.dtypes_of("set_hyper")) \
+        == (2, 1, 1)
 
 
 def test_tile_linear_epilogue_choice(monkeypatch):

@@ -1452,3 +1452,16 @@ def test_batch_norm_errors():
         ops.batch_norm_forward(cp.ones((4, 3), cp.float32), cp.zeros(2, cp.float32), cp.ones(2, cp.float32))
     with pytest.raises(RuntimeError, match="evaluation mode"):
         ops.batch_norm_forward(cp.ones((4, 3), cp.float32), None, None, training=False)
+
+
+def test_a_kernel_file_compiles_one_module_per_element_type():
+    """loader.family_source(family, 1 / 2): the module of float32 kernels has none of the float64 ones and the
+    reverse (common.cuh ST_INSTANTIATE); kernels of no element type are in both."""
+    from smalltrain.backend.cuda import loader
+    f32 = loader.compile_module(loader.family_source("optim", 1))
+    f64 = loader.compile_module(loader.family_source("optim", 2))
+    for module, own, other in ((f32, "adam_step_f32", "adam_step_f64"), (f64, "adam_step_f64", "adam_step_f32")):
+        module.get_function(own)
+        module.get_function("set_hyper")
+        with pytest.raises(Exception):   # (CuPy: CUDADriverError, CUDA_ERROR_NOT_FOUND; the emulator: KeyError)
+            module.get_function(other)

@@ -1,4 +1,5 @@
-"""Loading our CUDA C: .cu files (or source strings) compiled once per device with NVRTC and cached.
+"""Loading our CUDA C: .cu files (or source strings) compiled once per device with NVRTC and cached; our kernel
+files as one module per element type (family_source), compiled when a kernel of that type is first asked for.
 
 The same API serves smalltrain's own kernels (smalltrain/backend/cuda/kernels/*.cu) and users' custom ops.
 """
@@ -45,7 +46,20 @@ def kernel(family, name):
 
 @functools.lru_cache(maxsize=None)
 def _kernel(family, name, device_id):
-    return compile_module(read_source(os.path.join(KERNEL_DIR, family + ".cu"))).get_function(name)
+    return compile_module(family_source(family, dtypes_of(name))).get_function(name)
+
+
+def dtypes_of(name):
+    """The ST_DTYPES variant (kernels/common.cuh) of a module with the kernel `name`: 2 for a float64 kernel (_f64),
+    else 1 (float32 ones, and those of no element type, which every variant has)."""
+    return 2 if name.endswith("_f64") else 1
+
+
+def family_source(family, dtypes=3):
+    """The text of kernels/<family>.cu (read_source) with its kernels instantiated for `dtypes` only (1 float32, 2
+    float64, 3 both; common.cuh ST_INSTANTIATE): a float32 run compiles no float64 kernel (conv.cu in nvcc for
+    sm_90 on a 2-core machine: 32 s instead of 67) and a float64 one no float32 kernel."""
+    return f"#define ST_DTYPES {int(dtypes)}\n" + read_source(os.path.join(KERNEL_DIR, family + ".cu"))
 
 
 def read_source(path, _depth=0):

@@ -22,6 +22,5 @@ __device__ void act_backward(const T* __restrict__ dout, const T* __restrict__ x
     extern "C" __global__ void act_bwd_##S(const T* dout, const T* x, T* dx, i64 n, int act) {        \
         act_backward<T>(dout, x, dx, n, act);                                                         \
     }
-ST_ACT(float, f32)
-ST_ACT(double, f64)
+ST_INSTANTIATE(ST_ACT)
 #undef ST_ACT

@@ -1375,8 +1375,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     }                                                                                                              \
     ST_POOLED_WGRAD(T, S, 3) ST_POOLED_WGRAD(T, S, 5)                                                              \
     ST_WGRAD(T, S, 1) ST_WGRAD(T, S, 2) ST_WGRAD(T, S, 4) ST_WGRAD(T, S, 8)
-ST_CONV(float, f32)
-ST_CONV(double, f64)
+ST_INSTANTIATE(ST_CONV)
 #undef ST_CONV
 #undef ST_WGRAD
 #undef ST_IGEMM_WGRAD

@@ -69,6 +69,5 @@ extern "C" __global__ void dropout_mask(unsigned char* __restrict__ mask, i64 n,
                                                  const u64* state) {                                           \
         dropout_apply<T>(x, out, n, threshold, scale, state);                                                  \
     }
-ST_DROPOUT(float, f32)
-ST_DROPOUT(double, f64)
+ST_INSTANTIATE(ST_DROPOUT)
 #undef ST_DROPOUT

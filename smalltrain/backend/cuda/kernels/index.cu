@@ -34,6 +34,5 @@ __device__ void scatter_add(T* __restrict__ out, const i64* __restrict__ index, 
                                                i64 inner) {                                                      \
         scatter_add<T>(out, index, src, outer, D, J, inner);                                                     \
     }
-ST_INDEX(float, f32)
-ST_INDEX(double, f64)
+ST_INSTANTIATE(ST_INDEX)
 #undef ST_INDEX

@@ -681,8 +681,7 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
                  int F, int ysm, int ysf, int act, int P, const T* yc, const T* bc, int actc) {                    \
         wide_bwd<T>(dout, y, b, x, w, dx, dw, db, M, K, F, ysm, ysf, act, P, yc, bc, actc);                        \
     }
-ST_LINEAR(float, f32)
-ST_LINEAR(double, f64)
+ST_INSTANTIATE(ST_LINEAR)
 #undef ST_LINEAR
 #undef ST_WIDE_BWD_MIN_BLOCKS
 
@@ -707,12 +706,7 @@ ST_LINEAR(double, f64)
         chain_bwd_rows<T, R, true>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX, pidx, py, pb, pact, pc,    \
                                    pw, pgc);                                                                       \
     }
-ST_CHAIN(float, f32, 1)
-ST_CHAIN(float, f32, 2)
-ST_CHAIN(float, f32, 4)
-ST_CHAIN(float, f32, 8)
-ST_CHAIN(double, f64, 1)
-ST_CHAIN(double, f64, 2)
-ST_CHAIN(double, f64, 4)
-ST_CHAIN(double, f64, 8)
+#define ST_CHAINS(T, S) ST_CHAIN(T, S, 1) ST_CHAIN(T, S, 2) ST_CHAIN(T, S, 4) ST_CHAIN(T, S, 8)
+ST_INSTANTIATE(ST_CHAINS)
+#undef ST_CHAINS
 #undef ST_CHAIN

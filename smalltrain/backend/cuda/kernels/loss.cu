@@ -240,6 +240,5 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
                                                         T* wsum) {                                                  \
         ce_reduce<T>(loss, wt, rows, mean, out, wsum);                                                              \
     }
-ST_LOSS(float, f32)
-ST_LOSS(double, f64)
+ST_INSTANTIATE(ST_LOSS)
 #undef ST_LOSS

@@ -104,6 +104,5 @@ __device__ void bn_backward(const T* __restrict__ dy, const T* __restrict__ x, c
                                           T* dx, T* dw, T* db, i64 N, i64 C, i64 Sp, int training) {               \
         bn_backward<T>(dy, x, w, mean, invstd, dx, dw, db, N, C, Sp, training);                                    \
     }
-ST_NORM(float, f32)
-ST_NORM(double, f64)
+ST_INSTANTIATE(ST_NORM)
 #undef ST_NORM

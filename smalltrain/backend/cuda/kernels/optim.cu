@@ -120,8 +120,7 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
     }                                                                                                              \
     /* Adam's device-side step count where adam_step cannot store it (no counter yet while a graph is captured) */ \
     extern "C" __global__ void increment_step_##S(T* step) { *step += (T)1; }
-ST_OPTIM(float, f32)
-ST_OPTIM(double, f64)
+ST_INSTANTIATE(ST_OPTIM)
 #undef ST_OPTIM
 
 // Writes up to 5 hyperparameters into the device array `hyper` (values as kernel arguments: no host staging

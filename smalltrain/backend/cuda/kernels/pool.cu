@@ -189,6 +189,5 @@ __device__ void avg_pool_bwd(const T* __restrict__ dout, T* __restrict__ dx, i64
                                                   i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int cip, i64 divisor) {    \
         avg_pool_bwd<T>(dout, dx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, cip, divisor);                            \
     }
-ST_POOL(float, f32)
-ST_POOL(double, f64)
+ST_INSTANTIATE(ST_POOL)
 #undef ST_POOL
