@@ -1,6 +1,7 @@
 """Layer + activation fusion: Linear or Conv2d followed by ReLU or GELU runs as one fused op on CUDA, a
 Conv2d + activation followed by MaxPool2d, or by Flatten and a last Linear layer, as one op whose backward is one
-kernel fewer, and a run of small Linear (+ activation) layers as one chain op (one launch forward, two backward).
+kernel fewer, and a run of small Linear (+ activation) layers as one chain op (one launch forward, two backward),
+a Flatten before it done inside the op (so that its backward can hand a pooled convolution before it its g).
 On the CPU an activation followed by MaxPool2d is one op, pooled first (ops.pool.act_max_pool2d): the activation
 runs on a quarter of the elements for 2x2 windows.
 
