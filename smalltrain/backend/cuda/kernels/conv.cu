@@ -742,9 +742,10 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                           int act, const T* __restrict__ lw, const T* __restrict__ lb, T* __restrict__ lout,
                           T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx,
                           const T* __restrict__ px, int pH, int pW, int ppt, int ppl, T* __restrict__ wpart) {
-    static_assert(KS >= 1 && KS <= 5 && (TO % 4 == 0 || TO == 6), "tile_conv: 8 x values per row cover TW + KS - 1");
-    // TS: a thread's TO weights of a tap take TS slots (a multiple of 4: aligned vector loads; TO = 6, for 6
-    // channels without the 2 dead ones TO = 4 or 8 compute, reads a 4-vector and a 2-vector of 8 slots)
+    static_assert(KS >= 1 && KS <= 5 && (TO % 4 == 0 || TO == 6),
+                  "tile_conv: KS <= 5 (8 x values per row cover TW + KS - 1), TO a multiple of 4 or 6");
+    // TS: the shared-memory slots a thread's TO weights of one tap take, a multiple of 4 for aligned vector loads.
+    // TO = 6 (six channels, where 4 or 8 a thread would compute 2 dead ones) reads a 4-vector and a 2-vector of 8.
     constexpr int TS = (TO + 3) / 4 * 4;
     // KEEP: the activated outputs (WGRAD: the g values) stay in acc for the epilogue, and every thread reaches its
     // block-wide steps
