@@ -416,7 +416,7 @@ def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs, even_rows=False
         to = 6
     og = -(-o // to)
     per_row = og * cg
-    weights = c * ks * ks * og * -(-to // 4) * 4 * itemsize
+    weights = c * ks * ks * og * (-(-to // 4) * 4) * itemsize   # a tap's channels of a group in TS slots (conv.cu)
     row_bytes = c * (cg * _TILE_TW + 4) * itemsize
     fits = [t for t in range(1, min(ho, max(1, _TILE_THREADS // per_row)) + 1)
             if weights + (t + ks - 1) * row_bytes <= _SMEM_BYTES and per_row * t <= 1024]

@@ -237,6 +237,11 @@ template <typename T, int N> __device__ __forceinline__ T warp_sum_spread(T (&a)
     for (int off = 32 / N / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     return v;
 }
+// The sum that lane `lane` holds after warp_sum_spread over N values, where it is the first of the 32 / N lanes
+// holding it (the one to write it), else -1.
+template <int N> __device__ __forceinline__ int warp_spread_slot(int lane) {
+    return lane % (32 / N) == 0 ? lane / (32 / N) : -1;
+}
 
 template <typename T> __device__ __forceinline__ T warp_max(T v) {
     for (int off = 16; off > 0; off >>= 1) v = st_max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));

@@ -701,9 +701,10 @@ __device__ void linear_finish(T (&lsum)[ST_LF], const T* __restrict__ lb, T* __r
     unsigned* ticket = reinterpret_cast<unsigned*>(red + (blockDim.x / 32) * ST_LF);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     __syncthreads();   // every thread is done with the staged tiles (and the splits' sums)
-    // the ST_LF sums over the warp at once (those past F are 0): lane L holds output L / 2
+    // the ST_LF sums over the warp at once (those past F are 0)
     const T v = warp_sum_spread(lsum);
-    if (lane % (32 / ST_LF) == 0 && lane / (32 / ST_LF) < F) red[warp * ST_LF + lane / (32 / ST_LF)] = v;
+    const int f = warp_spread_slot<ST_LF>(lane);
+    if (f >= 0 && f < F) red[warp * ST_LF + f] = v;
     __syncthreads();
     if (threadIdx.x < F) {
         T s = T(0);

@@ -291,16 +291,15 @@ __device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, in
                     for (int u = 0; u < JW; ++u) acc[u][r] += a * wv[u];
                 }
             }
-            // the JW * R sums at once (<= 32): lane L keeps output (row r, j0 + u) for u * R + r = L / (32 / (JW * R))
-            constexpr int N = JW * R, LANES = 32 / N;
-            T sums[N];
+            // the JW * R sums at once (<= 32): sum u * R + r is output (row r, j0 + u)
+            T sums[JW * R];
 #pragma unroll
             for (int u = 0; u < JW; ++u)
 #pragma unroll
                 for (int r = 0; r < R; ++r) sums[u * R + r] = acc[u][r];
             T v = warp_sum_spread(sums);
-            const int u = lane / LANES / R, r = lane / LANES - u * R, j = j0 + u;
-            if (lane % LANES == 0 && j < c.f) {
+            const int slot = warp_spread_slot<JW * R>(lane), u = slot / R, r = slot - u * R, j = j0 + u;
+            if (slot >= 0 && j < c.f) {
                 if (c.b != nullptr) v += c.b[j];
                 const T hv = act_fwd(v, c.act);
                 out[r * WMAX + j] = hv;
