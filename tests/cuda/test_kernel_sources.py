@@ -303,13 +303,16 @@ def test_tile_conv_plans(monkeypatch):
     # 8 channels a thread: 24 threads a row, 8 rows (the fewest with 128 threads that divide the 24 rows evenly)
     assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)[:4] == (8, 8, 192, 192)
     monkeypatch.setattr(conv, "_TILE_TO8_THREADS_PER_SM", 1024)
-    # LeNet-5's first layer at batch 512: 2 blocks per image, 13 + 11 rows of 12 threads (24 rows would be 288)
+    # LeNet-5's first layer at batch 512 with 4 channels a thread: 2 blocks per image, 13 + 11 rows of 12 threads (24
+    # rows would be 288)
+    monkeypatch.setattr(conv, "TILE_TO6", False)
     assert conv._tile_plan(512, 1, (28, 28), 6, (24, 24), 5, 4)[:4] == (4, 13, 156, 1024)
     # TILE_TO6: 6 channels a thread where 4 or 8 leave dead ones and KS = 5, their weights in 8 slots a tap: the
     # same layer as one block of 24 rows per image (144 threads); the second layer's input gradient in 7 channel
     # splits of 36 threads; 12 channels where 8 a thread was planned (4 dead), not 16 (6 does not divide them), not
     # 3x3, not below _TILE_TO6_THREADS_PER_SM
     monkeypatch.setattr(conv, "TILE_TO6", True)
+    monkeypatch.setattr(conv, "_TILE_TO6_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv, "_TILE_SPLIT_THREADS_PER_SM", 1024)
     assert conv._tile_plan(512, 1, (28, 28), 6, (24, 24), 5, 4) == (6, 24, 144, 512, (25 * 8 + 28 * 28) * 4, 1)
     assert conv._tile_plan(512, 16, (8, 8), 6, (12, 12), 5, 4)[:4] + conv._tile_plan(
@@ -317,7 +320,13 @@ def test_tile_conv_plans(monkeypatch):
     assert conv._tile_plan(512, 1, (28, 28), 12, (24, 24), 5, 4)[0] == 6
     assert conv._tile_plan(512, 1, (28, 28), 16, (24, 24), 5, 4)[0] == 8
     assert conv._tile_plan(512, 1, (26, 26), 6, (24, 24), 3, 4)[0] == 4
-    monkeypatch.setattr(conv, "_TILE_TO6_THREADS_PER_SM", 1024)   # LeNet-5's first layer: 558 threads per SM
+    # the default, 512 threads per SM: LeNet-5's first layer at batch 512 (558) takes 6, the second layer's input
+    # gradient (140) and the first layer at batch 64 (70) keep 4
+    monkeypatch.setattr(conv, "_TILE_TO6_THREADS_PER_SM", 512)
+    assert conv._tile_plan(512, 1, (28, 28), 6, (24, 24), 5, 4)[0] == 6
+    assert conv._tile_plan(512, 16, (8, 8), 6, (12, 12), 5, 4)[0] == 4
+    assert conv._tile_plan(64, 1, (28, 28), 6, (24, 24), 5, 4)[0] == 4
+    monkeypatch.setattr(conv, "_TILE_TO6_THREADS_PER_SM", 1024)
     assert conv._tile_plan(512, 1, (28, 28), 6, (24, 24), 5, 4)[0] == 4
     monkeypatch.setattr(conv, "TILE_TO6", False)
     monkeypatch.setattr(conv, "_TILE_SPLIT_THREADS_PER_SM", 0)

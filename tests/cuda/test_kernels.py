@@ -961,6 +961,7 @@ def test_tile_conv_pool_epilogue(case, dtype, activation, to6, rng, monkeypatch)
     ties of ReLU's zeros go to the first maximum, a NaN wins); with TILE_POOL off saved.pool is None. to6:
     TILE_TO6 (LeNet-5's first layer with 6 channels a thread)."""
     monkeypatch.setattr(conv_kernels, "TILE_TO6", to6)
+    monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)   # on the small cases too
     x_shape, w_shape, pad, rows, nan = case
     x = rng.standard_normal(x_shape).astype(dtype)
     if nan:
@@ -1046,6 +1047,7 @@ def test_tile_conv_into_a_pooled_producer(case, dtype, to6, rng, monkeypatch):
     layers: both kernels with 6 channels a thread)."""
     act, nan = case[3], case[6]
     monkeypatch.setattr(conv_kernels, "TILE_TO6", to6)
+    monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)   # on the small cases too
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
     x, w1, b1, w2, s1, s2, dout = _pooled_pair(case, dtype, rng, (1, 0, 3, 5))
@@ -1080,6 +1082,7 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rng, monkeypatch):
     against the same gradients from its full g (POOLED_WGRAD off, tile_wgrad) and the float64 reference; with a
     NaN in x, NaN exactly where those are (the taps that read it from a position whose g is 0). to6: TILE_TO6."""
     monkeypatch.setattr(conv_kernels, "TILE_TO6", to6)
+    monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)   # on the small cases too
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
     x, w1, b1, w2, s1, s2, dout = _pooled_pair(case, dtype, rng, (1, 0, 4, 6), needs=(False, True, True))

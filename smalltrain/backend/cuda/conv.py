@@ -78,10 +78,13 @@ _TILE_MIN_THREADS = 128       # ... of at least this many threads where the rows
 _TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this many threads per SM, else 4
 # ... or 6 where that computes no dead channel and 4 or 8 would (LeNet-5's 6-channel first layer and its input
 # gradient into it: a quarter of those kernels' products are padding at 4 or 8) and the grid keeps
-# _TILE_TO6_THREADS_PER_SM threads per SM before channel splits (0: always; the splits may make up for the threads
-# it halves); KS = 5 only (conv.cu ST_TILE). Off until timed on a GPU
-TILE_TO6 = False
-_TILE_TO6_THREADS_PER_SM = 0
+# _TILE_TO6_THREADS_PER_SM threads per SM before channel splits (0: always); KS = 5 only (conv.cu ST_TILE). H100,
+# LeNet-5's captured step (two rounds, twentieth session): b512 169.9 / 171.2 us with it off, 180.9 / 183.3 with 0
+# (the second layer's input gradient, 140 threads per SM at 4 channels a thread, then has half as many), 166.4 / 164.4
+# with 512 (only the first layer's forward at b512, 558 threads per SM, takes 6); b64 85.3 / 85.2, 87.6 / 86.4 with 512
+# (no plan changes there). Tests set the threshold to 0 to run the 6-channel kernels on small cases
+TILE_TO6 = True
+_TILE_TO6_THREADS_PER_SM = 512
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
