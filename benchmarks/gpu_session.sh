@@ -24,9 +24,9 @@ command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-comput
 # type, loader.family_source), one process per module: a cold cache made each of the ab stage's 120 s runs time out
 # on a fresh H100 (nineteenth session, when conv.cu was one module of ~70 s in nvcc), and the test stage's workers
 # would each wait on the same compiles.
-warm_kernels() {
+warm_kernels() {   # DIR [ELEMENT TYPES: 1 float32, 2 float64; default both]
   local t0=$SECONDS
-  (cd "$1" && for f in smalltrain/backend/cuda/kernels/*.cu; do for d in 1 2; do
+  (cd "$1" && for f in smalltrain/backend/cuda/kernels/*.cu; do for d in ${2:-1 2}; do
     timeout 300 python3 -c "import os, sys; from smalltrain.backend.cuda import loader
 if hasattr(loader, 'family_source'): loader.compile_module(loader.family_source(os.path.basename(sys.argv[1])[:-3], int(sys.argv[2])))
 elif sys.argv[2] == '1': loader.compile_module(loader.read_source(sys.argv[1]))  # (a tree from before the split)" "$f" $d &
@@ -75,7 +75,7 @@ done
 # same call
 stage ab && [ -n "${AB_BASE:-}" ] && [ ! -d "$AB_BASE/smalltrain/datasets/data" ] && \
   cp -r smalltrain/datasets/data "$AB_BASE/smalltrain/datasets/"
-stage ab && [ -n "${AB_BASE:-}" ] && warm_kernels "$AB_BASE"
+stage ab && [ -n "${AB_BASE:-}" ] && warm_kernels "$AB_BASE" 1   # the benchmarks run float32 only
 stage ab && for round in 1 2; do for setting in ${AB_BASE:+base} ${AB:-}; do
   echo "$setting (round $round)"
   sets=(); dir=.
