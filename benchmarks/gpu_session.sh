@@ -8,6 +8,7 @@
 # STAGES picks stages (e.g. STAGES="warm tests bench ncu") so that one session's device time can be split over calls;
 # warm (first) compiles every kernel file before anything times or tests them.
 # TESTS narrows the test stage to some paths (default: the whole suite), NCU_CONFIGS the ncu stage's model:batch list.
+# The detail stage (not in the default STAGES): ncu's sections per kernel of NCU_DETAIL_CONFIGS' steps.
 # The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
 # settings of comma-separated MODULE.NAME=VALUE knobs (e.g. AB="$K.INTO_POOLED=False $K.INTO_POOLED=True" with
 # K=smalltrain.backend.cuda.conv), two rounds alternating, on AB_CONFIGS (default lenet5:64 lenet5:512 cnn:64);
@@ -61,6 +62,15 @@ stage ncu && for config in ${NCU_CONFIGS:-lenet5:64 lenet5:512 cnn:64}; do
     python3 benchmarks/kernel_times.py --config $config > /tmp/ncu.csv 2>/dev/null
   python3 benchmarks/kernel_times.py --summarize /tmp/ncu.csv > "$OUT/kernels_${config/:/_}.txt" 2>&1
   head -12 "$OUT/kernels_${config/:/_}.txt"
+done
+# ncu's sections for each kernel of one eager step (what a kernel waits on: occupancy, warp stalls, memory), for the
+# kernels' next changes; not in the default STAGES (its replays take ~10 passes a kernel)
+stage detail && for config in ${NCU_DETAIL_CONFIGS:-lenet5:512}; do
+  timeout ${T_DETAIL:-120} ncu --clock-control none --cache-control none --profile-from-start off --section SpeedOfLight \
+    --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+    --section SchedulerStats python3 benchmarks/kernel_times.py --config $config > "$OUT/ncu_detail_${config/:/_}.txt" 2>&1
+  grep -E "^  [a-z_0-9]+\(|Duration|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp Per Scheduler" \
+    "$OUT/ncu_detail_${config/:/_}.txt" | head -80
 done
 stage host && timeout 60 python3 benchmarks/host_costs.py > "$OUT/host_costs.txt" 2>&1
 stage profile && for config in cnn:64 lenet5:64; do
