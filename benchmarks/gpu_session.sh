@@ -69,7 +69,7 @@ stage detail && for config in ${NCU_DETAIL_CONFIGS:-lenet5:512}; do
   timeout ${T_DETAIL:-120} ncu --clock-control none --cache-control none --profile-from-start off --section SpeedOfLight \
     --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     --section SchedulerStats python3 benchmarks/kernel_times.py --config $config > "$OUT/ncu_detail_${config/:/_}.txt" 2>&1
-  grep -E "^  [a-z_0-9]+\(|Duration|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp Per Scheduler" \
+  grep -E "^  [a-z_0-9]+ \(|Duration|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp Per Scheduler" \
     "$OUT/ncu_detail_${config/:/_}.txt" | head -80
 done
 stage host && timeout 60 python3 benchmarks/host_costs.py > "$OUT/host_costs.txt" 2>&1
