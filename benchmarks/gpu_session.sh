@@ -7,6 +7,8 @@
 # Logs under $OUT (the device tool's output folder; ./gpu_out elsewhere). Each stage has its own time limit;
 # STAGES picks stages (e.g. STAGES="warm tests bench ncu") so that one session's device time can be split over calls;
 # warm (first) compiles every kernel file before anything times or tests them.
+# COMPILE_MODES: the compile stage's modes (e.g. "smalltrain-compiled torch-reduce-overhead": ours beside the best torch
+# mode in one process, where device time is short).
 # TESTS narrows the test stage to some paths (default: the whole suite), NCU_CONFIGS the ncu stage's model:batch list.
 # The detail stage (not in the default STAGES): ncu's sections per kernel of NCU_DETAIL_CONFIGS' steps.
 # The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
@@ -48,7 +50,7 @@ stage nccl && { timeout ${T_NCCL:-90} python3 -m pytest -q -p no:cacheprovider t
 # the whole output kept (the table's rows start after the header lines), its table printed
 stage bench && { timeout ${T_BENCH:-100} python3 -m smalltrain bench --device cuda --no-torch-compile > "$OUT/bench.txt" 2>&1
   sed -n '/^model:batch/,$p' "$OUT/bench.txt"; }
-stage compile && { timeout ${T_COMPILE:-200} python3 -m smalltrain bench --device cuda --modes torch-compile torch-reduce-overhead \
+stage compile && { timeout ${T_COMPILE:-200} python3 -m smalltrain bench --device cuda --modes ${COMPILE_MODES:-torch-compile torch-reduce-overhead} \
   > "$OUT/bench_torch_compile.txt" 2>&1; sed -n '/^model:batch/,$p' "$OUT/bench_torch_compile.txt"; }
 stage speedrun && for seed in 0 1 2; do
   timeout 40 python3 -m smalltrain bench --speedrun --seed $seed 2>&1 | grep -E "^(speedrun|warm-up|eval|reached|did not)"
