@@ -354,22 +354,14 @@ template <typename T> __device__ __forceinline__ T act_bwd(T dout, T v, int act)
 // torch's NaNs. So a window's other pre-activations are read only there. (GELU-tanh's derivative overflows to NaN
 // past |z| ~ 1e19, which the fast path does not reproduce at the other positions.)
 // pooled_act_max_grad: gw = act_bwd(d, z[target]) and `exact`, for pooled_act_grad (zplane: the window's plane of
-// z before the bias); pooled_act_max_grad_at: the same from zw = z[target] + bias already read.
-template <typename T>
-__device__ __forceinline__ T pooled_act_max_grad_at(T d, T zw, int act, bool& exact) {
-    exact = false;
-    if (act == ST_ACT_NONE) return d;
-    exact = !isfinite(zw);
-    return act_bwd(d, zw, act);
-}
-// zw for pooled_act_max_grad_at (0 without an activation, where zplane may be null)
-template <typename T>
-__device__ __forceinline__ T pooled_act_max_z(int target, const T* zplane, T bias, int act) {
-    return act == ST_ACT_NONE ? T(0) : zplane[target] + bias;
-}
+// z before the bias).
 template <typename T>
 __device__ __forceinline__ T pooled_act_max_grad(T d, int target, const T* zplane, T bias, int act, bool& exact) {
-    return pooled_act_max_grad_at(d, pooled_act_max_z(target, zplane, bias, act), act, exact);
+    exact = false;
+    if (act == ST_ACT_NONE) return d;
+    const T zw = zplane[target] + bias;
+    exact = !isfinite(zw);
+    return act_bwd(d, zw, act);
 }
 template <typename T>
 __device__ __forceinline__ T pooled_act_grad(int p, int target, T gw, bool exact, const T* zplane, T bias, int act) {
@@ -378,21 +370,14 @@ __device__ __forceinline__ T pooled_act_grad(int p, int target, T gw, bool exact
 }
 // A 2x2 window's four values, its first position p in a plane fw wide: v = {p, p + 1, p + fw, p + fw + 1}'s; returns
 // the value at the maximum (the compact g's). A target < 0 (no window: past a row) gives zeros without reading.
-// pooled_act_grads_2x2_at: the same with the maximum's zw (pooled_act_max_z) already read.
 template <typename T>
-__device__ __forceinline__ T pooled_act_grads_2x2_at(T d, int target, T zw, int p, int fw, const T* zplane, T bias,
-                                                     int act, T (&v)[4]) {
+__device__ __forceinline__ T pooled_act_grads_2x2(T d, int target, int p, int fw, const T* zplane, T bias, int act,
+                                                  T (&v)[4]) {
     bool exact = false;
-    const T gw = target >= 0 ? pooled_act_max_grad_at(d, zw, act, exact) : T(0);
+    const T gw = target >= 0 ? pooled_act_max_grad(d, target, zplane, bias, act, exact) : T(0);
     v[0] = pooled_act_grad(p, target, gw, exact, zplane, bias, act);
     v[1] = pooled_act_grad(p + 1, target, gw, exact, zplane, bias, act);
     v[2] = pooled_act_grad(p + fw, target, gw, exact, zplane, bias, act);
     v[3] = pooled_act_grad(p + fw + 1, target, gw, exact, zplane, bias, act);
     return gw;
-}
-template <typename T>
-__device__ __forceinline__ T pooled_act_grads_2x2(T d, int target, int p, int fw, const T* zplane, T bias, int act,
-                                                  T (&v)[4]) {
-    const T zw = target >= 0 ? pooled_act_max_z(target, zplane, bias, act) : T(0);
-    return pooled_act_grads_2x2_at(d, target, zw, p, fw, zplane, bias, act, v);
 }

@@ -319,47 +319,21 @@ __device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, in
 // output before its bias pb, pact its activation), as conv.cu's tile_conv writes a pooled producer's g: the
 // pooling's backward kernel does not run. With gc, also its g at the windows' maxima only, [pc, M, P], for its
 // weight gradient by pooled_wgrad (conv.cu).
-// chain_pooled_maxima: each of the R rows' window maximum for dx's element k (its position in the window's plane,
-// -1 past the last row, and z + bias there), read before the sums over j. These are two dependent loads a row (the
-// index, then z at it); read after the sums they followed them, row after row, at one block per SM: the chain's
-// backward with the hand-off took 22.8 us against 15.2 without it (LeNet-5 b512, H100), the pooling backward kernel
-// it saves 5.4.
-template <typename T, int R>
-__device__ __forceinline__ void chain_pooled_maxima(int r0, int nr, int k, int K, int M, const i64* __restrict__ pidx,
-                                                    const T* __restrict__ py, const T* __restrict__ pb, int pact,
-                                                    int pc, int (&at)[R], T (&zw)[R]) {
-    const int P = K / pc, ch = k / P;
-    const T bc = pb != nullptr ? pb[ch] : T(0);
-#pragma unroll
-    for (int r = 0; r < R; ++r) at[r] = r < nr ? (int)pidx[(size_t)(r0 + r) * K + k] : -1;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const T* zp = py != nullptr ? py + ((size_t)ch * M + r0 + r) * 4 * P : nullptr;
-        zw[r] = at[r] >= 0 ? pooled_act_max_z(at[r], zp, bc, pact) : T(0);
-    }
-}
-
 template <typename T>
-__device__ __forceinline__ void chain_dx_unpooled(T d, int row, int k, int K, int M, int at, T zw,
+__device__ __forceinline__ void chain_dx_unpooled(T d, int row, int k, int K, int M, const i64* __restrict__ pidx,
                                                   const T* __restrict__ py, const T* __restrict__ pb, int pact,
                                                   int pc, int pw, T* __restrict__ g, T* __restrict__ gc) {
     const int P = K / pc, ch = k / P, q = k - ch * P, qh = q / pw, fw = 2 * pw;
     const size_t plane = ((size_t)ch * M + row) * 4 * P;
     const T* zp = py != nullptr ? py + plane : nullptr;
     const T bc = pb != nullptr ? pb[ch] : T(0);
-    const int p = 2 * qh * fw + 2 * (q - qh * pw);
+    const int at = (int)pidx[(size_t)row * K + k], p = 2 * qh * fw + 2 * (q - qh * pw);
     T win[4];
-    const T at_max = pooled_act_grads_2x2_at(d, at, zw, p, fw, zp, bc, pact, win);
-    // the window's two rows as two pairs (p, fw and the plane's 4P are even: aligned where g is)
-    if (reinterpret_cast<size_t>(g) % (2 * sizeof(T)) == 0) {
-        store2(g + plane + p, win);
-        store2(g + plane + p + fw, win + 2);
-    } else {
-        g[plane + p] = win[0];
-        g[plane + p + 1] = win[1];
-        g[plane + p + fw] = win[2];
-        g[plane + p + fw + 1] = win[3];
-    }
+    const T at_max = pooled_act_grads_2x2(d, at, p, fw, zp, bc, pact, win);
+    g[plane + p] = win[0];
+    g[plane + p + 1] = win[1];
+    g[plane + p + fw] = win[2];
+    g[plane + p + fw + 1] = win[3];
     if (gc != nullptr) gc[((size_t)ch * M + row) * P + q] = at_max;
 }
 
@@ -420,9 +394,6 @@ __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T
         }
         for (int k = threadIdx.x; k < c.k; k += blockDim.x) {
             T acc[R];
-            int at[R];   // the pooled producer's maxima (l == 0 with pidx), read before the sums they then overlap
-            T zw[R];
-            if (l == 0 && pidx != nullptr) chain_pooled_maxima<T, R>(r0, nr, k, c.k, M, pidx, py, pb, pact, pc, at, zw);
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r] = T(0);
 #pragma unroll 16
@@ -436,8 +407,7 @@ __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T
                 if (r >= nr) break;
                 const int row = r0 + r;
                 if (l == 0) {
-                    if (pidx != nullptr)
-                        chain_dx_unpooled(acc[r], row, k, c.k, M, at[r], zw[r], py, pb, pact, pc, pw, dx, pgc);
+                    if (pidx != nullptr) chain_dx_unpooled(acc[r], row, k, c.k, M, pidx, py, pb, pact, pc, pw, dx, pgc);
                     else dx[row * c.k + k] = acc[r];
                 } else {
                     const T v = prev.act != ST_ACT_NONE ? act_bwd(acc[r], prev.z[row * c.k + k], prev.act) : acc[r];
