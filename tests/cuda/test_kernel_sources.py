@@ -189,8 +189,10 @@ def test_pooled_producer_choice(monkeypatch):
         p.__dict__.update(over)
         return p
     consumer = SimpleNamespace(x_shape=(64, 16, 4, 4))
-    chain = SimpleNamespace(x=np.zeros((64, 256), np.float32))
+    head = [np.zeros((120, 256), np.float32), np.zeros((84, 120), np.float32), np.zeros((10, 84), np.float32)]
+    chain = SimpleNamespace(x=np.zeros((64, 256), np.float32), weights=head)
     f32 = np.dtype(np.float32)
+    monkeypatch.setattr(linear, "_sm_count", lambda: 132)   # (chain_rows)
     monkeypatch.setattr(conv, "INTO_POOLED", True)
     assert conv._into_ok(consumer, producer(), f32) and linear.chain_into_pooled_ok(chain, producer())
     assert conv._into_ok(consumer, producer(activation=None, y=None), f32)
@@ -199,7 +201,15 @@ def test_pooled_producer_choice(monkeypatch):
         assert not conv._into_ok(consumer, producer(**over), f32), over
         assert not linear.chain_into_pooled_ok(chain, producer(**over)), over
     assert conv._into_ok(SimpleNamespace(x_shape=(64, 16, 8, 8)), producer(pool=None), f32)   # not pooled
-    assert not linear.chain_into_pooled_ok(SimpleNamespace(x=np.zeros((64, 1024), np.float32)), producer(pool=None))
+    assert not linear.chain_into_pooled_ok(SimpleNamespace(x=np.zeros((64, 1024), np.float32), weights=head),
+                                           producer(pool=None))
+    # batch 512: 4 rows per block in the chain's backward, over CHAIN_INTO_POOLED_MAX_ROWS (1) unless raised
+    chain512 = SimpleNamespace(x=np.zeros((512, 256), np.float32), weights=head)
+    producer512 = producer(x_shape=(512, 6, 12, 12), pool=(SimpleNamespace(shape=(512, 16, 4, 4)),))
+    assert linear.chain_rows(512, [256, 120, 84, 10], 4) == 4
+    assert not linear.chain_into_pooled_ok(chain512, producer512)
+    monkeypatch.setattr(linear, "CHAIN_INTO_POOLED_MAX_ROWS", 4)
+    assert linear.chain_into_pooled_ok(chain512, producer512)
     for module, knob in ((conv, "INTO_PRODUCER"), (linear, "CHAIN_INTO_POOLED")):
         monkeypatch.setattr(module, knob, False)
         assert not linear.chain_into_pooled_ok(chain, producer()), knob

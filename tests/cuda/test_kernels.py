@@ -703,6 +703,7 @@ def test_linear_chain_into_a_pooled_convolution(case, dtype, stage, rng, monkeyp
     of the dense ones; none of it where INTO_POOLED or INTO_PRODUCER is off or the chain's input is not that
     output."""
     monkeypatch.setattr(linear_kernels, "CHAIN_STAGE", stage)
+    monkeypatch.setattr(linear_kernels, "CHAIN_INTO_POOLED_MAX_ROWS", 8)   # the 4-row case too
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
     xs, ws, act, widths = case
     x = rng.standard_normal(xs).astype(dtype)

@@ -62,6 +62,12 @@ CHAIN_STAGE = True
 # (chain_into_pooled_ok; with conv.INTO_POOLED): off, the convolution's own pooling backward kernel runs instead
 # (benchmarks: that hand-off timed alone)
 CHAIN_INTO_POOLED = True
+# ... where the chain's backward takes at most this many rows per block (chain_rows): its blocks, one per SM, run
+# the hand-off's epilogue row after row. H100, LeNet-5's captured step (twentieth session, two calls, us with / without
+# it): b64, 1 row per block, 85.3 / 85.2 against 86.0 / 89.5 and 87.4 / 89.9 against 89.4 / 90.3; b512, 4 rows,
+# 169.9 / 171.2 against 165.4 / 165.8 and 166.4 / 162.5 against 160.0 / 158.5 (ncu: chain_bwd_staged 15.2 -> 22.8
+# us, the pooling backward kernel it saves 5.4). Tests raise it for the 4-row case
+CHAIN_INTO_POOLED_MAX_ROWS = 1
 # ... and with it also that g at the pooling windows' maxima, from which pooled_wgrad sums the convolution's weight
 # and bias gradients (conv._pooled_wgrad_plan, with conv.POOLED_WGRAD): a quarter of tile_wgrad's products
 # (LeNet-5's second layer). Off until timed on a GPU
@@ -374,8 +380,13 @@ def linear_chain_forward(x, layers, save=True):
 def chain_into_pooled_ok(saved, into):
     """Whether linear_chain_backward can write dx as `into`'s g: `into` (a Conv2dSaved) pooled in its epilogue
     (conv2d_forward's pool, tile_conv_pool) an output whose flattened rows are the chain's input and
-    conv.producer_output allows it; the g's indices fit 32 bits; conv.INTO_PRODUCER and CHAIN_INTO_POOLED on."""
+    conv.producer_output allows it; the g's indices fit 32 bits; conv.INTO_PRODUCER and CHAIN_INTO_POOLED on; the
+    chain's backward at most CHAIN_INTO_POOLED_MAX_ROWS rows per block."""
     if not (conv_kernels.INTO_PRODUCER and CHAIN_INTO_POOLED) or into is None or into.pool is None:
+        return False
+    x = saved.x
+    rows = chain_rows(x.shape[0], [x.shape[1]] + [w.shape[0] for w in saved.weights], x.dtype.itemsize)
+    if rows is None or rows > CHAIN_INTO_POOLED_MAX_ROWS:
         return False
     made = conv_kernels.producer_output(into, saved.x.dtype)
     return made is not None and (made[0], made[1] * made[2] * made[3]) == tuple(saved.x.shape) \
