@@ -3,9 +3,12 @@ against another on the same inputs: which kernels each direction takes is decide
 script sets them per variant.
 
 Run (GPU): python3 benchmarks/conv_variants.py [--layers mnistcnn2:64,lenet2:512] [--variants tile,gather]
+     python3 benchmarks/conv_variants.py --pooled-dx [--layers lenet2:64,lenet2:512]
 Each figure: GPU microseconds per call from 100 calls captured in one CUDA graph (benchmarks/common.py timed);
 forward = conv2d_forward (with the activation fused), backward = conv2d_backward (its activation derivative, dx,
-dw, db).
+dw, db). --pooled-dx: the input gradient of a layer whose output a 2x2 max pooling reads, from its g at the
+windows' maxima (conv.pooled_input_grad, not on the default path yet) against tile_conv's dense one from the full g
+(a quarter of it nonzero), the two compared.
 """
 import argparse
 import contextlib
@@ -79,12 +82,51 @@ def limits(module, values):
             setattr(module, k, v)
 
 
+POOL_2X2 = ((2, 2), (2, 2), (0, 0), (1, 1))   # conv2d_forward's pool: kernel, stride, padding, dilation
+
+
+def pooled_dx(cp, conv, specs, rng):
+    """Per layer: tile_conv's input gradient from the full g against pooled_dx's from the maxima (see the header)."""
+    for spec in specs:
+        name, batch = spec.split(":")
+        shape, w_shape, act = LAYERS[name]
+        x = cp.asarray(rng.standard_normal((int(batch),) + shape).astype(np.float32))
+        w = cp.asarray((rng.standard_normal(w_shape) * 0.2).astype(np.float32))
+        _, saved = conv.conv2d_forward(x, w, None, activation=act, pool=POOL_2X2)
+        pidx = saved.pool[0]
+        n, o, ph, pw = pidx.shape
+        fw = saved.out_hw[1]
+        gc = cp.asarray(rng.standard_normal((o, n * ph * pw)).astype(np.float32))
+        full = cp.zeros((o, n, saved.out_hw[0] * fw), dtype=cp.float32)   # g: gc at the maxima, 0 elsewhere
+        oi, ni = cp.meshgrid(cp.arange(o), cp.arange(n), indexing="ij")
+        full[oi[..., None], ni[..., None], pidx.transpose(1, 0, 2, 3).reshape(o, n, -1)] = gc.reshape(o, n, -1)
+        full = full.reshape(o, -1)
+        dense = conv._tile_dx(full, saved)
+        sparse = conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), fw)
+        if dense is None or sparse is None:
+            print(f"{spec:<14} not taken (tile_conv {dense is not None}, pooled_dx {sparse is not None})")
+            continue
+        err = float(cp.abs(dense - sparse).max())
+        td = timed(cp, lambda: conv._tile_dx(full, saved))
+        ts = timed(cp, lambda: conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), fw))
+        print(f"{spec:<14} dx: tile_conv (dense, full g) {td:7.2f} us  pooled_dx (maxima) {ts:7.2f} us  "
+              f"(max diff {err:.1e})")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--layers", default="mnistcnn2:64,mnistcnn1:64,lenet2:64,lenet1:64,lenet1:512,lenet2:512")
     p.add_argument("--variants", default="", help="comma-separated names (or parts of names) of VARIANTS to run "
                    "(default: all)")
+    p.add_argument("--pooled-dx", action="store_true", help="time pooled_dx against tile_conv's dense input "
+                   "gradient instead (default layers lenet2:64,lenet2:512)")
     args = p.parse_args()
+    if args.pooled_dx:
+        import cupy as cp
+
+        from smalltrain.backend.cuda import conv
+        layers = args.layers if "--layers" in sys.argv else "lenet2:64,lenet2:512"
+        return pooled_dx(cp, conv, layers.split(","), np.random.default_rng(0))
     wanted = [v for v in args.variants.split(",") if v]
     import cupy as cp
 

@@ -1107,6 +1107,43 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rng, monkeypatch):
     assert_close(grads[True][1], rdb1, tol, name="db")
 
 
+POOLED_DX_CASES = [  # x, weight, padding
+    ((3, 6, 12, 12), (16, 6, 5, 5), 0),   # LeNet-5's second layer: 8 x 8 output, 4 x 4 windows
+    ((2, 3, 7, 9), (5, 3, 3, 3), 1),      # 7 x 9 output: its last row and column in no window
+    ((2, 10, 6, 6), (4, 10, 5, 5), 2),    # two channel groups of 8 (the second partial)
+    ((1, 2, 20, 20), (3, 2, 3, 3), 1),    # 400 positions: threads take several
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", POOLED_DX_CASES)
+def test_pooled_dx_from_the_maxima(case, dtype, rng):
+    """conv.pooled_input_grad (conv.cu pooled_dx): the input gradient from a pooled convolution's g at its windows'
+    maxima (anywhere in each window) against the float64 dense correlation of the full g, zero elsewhere."""
+    x_shape, w_shape, pad = case
+    n, c, h, wd = x_shape
+    o, _, ks, _ = w_shape
+    fh, fw = h + 2 * pad - ks + 1, wd + 2 * pad - ks + 1
+    ph, pw = fh // 2, fw // 2
+    w = rng.standard_normal(w_shape).astype(dtype)
+    gc = rng.standard_normal((o, n, ph, pw)).astype(dtype)
+    wy, wx = np.meshgrid(np.arange(ph), np.arange(pw), indexing="ij")
+    rows = 2 * wy + rng.integers(0, 2, (n, o, ph, pw))
+    cols = 2 * wx + rng.integers(0, 2, (n, o, ph, pw))
+    pidx = (rows * fw + cols).astype(np.int64)
+    full = np.zeros((n, o, fh, fw))
+    for b in range(n):
+        for k in range(o):
+            full[b, k, rows[b, k], cols[b, k]] = gc[k, b]
+    padded = np.zeros((n, c, fh + ks - 1, fw + ks - 1))
+    for i in range(ks):
+        for j in range(ks):
+            padded[:, :, i:i + fh, j:j + fw] += np.einsum("noyx,oc->ncyx", full, w[:, :, i, j].astype(np.float64))
+    expected = padded[:, :, pad:pad + h, pad:pad + wd]
+    dx = conv_kernels.pooled_input_grad(g(gc.reshape(o, -1)), g(pidx), g(w), x_shape, (pad, pad), fw)
+    assert_close(dx, expected, 1e-5 if dtype == np.float32 else 1e-12, name="dx")
+
+
 def test_tile_conv_pool_declines_other_poolings():
     """3x3 windows, stride 1, padding, odd output sizes: no pooling epilogue (the caller pools)."""
     x, w = cp.ones((2, 3, 11, 11), cp.float32), cp.ones((4, 3, 3, 3), cp.float32)

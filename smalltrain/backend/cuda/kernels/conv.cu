@@ -28,6 +28,11 @@
 //            maxima only (the rest of its g is 0): a quarter of tile_wgrad's products (tile_conv's compact "into"
 //            for a first layer, whose full-resolution g is then never written; the linear chain's for the
 //            convolution it reads).
+//   pooled_dx: the input gradient of the same (stride-1, undilated) convolutions where a 2x2 max pooling read the
+//            output, from its g at the windows' maxima only: each dx element sums the maxima whose taps reach it (at
+//            most 3 windows a dimension and output channel for KS = 5) instead of the KS*KS taps of the dense
+//            correlation over a g that is 3/4 zeros. Not on the default path yet (benchmarks/conv_variants.py
+//            --pooled-dx times it against tile_conv's dense input gradient).
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
 //            and block of CB (8, or 2 for small batches) input channels, dx[n, c, h, w] = sum over (o, i, j) of
 //            g[o, n, oh, ow] * w[o, c, i, j] where oh*sh = h + ph - i*dh and ow*sw = w + pw - j*dw land on an output;
@@ -487,6 +492,58 @@ __device__ void pooled_wgrad(const T* __restrict__ gw, const i64* __restrict__ p
             if (k < KK && nan_tap[(oc * C + ch) * KK + k]) s += T(0) * st_neg_inf<T>();   // NaN
             wpart[((size_t)blockIdx.x * O + oc) * CK + (k < KK ? ch * KK + k : C * KK)] = s;
         }
+    }
+}
+
+// pooled_dx: dx [N, C, H, W] of a stride-1, undilated convolution (padding pt, pl) whose output (FH x FW) a 2x2,
+// stride-2 max pooling read (PH x PW windows, P = PH*PW; a last odd row or column is in no window and its g is 0),
+// from gc [O, N, P], its g at the windows' maxima, and pidx [N, O, P], their positions y * FW + x:
+//     dx[n, c, h, w] = sum over (o, q) of gc[o, n, q] * w[o, c, h + pt - Y_q, w + pl - X_q]   (taps within KS x KS)
+// Only the windows whose rows Y in [h + pt - KS + 1, h + pt] (and columns likewise) can hold such a maximum are read:
+// for KS = 5 at most 3 a dimension. A block takes image blockIdx.x and CT input channels from CT * blockIdx.y,
+// staging the image's maxima (g and position, y << 16 | x) and those channels' weights as [O][KS*KS][CT]; each
+// thread one dx position at a time, its CT channels in registers. The sums run in another order than the dense
+// correlation's (the same values up to rounding); non-finite weights are not paired with the other positions' zeros
+// (the dense path's 0 * inf NaNs), which a caller on the default path would have to add.
+template <typename T, int KS, int CT>
+__device__ void pooled_dx(const T* __restrict__ gc, const i64* __restrict__ pidx, const T* __restrict__ w,
+                          T* __restrict__ dx, int N, int C, int O, int H, int W, int FW, int PH, int PW, int pt,
+                          int pl) {
+    constexpr int KK = KS * KS;
+    extern __shared__ unsigned char st_smem[];
+    const int P = PH * PW, n = blockIdx.x, c0 = blockIdx.y * CT, nc = min(CT, C - c0);
+    T* ws = reinterpret_cast<T*>(st_smem);   // [O][KK][CT]
+    T* gs = ws + O * KK * CT;                // [O][P]
+    int* at = reinterpret_cast<int*>(gs + O * P);
+    for (int e = threadIdx.x; e < O * KK * CT; e += blockDim.x) {
+        const int u = e % CT, ok = e / CT, o = ok / KK, k = ok - o * KK;
+        ws[e] = u < nc ? w[((size_t)o * C + c0 + u) * KK + k] : T(0);
+    }
+    for (int e = threadIdx.x; e < O * P; e += blockDim.x) {
+        const int o = e / P, q = e - o * P, a = (int)pidx[((size_t)n * O + o) * P + q], y = a / FW;
+        gs[e] = gc[((size_t)o * N + n) * P + q];
+        at[e] = y << 16 | (a - y * FW);
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < H * W; s += blockDim.x) {
+        const int h = s / W, x = s - h * W;
+        const int ylo = max(h + pt - KS + 1, 0), yhi = min(h + pt, 2 * PH - 1);
+        const int xlo = max(x + pl - KS + 1, 0), xhi = min(x + pl, 2 * PW - 1);
+        T acc[CT];
+#pragma unroll
+        for (int u = 0; u < CT; ++u) acc[u] = T(0);
+        for (int o = 0; o < O; ++o)
+            for (int wy = ylo / 2; wy <= yhi / 2; ++wy)
+                for (int wx = xlo / 2; wx <= xhi / 2; ++wx) {
+                    const int q = o * P + wy * PW + wx, a = at[q];
+                    const int i = h + pt - (a >> 16), j = x + pl - (a & 0xffff);
+                    if (i < 0 || i >= KS || j < 0 || j >= KS) continue;
+                    const T g = gs[q];
+                    const T* wp = ws + (o * KK + i * KS + j) * CT;
+#pragma unroll
+                    for (int u = 0; u < CT; ++u) acc[u] += g * wp[u];
+                }
+        for (int u = 0; u < nc; ++u) dx[((size_t)n * C + c0 + u) * H * W + s] = acc[u];
     }
 }
 
@@ -1354,6 +1411,13 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         pooled_wgrad<T, KS>(gw, pidx, x, wpart, N, C, O, H, W, FW, P, pt, pl, IPB);                                \
     }
 
+#define ST_POOLED_DX(T, S, KS, CT)                                                                                 \
+    extern "C" __global__ void pooled_dx_k##KS##_c##CT##_##S(const T* gc, const i64* pidx, const T* w, T* dx, int N, \
+                                                             int C, int O, int H, int W, int FW, int PH, int PW,    \
+                                                             int pt, int pl) {                                      \
+        pooled_dx<T, KS, CT>(gc, pidx, w, dx, N, C, O, H, W, FW, PH, PW, pt, pl);                                   \
+    }
+
 #define ST_CONV(T, S)                                                                                              \
     extern "C" __global__ void im2col_##S(const T* x, T* cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH,  \
                                           i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
@@ -1392,6 +1456,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
     }                                                                                                              \
     ST_POOLED_WGRAD(T, S, 3) ST_POOLED_WGRAD(T, S, 5)                                                              \
+    ST_POOLED_DX(T, S, 3, 4) ST_POOLED_DX(T, S, 3, 8) ST_POOLED_DX(T, S, 5, 4) ST_POOLED_DX(T, S, 5, 8)          \
     ST_WGRAD(T, S, 1) ST_WGRAD(T, S, 2) ST_WGRAD(T, S, 4) ST_WGRAD(T, S, 8)
 ST_INSTANTIATE(ST_CONV)
 #undef ST_CONV
@@ -1402,3 +1467,4 @@ ST_INSTANTIATE(ST_CONV)
 #undef ST_TILE
 #undef ST_TILE_WGRAD
 #undef ST_POOLED_WGRAD
+#undef ST_POOLED_DX
