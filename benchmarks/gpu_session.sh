@@ -10,6 +10,7 @@
 # COMPILE_MODES: the compile stage's modes (e.g. "smalltrain-compiled torch-reduce-overhead": ours beside the best torch
 # mode in one process, where device time is short).
 # TESTS narrows the test stage to some paths (default: the whole suite), NCU_CONFIGS the ncu stage's model:batch list.
+# The variants stage (not in the default STAGES): benchmarks/conv_variants.py with VARIANT_ARGS (default --pooled-dx).
 # The detail stage (not in the default STAGES): ncu's sections per kernel of NCU_DETAIL_CONFIGS' steps.
 # The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
 # settings of comma-separated MODULE.NAME=VALUE knobs (e.g. AB="$K.INTO_POOLED=False $K.INTO_POOLED=True" with
@@ -74,6 +75,10 @@ stage detail && for config in ${NCU_DETAIL_CONFIGS:-lenet5:512}; do
   grep -E "^  [a-z_0-9]+ \(|Duration|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp Per Scheduler" \
     "$OUT/ncu_detail_${config/:/_}.txt" | head -80
 done
+# kernels against each other on one layer (benchmarks/conv_variants.py; not in the default STAGES): VARIANT_ARGS, by
+# default pooled_dx against tile_conv's dense input gradient on LeNet-5's second layer
+stage variants && { timeout ${T_VARIANTS:-120} python3 benchmarks/conv_variants.py ${VARIANT_ARGS:---pooled-dx} \
+  > "$OUT/conv_variants.txt" 2>&1; tail -20 "$OUT/conv_variants.txt"; }
 stage host && timeout 60 python3 benchmarks/host_costs.py > "$OUT/host_costs.txt" 2>&1
 stage profile && for config in cnn:64 lenet5:64; do
   # the host side of an eager step: cProfile's top functions by own time, then by cumulative time
