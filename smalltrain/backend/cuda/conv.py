@@ -82,7 +82,8 @@ _TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this 
 # LeNet-5's captured step (two rounds, twentieth session): b512 169.9 / 171.2 us with it off, 180.9 / 183.3 with 0
 # (the second layer's input gradient, 140 threads per SM at 4 channels a thread, then has half as many), 166.4 / 164.4
 # with 512 (only the first layer's forward at b512, 558 threads per SM, takes 6); b64 85.3 / 85.2, 87.6 / 86.4 with 512
-# (no plan changes there). Tests set the threshold to 0 to run the 6-channel kernels on small cases
+# (no plan changes there). The next call: b512 166.4 / 162.5 on, 166.0 / 165.1 off; ncu, the two forwards 31.0 us
+# (16.2 at 6 channels + 14.8) against 34.4. Tests set the threshold to 0 to run the 6-channel kernels on small cases
 TILE_TO6 = True
 _TILE_TO6_THREADS_PER_SM = 512
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
