@@ -68,9 +68,9 @@ CHAIN_INTO_POOLED = True
 # 169.9 / 171.2 against 165.4 / 165.8 and 166.4 / 162.5 against 160.0 / 158.5 (ncu: chain_bwd_staged 15.2 -> 22.8
 # us, the pooling backward kernel it saves 5.4). Tests raise it for the 4-row case
 CHAIN_INTO_POOLED_MAX_ROWS = 1
-# ... and with it also that g at the pooling windows' maxima, from which pooled_wgrad sums the convolution's weight
-# and bias gradients (conv._pooled_wgrad_plan, with conv.POOLED_WGRAD): a quarter of tile_wgrad's products
-# (LeNet-5's second layer). Off until timed on a GPU
+# With the hand-off, also that g at the pooling windows' maxima, from which pooled_wgrad sums the convolution's
+# weight and bias gradients (conv._pooled_wgrad_plan, with conv.POOLED_WGRAD): a quarter of tile_wgrad's products
+# (LeNet-5's second layer). Off: it loses (H100, twentieth session: LeNet-5 b64 98.4 / 98.3 us against 85.3 / 85.2)
 CHAIN_POOLED_WGRAD = False
 
 
