@@ -8,7 +8,8 @@ Each figure: GPU microseconds per call from 100 calls captured in one CUDA graph
 forward = conv2d_forward (with the activation fused), backward = conv2d_backward (its activation derivative, dx,
 dw, db). --pooled-dx: the input gradient of a layer whose output a 2x2 max pooling reads, from its g at the
 windows' maxima (conv.pooled_input_grad, not on the default path yet) against tile_conv's dense one from the full g
-(a quarter of it nonzero), the two compared.
+(a quarter of it nonzero), then its weight and bias gradients by pooled_wgrad against tile_wgrad, each pair
+compared.
 """
 import argparse
 import contextlib
@@ -111,6 +112,21 @@ def pooled_dx(cp, conv, specs, rng):
         ts = timed(cp, lambda: conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), fw))
         print(f"{spec:<14} dx: tile_conv (dense, full g) {td:7.2f} us  pooled_dx (maxima) {ts:7.2f} us  "
               f"(max diff {err:.1e})")
+        # the weight and bias gradients the same two ways: tile_wgrad + wgrad_reduce from the full g, pooled_wgrad +
+        # wgrad_reduce from the maxima (the path pooled_dx would join)
+        wplan, pplan = conv._tile_wgrad_plan(saved, 4), conv._pooled_wgrad_plan(saved, cp.dtype(cp.float32), True)
+        if wplan is None or pplan is None:
+            print(f"{spec:<14} dw: not taken (tile_wgrad {wplan is not None}, pooled_wgrad {pplan is not None})")
+            continue
+
+        def dense_w():
+            return conv._tile_weight_grad(saved.x, full, saved, True, wplan)
+
+        def sparse_w():
+            return conv._reduce_partials(conv._pooled_wgrad(gc, saved, pplan), w.shape, True)
+        err = max(float(cp.abs(a - b).max()) for a, b in zip(dense_w(), sparse_w()))
+        print(f"{spec:<14} dw, db: tile_wgrad (full g) {timed(cp, dense_w):7.2f} us  pooled_wgrad (maxima) "
+              f"{timed(cp, sparse_w):7.2f} us  (max diff {err:.1e})")
 
 
 def main():
