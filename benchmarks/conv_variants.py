@@ -84,6 +84,7 @@ def limits(module, values):
 
 
 POOL_2X2 = ((2, 2), (2, 2), (0, 0), (1, 1))   # conv2d_forward's pool: kernel, stride, padding, dilation
+PRODUCERS = {"lenet2": "lenet1"}               # the pooled layer whose output a layer reads, in the model
 
 
 def pooled_dx(cp, conv, specs, rng):
@@ -102,16 +103,40 @@ def pooled_dx(cp, conv, specs, rng):
         oi, ni = cp.meshgrid(cp.arange(o), cp.arange(n), indexing="ij")
         full[oi[..., None], ni[..., None], pidx.transpose(1, 0, 2, 3).reshape(o, n, -1)] = gc.reshape(o, n, -1)
         full = full.reshape(o, -1)
-        dense = conv._tile_dx(full, saved)
-        sparse = conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), fw)
-        if dense is None or sparse is None:
-            print(f"{spec:<14} not taken (tile_conv {dense is not None}, pooled_dx {sparse is not None})")
-            continue
-        err = float(cp.abs(dense - sparse).max())
-        td = timed(cp, lambda: conv._tile_dx(full, saved))
-        ts = timed(cp, lambda: conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), fw))
-        print(f"{spec:<14} dx: tile_conv (dense, full g) {td:7.2f} us  pooled_dx (maxima) {ts:7.2f} us  "
-              f"(max diff {err:.1e})")
+        # dx plain, then (where the layer has a producer, PRODUCERS) into that producer pooled in its epilogue as a
+        # first layer: tile_conv_unpool's compact g at its maxima against pooled_dx's (the step's real path)
+        into = None
+        if name in PRODUCERS:
+            p_shape, p_w_shape, p_act = LAYERS[PRODUCERS[name]]
+            px = cp.asarray(rng.standard_normal((int(batch),) + p_shape).astype(np.float32))
+            pw_ = cp.asarray((rng.standard_normal(p_w_shape) * 0.2).astype(np.float32))
+            pb = cp.asarray(rng.standard_normal(p_w_shape[0]).astype(np.float32))
+            _, into = conv.conv2d_forward(px, pw_, pb, activation=p_act, pool=POOL_2X2,
+                                          needs_input_grad=(False, True, True))
+        def plain_dense():
+            return conv._tile_dx(full, saved)
+
+        def plain_sparse():
+            return conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), fw)
+        pairs = [("dx", plain_dense, plain_sparse)]
+        plan1 = conv._pooled_wgrad_plan(into, cp.dtype(cp.float32)) if into is not None else None
+        if plan1 is not None:   # the step's path: dx into the first layer, then that layer's dw and db
+            def into_dense():   # tile_conv_unpool's compact epilogue, pooled_wgrad (in _tile_dx), wgrad_reduce
+                return conv._reduce_partials(conv._tile_dx(full, saved, into).wpartial, into.weight.shape, True)
+
+            def into_sparse():   # pooled_dx's compact epilogue, pooled_wgrad, wgrad_reduce
+                g1 = conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), fw, into)
+                return conv._reduce_partials(conv._pooled_wgrad(g1, into, plan1), into.weight.shape, True)
+            pairs.append(("dx into layer 1, its dw, db", into_dense, into_sparse))
+        for label, dense, sparse in pairs:
+            a, b = dense(), sparse()
+            if a is None or b is None:
+                print(f"{spec:<14} {label}: not compared (tile_conv {a is not None}, pooled_dx {b is not None})")
+                continue
+            err = max(float(cp.abs(u - v).max()) for u, v in zip(a, b)) if isinstance(a, tuple) \
+                else float(cp.abs(a - b).max())
+            print(f"{spec:<14} {label}: tile_conv (dense, full g) {timed(cp, dense):7.2f} us  pooled_dx (maxima) "
+                  f"{timed(cp, sparse):7.2f} us  (max diff {err:.1e})")
         # the weight and bias gradients the same two ways: tile_wgrad + wgrad_reduce from the full g, pooled_wgrad +
         # wgrad_reduce from the maxima (the path pooled_dx would join)
         wplan, pplan = conv._tile_wgrad_plan(saved, 4), conv._pooled_wgrad_plan(saved, cp.dtype(cp.float32), True)

@@ -1144,6 +1144,53 @@ def test_pooled_dx_from_the_maxima(case, dtype, rng):
     assert_close(dx, expected, 1e-5 if dtype == np.float32 else 1e-12, name="dx")
 
 
+POOLED_DX_INTO_CASES = [  # the first layer's x, weight, padding, activation; the second's weight, padding
+    ((3, 1, 28, 28), (6, 1, 5, 5), 0, "gelu", (16, 6, 5, 5), 0),   # LeNet-5's two layers
+    ((2, 1, 14, 18), (4, 1, 5, 5), 2, "relu", (5, 4, 3, 3), 1),    # 7 x 9 pooled; the second's 7 x 9 output
+    ((2, 1, 12, 12), (3, 1, 5, 5), 2, None, (4, 3, 3, 3), 0),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", POOLED_DX_INTO_CASES)
+def test_pooled_dx_into_a_pooled_first_layer(case, dtype, rng):
+    """pooled_input_grad with `into`, a first layer that pooled in its epilogue (tile_conv_pool): instead of dx, that
+    layer's g at its own windows' maxima [C, N*H*W] (dx times its activation's derivative at its z there), against
+    the float64 dense correlation through the same derivative."""
+    x1_shape, w1_shape, pad1, act, w2_shape, pad2 = case
+    x1 = rng.standard_normal(x1_shape).astype(dtype)
+    w1 = (rng.standard_normal(w1_shape) / np.sqrt(np.prod(w1_shape[1:]))).astype(dtype)
+    b1 = rng.standard_normal(w1_shape[0]).astype(dtype)
+    pooled, into = ops.conv2d_forward(g(x1), g(w1), g(b1), 1, pad1, 1, 1, act, pool=POOL_2X2)
+    assert into.pool is not None
+    n, c, h, wd = pooled.shape
+    o, _, ks, _ = w2_shape
+    fh, fw = h + 2 * pad2 - ks + 1, wd + 2 * pad2 - ks + 1
+    ph, pw = fh // 2, fw // 2
+    w2 = rng.standard_normal(w2_shape).astype(dtype)
+    gc = rng.standard_normal((o, n, ph, pw)).astype(dtype)
+    wy, wx = np.meshgrid(np.arange(ph), np.arange(pw), indexing="ij")
+    rows, cols = 2 * wy + rng.integers(0, 2, (n, o, ph, pw)), 2 * wx + rng.integers(0, 2, (n, o, ph, pw))
+    full = np.zeros((n, o, fh, fw))
+    for b in range(n):
+        for k in range(o):
+            full[b, k, rows[b, k], cols[b, k]] = gc[k, b]
+    padded = np.zeros((n, c, fh + ks - 1, fw + ks - 1))
+    for i in range(ks):
+        for j in range(ks):
+            padded[:, :, i:i + fh, j:j + fw] += np.einsum("noyx,oc->ncyx", full, w2[:, :, i, j].astype(np.float64))
+    dx = padded[:, :, pad2:pad2 + h, pad2:pad2 + wd].transpose(1, 0, 2, 3).reshape(c, n, h * wd)
+    at = cp.asnumpy(into.pool[0]).transpose(1, 0, 2, 3).reshape(c, n, h * wd)
+    if act is None:
+        expected = dx
+    else:
+        z = cp.asnumpy(into.y).reshape(c, n, 4 * h * wd)
+        expected = ref.act_grad(dx, np.take_along_axis(z, at, 2) + b1[:, None, None].astype(np.float64), act)
+    got = conv_kernels.pooled_input_grad(g(gc.reshape(o, -1)), g((rows * fw + cols).astype(np.int64)), g(w2),
+                                         (n, c, h, wd), (pad2, pad2), fw, into=into)
+    assert_close(got, expected.reshape(c, -1), 1e-5 if dtype == np.float32 else 1e-12, name="g at the maxima")
+
+
 def test_tile_conv_pool_declines_other_poolings():
     """3x3 windows, stride 1, padding, odd output sizes: no pooling epilogue (the caller pools)."""
     x, w = cp.ones((2, 3, 11, 11), cp.float32), cp.ones((4, 3, 3, 3), cp.float32)

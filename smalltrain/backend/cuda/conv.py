@@ -634,27 +634,37 @@ def _pooled_wgrad(gw, into, plan):
     return partial
 
 
-def pooled_input_grad(gc, pidx, w, x_shape, pads, out_w):
+def pooled_input_grad(gc, pidx, w, x_shape, pads, out_w, into=None):
     """dx [N, C, H, W] of a stride-1, undilated convolution (weights w [O, C, KS, KS], top and left padding pads,
     output width out_w) whose output a 2x2 max pooling read, from gc [O, N*P], its g at the pooling's windows'
     maxima, and the pooling's indices pidx [N, O, PH, PW] (kernels/conv.cu pooled_dx), or None where the kernel is
-    not compiled for KS or its staging exceeds the default shared memory. Not on conv2d_backward's path yet:
+    not compiled for KS or its staging exceeds the default shared memory. With `into`, the Conv2dSaved of the first
+    layer whose pooled output (tile_conv_pool) the input is: that layer's g at its own windows' maxima instead,
+    [C, N*H*W] (tile_conv_unpool's compact form, for its pooled_wgrad). Not on conv2d_backward's path yet:
     benchmarks/conv_variants.py --pooled-dx times it against tile_conv's dense input gradient from the full g."""
     n, c, h, wd = x_shape
     o, ks = w.shape[0], w.shape[2]
     ph, pw = pidx.shape[2], pidx.shape[3]
     if ks not in _TILE_KS or min(n, c, h, wd, o, ph, pw) <= 0:
         return None
+    if into is not None and (into.pool is None or tuple(into.pool[0].shape) != (n, c, h, wd)):
+        raise RuntimeError(f"pooled_input_grad: expected `into` pooled to {[n, c, h, wd]}, got "
+                           f"{None if into.pool is None else list(into.pool[0].shape)}")
     ct = 4 if c <= 4 else 8
     p = ph * pw
     smem = (o * ks * ks * ct + o * p) * gc.dtype.itemsize + o * p * 4
     if (smem > _SMEM_BYTES or n * c * h * wd >= _FITS32 or gc.size >= _FITS32
             or max(out_w, 2 * ph) >= 1 << 15):   # (a maximum's row and column packed in 32 bits)
         return None
-    dx = cupy().empty((n, c, h, wd), dtype=gc.dtype)
+    act = ACTIVATIONS[into.activation] if into is not None else 0
+    shape = (c, n * h * wd) if into is not None else (n, c, h, wd)
+    dx = cupy().empty(shape, dtype=gc.dtype)
+    epilogue = (ptr(into.pool[0] if into is not None else None), ptr(into.y if act else None),
+                ptr(into.bias if act else None), i32(act))
     threads = min(_TILE_THREADS, -(-h * wd // 32) * 32)
-    get("conv", f"pooled_dx_k{ks}_c{ct}", gc.dtype)((n, -(-c // ct)), (threads,), (gc, pidx, w, dx) + i32s(
-        (n, c, o, h, wd, out_w, ph, pw, pads[0], pads[1])), shared_mem=smem)
+    name = f"pooled_dx{'_into' if into is not None else ''}_k{ks}_c{ct}"
+    get("conv", name, gc.dtype)((n, -(-c // ct)), (threads,), (gc, pidx, w, dx) + i32s(
+        (n, c, o, h, wd, out_w, ph, pw, pads[0], pads[1])) + epilogue, shared_mem=smem)
     return dx
 
 

@@ -505,10 +505,15 @@ __device__ void pooled_wgrad(const T* __restrict__ gw, const i64* __restrict__ p
 // thread one dx position at a time, its CT channels in registers. The sums run in another order than the dense
 // correlation's (the same values up to rounding); non-finite weights are not paired with the other positions' zeros
 // (the dense path's 0 * inf NaNs), which a caller on the default path would have to add.
-template <typename T, int KS, int CT>
+// With ppidx (the input being a first layer's 2x2 max-pooled output, as tile_conv_unpool's compact form): instead of
+// dx, that layer's g at its own windows' maxima, dx[n, c, s] * act'(z + b) with z read at ppidx [N, C, H*W]'s
+// position in py [C, N, 4*H*W] (its output before its bias pb), into dx as [C, N*H*W], for its pooled_wgrad.
+// (INTO: the kernel with that epilogue, pooled_dx_into_*: its act' for CT channels takes ~3x the registers)
+template <typename T, int KS, int CT, bool INTO>
 __device__ void pooled_dx(const T* __restrict__ gc, const i64* __restrict__ pidx, const T* __restrict__ w,
                           T* __restrict__ dx, int N, int C, int O, int H, int W, int FW, int PH, int PW, int pt,
-                          int pl) {
+                          int pl, const i64* __restrict__ ppidx, const T* __restrict__ py, const T* __restrict__ pb,
+                          int pact) {
     constexpr int KK = KS * KS;
     extern __shared__ unsigned char st_smem[];
     const int P = PH * PW, n = blockIdx.x, c0 = blockIdx.y * CT, nc = min(CT, C - c0);
@@ -543,7 +548,17 @@ __device__ void pooled_dx(const T* __restrict__ gc, const i64* __restrict__ pidx
 #pragma unroll
                     for (int u = 0; u < CT; ++u) acc[u] += g * wp[u];
                 }
-        for (int u = 0; u < nc; ++u) dx[((size_t)n * C + c0 + u) * H * W + s] = acc[u];
+        for (int u = 0; u < nc; ++u) {
+            const int c = c0 + u;
+            if (!INTO) {
+                dx[((size_t)n * C + c) * H * W + s] = acc[u];
+                continue;
+            }
+            const T* zp = py != nullptr ? py + ((size_t)c * N + n) * 4 * H * W : nullptr;
+            bool exact;   // (unused: pooled_wgrad's dw and db are NaN wherever a maximum's z is not finite either way)
+            dx[((size_t)c * N + n) * H * W + s] = pooled_act_max_grad(
+                acc[u], (int)ppidx[((size_t)n * C + c) * H * W + s], zp, pb != nullptr ? pb[c] : T(0), pact, exact);
+        }
     }
 }
 
@@ -1411,12 +1426,15 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         pooled_wgrad<T, KS>(gw, pidx, x, wpart, N, C, O, H, W, FW, P, pt, pl, IPB);                                \
     }
 
-#define ST_POOLED_DX(T, S, KS, CT)                                                                                 \
-    extern "C" __global__ void pooled_dx_k##KS##_c##CT##_##S(const T* gc, const i64* pidx, const T* w, T* dx, int N, \
-                                                             int C, int O, int H, int W, int FW, int PH, int PW,    \
-                                                             int pt, int pl) {                                      \
-        pooled_dx<T, KS, CT>(gc, pidx, w, dx, N, C, O, H, W, FW, PH, PW, pt, pl);                                   \
+#define ST_POOLED_DX_ONE(T, S, KS, CT, NAME, INTO)                                                                 \
+    extern "C" __global__ void NAME##_k##KS##_c##CT##_##S(const T* gc, const i64* pidx, const T* w, T* dx, int N,  \
+                                                          int C, int O, int H, int W, int FW, int PH, int PW,      \
+                                                          int pt, int pl, const i64* ppidx, const T* py,           \
+                                                          const T* pb, int pact) {                                 \
+        pooled_dx<T, KS, CT, INTO>(gc, pidx, w, dx, N, C, O, H, W, FW, PH, PW, pt, pl, ppidx, py, pb, pact);       \
     }
+#define ST_POOLED_DX(T, S, KS, CT)                                                                                 \
+    ST_POOLED_DX_ONE(T, S, KS, CT, pooled_dx, false) ST_POOLED_DX_ONE(T, S, KS, CT, pooled_dx_into, true)
 
 #define ST_CONV(T, S)                                                                                              \
     extern "C" __global__ void im2col_##S(const T* x, T* cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH,  \
@@ -1468,3 +1486,4 @@ ST_INSTANTIATE(ST_CONV)
 #undef ST_TILE_WGRAD
 #undef ST_POOLED_WGRAD
 #undef ST_POOLED_DX
+#undef ST_POOLED_DX_ONE
