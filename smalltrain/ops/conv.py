@@ -257,6 +257,15 @@ class Conv2dActPool(Function):
         if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our weight gradient's partials
             g, wpartial = dout.value.g, dout.value.wpartial
         else:
+            # conv.POOLED_DX: g at the pooling windows' maxima only, and the gradients from it (no full g)
+            plan = cuda_conv.pooled_backward_plan(saved, offered_producer(ctx), saved.weight.dtype)
+            if plan is not None:
+                gc = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias,
+                                                       saved.activation, compact=True)
+                grads = cuda_conv.pooled_backward(gc, saved, plan)
+                if grads is not None:
+                    dx, dw, db = grads
+                    return (Prepared("conv_g", dx) if isinstance(dx, cuda_conv.ProducerGrad) else dx), dw, db
             g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
             wpartial = None
         # the g handed to us (by the chain, or another convolution) or made here: either way our input gradient may

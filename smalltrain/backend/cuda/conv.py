@@ -128,6 +128,12 @@ INTO_POOLED = True
 # (which it needs), against both off (H100, two rounds): b64 90.0 / 84.4 us, b512 164.1 / 165.0. (The linear
 # chain's hand-off uses it too with linear.CHAIN_POOLED_WGRAD.)
 POOLED_WGRAD = True
+# conv2d_backward's alternative where the output was pooled in the epilogue and its gradient is not handed over
+# ready-made (ops.conv Conv2dActPool): the pooling's backward writes g at the windows' maxima only, from which
+# pooled_dx takes the input gradient (into a pooled first layer: its g at its own maxima) and pooled_wgrad the weight
+# and bias gradients (pooled_backward): no full-resolution g. Off until timed on a GPU (benchmarks/conv_variants.py
+# --pooled-dx, then the step); it does not pair non-finite weights with the zero positions (the dense path's NaNs)
+POOLED_DX = False
 _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
 # TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images
@@ -666,6 +672,40 @@ def pooled_input_grad(gc, pidx, w, x_shape, pads, out_w, into=None):
     get("conv", name, gc.dtype)((n, -(-c // ct)), (threads,), (gc, pidx, w, dx) + i32s(
         (n, c, o, h, wd, out_w, ph, pw, pads[0], pads[1])) + epilogue, shared_mem=smem)
     return dx
+
+
+def pooled_backward_plan(saved, into, dtype):
+    """What pooled_backward needs, or None where it does not take `saved` (POOLED_DX off, not pooled in its
+    epilogue, no weight gradient wanted or pooled_wgrad's plan declines it): (its pooled_wgrad plan, the producer
+    `into` and its plan where the input gradient goes there as its g at its maxima, else None and None)."""
+    if not POOLED_DX or saved.pool is None or not saved.needs[1]:
+        return None
+    plan = _pooled_wgrad_plan(saved, dtype, with_input_grad=True)
+    if plan is None:
+        return None
+    into_plan = _pooled_wgrad_plan(into, dtype) if (saved.needs[0] and into is not None and INTO_PRODUCER
+                                                    and INTO_POOLED and into.pool is not None) else None
+    return plan, (into if into_plan is not None else None), into_plan
+
+
+def pooled_backward(gc, saved, plan):
+    """(dx, dw, db) of a convolution that pooled in its epilogue from gc [O, N*P], its g at the pooling's windows'
+    maxima (pool.max_pool2d_backward_act compact), by pooled_backward_plan's plan: dx by pooled_dx (a ProducerGrad of
+    the producer's weight gradient's partial rows where it goes into that pooled first layer), dw and db by
+    pooled_wgrad + wgrad_reduce. None where pooled_dx does not take the geometry (the caller then uses the full g)."""
+    wplan, into, into_plan = plan
+    pidx = saved.pool[0]
+    dx = None
+    if saved.needs[0]:
+        dx = pooled_input_grad(gc, pidx, saved.weight, saved.x_shape, (saved.pads[0], saved.pads[2]),
+                               saved.out_hw[1], into)
+        if dx is None:
+            return None
+        if into is not None:
+            dx = ProducerGrad(None, _pooled_wgrad(dx, into, into_plan))
+    want_b = saved.needs[2] and saved.bias is not None
+    dw, db = _reduce_partials(_pooled_wgrad(gc, saved, wplan), saved.weight.shape, want_b)
+    return dx, dw, db
 
 
 def producer_output(into, dtype):

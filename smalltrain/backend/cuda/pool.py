@@ -98,11 +98,13 @@ def max_pool2d_backward(dout, saved):
     return dx
 
 
-def max_pool2d_backward_act(dout, saved, y, bias, activation):
+def max_pool2d_backward_act(dout, saved, y, bias, activation, compact=False):
     """The output gradient of a convolution + activation whose output this pooling read (saved from
     max_pool2d_forward on its [N, C, H, W] output): g [C, N*H*W] = max_pool2d_backward(dout) * act'(y + bias), y
     [C, N*H*W] the convolution's sum before the bias (None without an activation). One kernel for what is
-    otherwise the pooling's backward and the convolution's bias_act_bwd (backend/cuda/conv.py takes g as is)."""
+    otherwise the pooling's backward and the convolution's bias_act_bwd (backend/cuda/conv.py takes g as is).
+    compact (windows that tile the input only): g at the windows' maxima alone, [C, N*OH*OW] in the windows'
+    order (conv.pooled_backward's input)."""
     op = "max_pool2d_backward_act"
     idx, x_shape, dtype, (kernel, stride, pad, dil, out_hw) = saved
     _check_grad(op, dout, x_shape, out_hw, dtype, idx.device.id)
@@ -119,14 +121,19 @@ def max_pool2d_backward_act(dout, saved, y, bias, activation):
     if bias is not None and (tuple(bias.shape) != (c,) or bias.dtype != dtype):
         raise RuntimeError(f"{op}: expected a {np.dtype(dtype)} bias of shape [{c}], got {bias.dtype} "
                            f"{list(bias.shape)}")
+    tiles = _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw, knob=False)
+    tiled = tiles and (POOL_TILED or compact)   # (the gather kernel has no compact form)
+    if compact and not tiles:
+        raise RuntimeError(f"{op}: compact needs windows that tile the input (kernel == stride, no padding or "
+                           f"dilation), got kernel {list(kernel)}, stride {list(stride)} over {[h, w]}")
     cp = cupy()
     with idx.device:
         dout = contiguous(dout)
-        g = cp.empty((c, n * h * w), dtype=dtype)
-        if _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw):
+        g = cp.empty((c, n * (out_hw[0] * out_hw[1] if compact else h * w)), dtype=dtype)
+        if tiled:
             launch("pool", "max_pool2d_bwd_act_tiled", dtype, dout.size, (
                 dout, idx, g, ptr(y), ptr(bias)) + i32s((n * c, c) + tuple(out_hw) + tuple(kernel) + (
-                    ACTIVATIONS[activation],)))
+                    ACTIVATIONS[activation], int(compact))))
             return g
         launch("pool", "max_pool2d_bwd_act", dtype, g.size,
                (dout, idx, g, ptr(y), ptr(bias), i64(n * c), i64(c), i64(h), i64(w), i64(out_hw[0]),
@@ -140,12 +147,14 @@ def max_pool2d_backward_act(dout, saved, y, bias, activation):
 POOL_TILED = True
 
 
-def _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw):
+def _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw, knob=True):
     """Whether the pooling's windows tile the [N, C, H, W] input exactly: kernel == stride, no padding or dilation,
-    H = OH * kh and W = OW * kw (every input in one window), with 32-bit indices."""
+    H = OH * kh and W = OW * kw (every input in one window), with 32-bit indices; and POOL_TILED on, unless knob is
+    False."""
     n, c, h, w = x_shape
-    return (POOL_TILED and tuple(kernel) == tuple(stride) and tuple(pad) == (0, 0) and tuple(dil) == (1, 1)
-            and h == out_hw[0] * kernel[0] and w == out_hw[1] * kernel[1] and n * c * h * w < 2 ** 31)
+    return ((POOL_TILED or not knob) and tuple(kernel) == tuple(stride) and tuple(pad) == (0, 0)
+            and tuple(dil) == (1, 1) and h == out_hw[0] * kernel[0] and w == out_hw[1] * kernel[1]
+            and n * c * h * w < 2 ** 31)
 
 
 def _avg_options(op, count_include_pad, divisor_override):
