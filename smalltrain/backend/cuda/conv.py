@@ -646,7 +646,7 @@ def pooled_input_grad(gc, pidx, w, x_shape, pads, out_w, into=None):
     maxima, and the pooling's indices pidx [N, O, PH, PW] (kernels/conv.cu pooled_dx), or None where the kernel is
     not compiled for KS or its staging exceeds the default shared memory. With `into`, the Conv2dSaved of the first
     layer whose pooled output (tile_conv_pool) the input is: that layer's g at its own windows' maxima instead,
-    [C, N*H*W] (tile_conv_unpool's compact form, for its pooled_wgrad). Not on conv2d_backward's path yet:
+    [C, N*H*W] (tile_conv_unpool's compact form, for its pooled_wgrad). Used by pooled_backward (POOLED_DX);
     benchmarks/conv_variants.py --pooled-dx times it against tile_conv's dense input gradient from the full g."""
     n, c, h, wd = x_shape
     o, ks = w.shape[0], w.shape[2]
