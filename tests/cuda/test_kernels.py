@@ -1115,12 +1115,9 @@ POOLED_DX_CASES = [  # x, weight, padding
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", POOLED_DX_CASES)
-def test_pooled_dx_from_the_maxima(case, dtype, rng):
-    """conv.pooled_input_grad (conv.cu pooled_dx): the input gradient from a pooled convolution's g at its windows'
-    maxima (anywhere in each window) against the float64 dense correlation of the full g, zero elsewhere."""
-    x_shape, w_shape, pad = case
+def _pooled_dx_case(rng, x_shape, w_shape, pad, dtype):
+    """A pooled convolution's g at random positions of its 2x2 windows: (w, gc [O, N*P], pidx [N, O, PH, PW], the
+    output width, the float64 dense input gradient [N, C, H, W] of the full g, zero elsewhere)."""
     n, c, h, wd = x_shape
     o, _, ks, _ = w_shape
     fh, fw = h + 2 * pad - ks + 1, wd + 2 * pad - ks + 1
@@ -1130,7 +1127,6 @@ def test_pooled_dx_from_the_maxima(case, dtype, rng):
     wy, wx = np.meshgrid(np.arange(ph), np.arange(pw), indexing="ij")
     rows = 2 * wy + rng.integers(0, 2, (n, o, ph, pw))
     cols = 2 * wx + rng.integers(0, 2, (n, o, ph, pw))
-    pidx = (rows * fw + cols).astype(np.int64)
     full = np.zeros((n, o, fh, fw))
     for b in range(n):
         for k in range(o):
@@ -1139,8 +1135,17 @@ def test_pooled_dx_from_the_maxima(case, dtype, rng):
     for i in range(ks):
         for j in range(ks):
             padded[:, :, i:i + fh, j:j + fw] += np.einsum("noyx,oc->ncyx", full, w[:, :, i, j].astype(np.float64))
-    expected = padded[:, :, pad:pad + h, pad:pad + wd]
-    dx = conv_kernels.pooled_input_grad(g(gc.reshape(o, -1)), g(pidx), g(w), x_shape, (pad, pad), fw)
+    return w, gc.reshape(o, -1), (rows * fw + cols).astype(np.int64), fw, padded[:, :, pad:pad + h, pad:pad + wd]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", POOLED_DX_CASES)
+def test_pooled_dx_from_the_maxima(case, dtype, rng):
+    """conv.pooled_input_grad (conv.cu pooled_dx): the input gradient from a pooled convolution's g at its windows'
+    maxima (anywhere in each window) against the float64 dense correlation of the full g, zero elsewhere."""
+    x_shape, w_shape, pad = case
+    w, gc, pidx, fw, expected = _pooled_dx_case(rng, x_shape, w_shape, pad, dtype)
+    dx = conv_kernels.pooled_input_grad(g(gc), g(pidx), g(w), x_shape, (pad, pad), fw)
     assert_close(dx, expected, 1e-5 if dtype == np.float32 else 1e-12, name="dx")
 
 
@@ -1164,30 +1169,15 @@ def test_pooled_dx_into_a_pooled_first_layer(case, dtype, rng):
     pooled, into = ops.conv2d_forward(g(x1), g(w1), g(b1), 1, pad1, 1, 1, act, pool=POOL_2X2)
     assert into.pool is not None
     n, c, h, wd = pooled.shape
-    o, _, ks, _ = w2_shape
-    fh, fw = h + 2 * pad2 - ks + 1, wd + 2 * pad2 - ks + 1
-    ph, pw = fh // 2, fw // 2
-    w2 = rng.standard_normal(w2_shape).astype(dtype)
-    gc = rng.standard_normal((o, n, ph, pw)).astype(dtype)
-    wy, wx = np.meshgrid(np.arange(ph), np.arange(pw), indexing="ij")
-    rows, cols = 2 * wy + rng.integers(0, 2, (n, o, ph, pw)), 2 * wx + rng.integers(0, 2, (n, o, ph, pw))
-    full = np.zeros((n, o, fh, fw))
-    for b in range(n):
-        for k in range(o):
-            full[b, k, rows[b, k], cols[b, k]] = gc[k, b]
-    padded = np.zeros((n, c, fh + ks - 1, fw + ks - 1))
-    for i in range(ks):
-        for j in range(ks):
-            padded[:, :, i:i + fh, j:j + fw] += np.einsum("noyx,oc->ncyx", full, w2[:, :, i, j].astype(np.float64))
-    dx = padded[:, :, pad2:pad2 + h, pad2:pad2 + wd].transpose(1, 0, 2, 3).reshape(c, n, h * wd)
+    w2, gc, pidx, fw, dx = _pooled_dx_case(rng, pooled.shape, w2_shape, pad2, dtype)
+    dx = dx.transpose(1, 0, 2, 3).reshape(c, n, h * wd)
     at = cp.asnumpy(into.pool[0]).transpose(1, 0, 2, 3).reshape(c, n, h * wd)
     if act is None:
         expected = dx
     else:
         z = cp.asnumpy(into.y).reshape(c, n, 4 * h * wd)
         expected = ref.act_grad(dx, np.take_along_axis(z, at, 2) + b1[:, None, None].astype(np.float64), act)
-    got = conv_kernels.pooled_input_grad(g(gc.reshape(o, -1)), g((rows * fw + cols).astype(np.int64)), g(w2),
-                                         (n, c, h, wd), (pad2, pad2), fw, into=into)
+    got = conv_kernels.pooled_input_grad(g(gc), g(pidx), g(w2), (n, c, h, wd), (pad2, pad2), fw, into=into)
     assert_close(got, expected.reshape(c, -1), 1e-5 if dtype == np.float32 else 1e-12, name="g at the maxima")
 
 

@@ -400,6 +400,16 @@ def test_cuda_convolution_hands_the_previous_one_its_g(act1, monkeypatch):
             assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0), mode
 
 
+def _lenet_layers():
+    """LeNet-5's layers on CUDA, seeded: (conv1, conv2, the three Linear layers, MaxPool2d(2), all parameters, a
+    batch of 4 images)."""
+    st.manual_seed(0)
+    c1, c2 = nn.Conv2d(1, 6, 5).to("cuda"), nn.Conv2d(6, 16, 5).to("cuda")
+    fcs = [nn.Linear(256, 120).to("cuda"), nn.Linear(120, 84).to("cuda"), nn.Linear(84, 10).to("cuda")]
+    params = list(c1.parameters()) + list(c2.parameters()) + [p for fc in fcs for p in fc.parameters()]
+    return c1, c2, fcs, nn.MaxPool2d(2), params, st.randn(4, 1, 28, 28).to("cuda")
+
+
 @cuda
 @pytest.mark.parametrize("act1", ["relu", "gelu", None])
 def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeypatch):
@@ -420,12 +430,7 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
     monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)   # first the dense weight gradients, then pooled_wgrad's
     pooled_bwd = _record_kernels(monkeypatch, cuda_pool, "launch")
     launched = _record_kernels(monkeypatch, cuda_conv, "get")
-    st.manual_seed(0)
-    c1, c2 = nn.Conv2d(1, 6, 5).to("cuda"), nn.Conv2d(6, 16, 5).to("cuda")
-    fcs = [nn.Linear(256, 120).to("cuda"), nn.Linear(120, 84).to("cuda"), nn.Linear(84, 10).to("cuda")]
-    pool = nn.MaxPool2d(2)
-    params = list(c1.parameters()) + list(c2.parameters()) + [p for fc in fcs for p in fc.parameters()]
-    x = st.randn(4, 1, 28, 28).to("cuda")
+    c1, c2, fcs, pool, params, x = _lenet_layers()
 
     def grads(mode, fused=True):
         for p in params:
@@ -498,12 +503,7 @@ def test_cuda_pooled_dx_takes_the_gradients_from_the_maxima(act1, monkeypatch):
     monkeypatch.setattr(cuda_linear, "CHAIN_INTO_POOLED", False)   # the pooling's backward kernel runs
     pooled_bwd = _record_kernels(monkeypatch, cuda_pool, "launch")
     launched = _record_kernels(monkeypatch, cuda_conv, "get")
-    st.manual_seed(0)
-    c1, c2 = nn.Conv2d(1, 6, 5).to("cuda"), nn.Conv2d(6, 16, 5).to("cuda")
-    fcs = [nn.Linear(256, 120).to("cuda"), nn.Linear(120, 84).to("cuda"), nn.Linear(84, 10).to("cuda")]
-    pool = nn.MaxPool2d(2)
-    params = list(c1.parameters()) + list(c2.parameters()) + [p for fc in fcs for p in fc.parameters()]
-    x = st.randn(4, 1, 28, 28).to("cuda")
+    c1, c2, fcs, pool, params, x = _lenet_layers()
 
     def grads():
         for p in params:
