@@ -117,7 +117,7 @@ def pooled_dx(cp, conv, specs, rng):
             return conv._tile_dx(full, saved)
 
         def plain_sparse():
-            return conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), fw)
+            return conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), saved.out_hw)
         pairs = [("dx", plain_dense, plain_sparse)]
         plan1 = conv._pooled_wgrad_plan(into, cp.dtype(cp.float32)) if into is not None else None
         if plan1 is not None:   # the step's path: dx into the first layer, then that layer's dw and db
@@ -125,7 +125,8 @@ def pooled_dx(cp, conv, specs, rng):
                 return conv._reduce_partials(conv._tile_dx(full, saved, into).wpartial, into.weight.shape, True)
 
             def into_sparse():   # pooled_dx's compact epilogue, pooled_wgrad, wgrad_reduce
-                g1 = conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), fw, into)
+                g1 = conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]),
+                                            saved.out_hw, into)
                 return conv._reduce_partials(conv._pooled_wgrad(g1, into, plan1), into.weight.shape, True)
             pairs.append(("dx into layer 1, its dw, db", into_dense, into_sparse))
         for label, dense, sparse in pairs:

@@ -1115,14 +1115,17 @@ POOLED_DX_CASES = [  # x, weight, padding
 ]
 
 
-def _pooled_dx_case(rng, x_shape, w_shape, pad, dtype):
+def _pooled_dx_case(rng, x_shape, w_shape, pad, dtype, bad_w=False):
     """A pooled convolution's g at random positions of its 2x2 windows: (w, gc [O, N*P], pidx [N, O, PH, PW], the
-    output width, the float64 dense input gradient [N, C, H, W] of the full g, zero elsewhere)."""
+    output's (H, W), the float64 dense input gradient [N, C, H, W] of the full g, zero elsewhere). bad_w: an inf and
+    a NaN among the weights (the dense sum's 0 * inf and 0 * NaN are NaN)."""
     n, c, h, wd = x_shape
     o, _, ks, _ = w_shape
     fh, fw = h + 2 * pad - ks + 1, wd + 2 * pad - ks + 1
     ph, pw = fh // 2, fw // 2
     w = rng.standard_normal(w_shape).astype(dtype)
+    if bad_w:
+        w[0, 0, 1, 2], w[-1, -1, ks - 1, 0] = np.inf, np.nan
     gc = rng.standard_normal((o, n, ph, pw)).astype(dtype)
     wy, wx = np.meshgrid(np.arange(ph), np.arange(pw), indexing="ij")
     rows = 2 * wy + rng.integers(0, 2, (n, o, ph, pw))
@@ -1132,20 +1135,24 @@ def _pooled_dx_case(rng, x_shape, w_shape, pad, dtype):
         for k in range(o):
             full[b, k, rows[b, k], cols[b, k]] = gc[k, b]
     padded = np.zeros((n, c, fh + ks - 1, fw + ks - 1))
-    for i in range(ks):
-        for j in range(ks):
-            padded[:, :, i:i + fh, j:j + fw] += np.einsum("noyx,oc->ncyx", full, w[:, :, i, j].astype(np.float64))
-    return w, gc.reshape(o, -1), (rows * fw + cols).astype(np.int64), fw, padded[:, :, pad:pad + h, pad:pad + wd]
+    with np.errstate(invalid="ignore"):
+        for i in range(ks):
+            for j in range(ks):
+                padded[:, :, i:i + fh, j:j + fw] += np.einsum("noyx,oc->ncyx", full, w[:, :, i, j].astype(np.float64))
+    return (w, gc.reshape(o, -1), (rows * fw + cols).astype(np.int64), (fh, fw),
+            padded[:, :, pad:pad + h, pad:pad + wd])
 
 
+@pytest.mark.parametrize("bad_w", [False, True], ids=["finite", "inf-nan-weights"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", POOLED_DX_CASES)
-def test_pooled_dx_from_the_maxima(case, dtype, rng):
+def test_pooled_dx_from_the_maxima(case, dtype, bad_w, rng):
     """conv.pooled_input_grad (conv.cu pooled_dx): the input gradient from a pooled convolution's g at its windows'
-    maxima (anywhere in each window) against the float64 dense correlation of the full g, zero elsewhere."""
+    maxima (anywhere in each window) against the float64 dense correlation of the full g, zero elsewhere; with an inf
+    and a NaN weight, NaN (and inf) exactly where the dense sum has them."""
     x_shape, w_shape, pad = case
-    w, gc, pidx, fw, expected = _pooled_dx_case(rng, x_shape, w_shape, pad, dtype)
-    dx = conv_kernels.pooled_input_grad(g(gc), g(pidx), g(w), x_shape, (pad, pad), fw)
+    w, gc, pidx, out_hw, expected = _pooled_dx_case(rng, x_shape, w_shape, pad, dtype, bad_w)
+    dx = conv_kernels.pooled_input_grad(g(gc), g(pidx), g(w), x_shape, (pad, pad), out_hw)
     assert_close(dx, expected, 1e-5 if dtype == np.float32 else 1e-12, name="dx")
 
 
@@ -1169,7 +1176,7 @@ def test_pooled_dx_into_a_pooled_first_layer(case, dtype, rng):
     pooled, into = ops.conv2d_forward(g(x1), g(w1), g(b1), 1, pad1, 1, 1, act, pool=POOL_2X2)
     assert into.pool is not None
     n, c, h, wd = pooled.shape
-    w2, gc, pidx, fw, dx = _pooled_dx_case(rng, pooled.shape, w2_shape, pad2, dtype)
+    w2, gc, pidx, out_hw, dx = _pooled_dx_case(rng, pooled.shape, w2_shape, pad2, dtype)
     dx = dx.transpose(1, 0, 2, 3).reshape(c, n, h * wd)
     at = cp.asnumpy(into.pool[0]).transpose(1, 0, 2, 3).reshape(c, n, h * wd)
     if act is None:
@@ -1177,7 +1184,7 @@ def test_pooled_dx_into_a_pooled_first_layer(case, dtype, rng):
     else:
         z = cp.asnumpy(into.y).reshape(c, n, 4 * h * wd)
         expected = ref.act_grad(dx, np.take_along_axis(z, at, 2) + b1[:, None, None].astype(np.float64), act)
-    got = conv_kernels.pooled_input_grad(g(gc), g(pidx), g(w2), (n, c, h, wd), (pad2, pad2), fw, into=into)
+    got = conv_kernels.pooled_input_grad(g(gc), g(pidx), g(w2), (n, c, h, wd), (pad2, pad2), out_hw, into=into)
     assert_close(got, expected.reshape(c, -1), 1e-5 if dtype == np.float32 else 1e-12, name="g at the maxima")
 
 

@@ -132,7 +132,8 @@ POOLED_WGRAD = True
 # ready-made (ops.conv Conv2dActPool): the pooling's backward writes g at the windows' maxima only, from which
 # pooled_dx takes the input gradient (into a pooled first layer: its g at its own maxima) and pooled_wgrad the weight
 # and bias gradients (pooled_backward): no full-resolution g. Off until timed on a GPU (benchmarks/conv_variants.py
-# --pooled-dx, then the step); it does not pair non-finite weights with the zero positions (the dense path's NaNs)
+# --pooled-dx, then the step). Where a pooled maximum's pre-activation is NaN, the dense g's other positions in its
+# window are NaN too (act_bwd(0, NaN)); here only the maximum's g is, so dx may have NaN at fewer positions
 POOLED_DX = False
 _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
@@ -640,9 +641,9 @@ def _pooled_wgrad(gw, into, plan):
     return partial
 
 
-def pooled_input_grad(gc, pidx, w, x_shape, pads, out_w, into=None):
+def pooled_input_grad(gc, pidx, w, x_shape, pads, out_hw, into=None):
     """dx [N, C, H, W] of a stride-1, undilated convolution (weights w [O, C, KS, KS], top and left padding pads,
-    output width out_w) whose output a 2x2 max pooling read, from gc [O, N*P], its g at the pooling's windows'
+    output out_hw) whose output a 2x2 max pooling read, from gc [O, N*P], its g at the pooling's windows'
     maxima, and the pooling's indices pidx [N, O, PH, PW] (kernels/conv.cu pooled_dx), or None where the kernel is
     not compiled for KS or its staging exceeds the default shared memory. With `into`, the Conv2dSaved of the first
     layer whose pooled output (tile_conv_pool) the input is: that layer's g at its own windows' maxima instead,
@@ -659,8 +660,9 @@ def pooled_input_grad(gc, pidx, w, x_shape, pads, out_w, into=None):
     ct = 4 if c <= 4 else 8
     p = ph * pw
     smem = (o * ks * ks * ct + o * p) * gc.dtype.itemsize + o * p * 4
-    if (smem > _SMEM_BYTES or n * c * h * wd >= _FITS32 or gc.size >= _FITS32
-            or max(out_w, 2 * ph) >= 1 << 15):   # (a maximum's row and column packed in 32 bits)
+    # (+ 16: the kernel's static flag; 2^15: a maximum's row and column are packed in 32 bits)
+    if (smem + 16 > _SMEM_BYTES or n * c * h * wd >= _FITS32 or gc.size >= _FITS32
+            or max(out_hw) >= 1 << 15):
         return None
     act = ACTIVATIONS[into.activation] if into is not None else 0
     shape = (c, n * h * wd) if into is not None else (n, c, h, wd)
@@ -670,7 +672,7 @@ def pooled_input_grad(gc, pidx, w, x_shape, pads, out_w, into=None):
     threads = min(_TILE_THREADS, -(-h * wd // 32) * 32)
     name = f"pooled_dx{'_into' if into is not None else ''}_k{ks}_c{ct}"
     get("conv", name, gc.dtype)((n, -(-c // ct)), (threads,), (gc, pidx, w, dx) + i32s(
-        (n, c, o, h, wd, out_w, ph, pw, pads[0], pads[1])) + epilogue, shared_mem=smem)
+        (n, c, o, h, wd) + tuple(out_hw) + (ph, pw, pads[0], pads[1])) + epilogue, shared_mem=smem)
     return dx
 
 
@@ -698,7 +700,7 @@ def pooled_backward(gc, saved, plan):
     dx = None
     if saved.needs[0]:
         dx = pooled_input_grad(gc, pidx, saved.weight, saved.x_shape, (saved.pads[0], saved.pads[2]),
-                               saved.out_hw[1], into)
+                               saved.out_hw, into)
         if dx is None:
             return None
         if into is not None:

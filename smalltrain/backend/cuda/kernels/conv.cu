@@ -504,19 +504,23 @@ __device__ void pooled_wgrad(const T* __restrict__ gw, const i64* __restrict__ p
 // for KS = 5 at most 3 a dimension. A block takes image blockIdx.x and CT input channels from CT * blockIdx.y,
 // staging the image's maxima (g and position, y << 16 | x) and those channels' weights as [O][KS*KS][CT]; each
 // thread one dx position at a time, its CT channels in registers. The sums run in another order than the dense
-// correlation's (the same values up to rounding); non-finite weights are not paired with the other positions' zeros
-// (the dense path's 0 * inf NaNs), which a caller on the default path would have to add.
+// correlation's (the same values up to rounding). Non-finite weights: the dense correlation pairs them with the other
+// positions' zeros too (0 * inf: NaN); where the block staged any, each dx element also takes 0 * w for its taps of
+// a non-finite w that reach an output position (of the FH x FW output) other than a window's maximum.
 // With ppidx (the input being a first layer's 2x2 max-pooled output, as tile_conv_unpool's compact form): instead of
 // dx, that layer's g at its own windows' maxima, dx[n, c, s] * act'(z + b) with z read at ppidx [N, C, H*W]'s
 // position in py [C, N, 4*H*W] (its output before its bias pb), into dx as [C, N*H*W], for its pooled_wgrad.
 // (INTO: the kernel with that epilogue, pooled_dx_into_*: its act' for CT channels takes ~3x the registers)
 template <typename T, int KS, int CT, bool INTO>
 __device__ void pooled_dx(const T* __restrict__ gc, const i64* __restrict__ pidx, const T* __restrict__ w,
-                          T* __restrict__ dx, int N, int C, int O, int H, int W, int FW, int PH, int PW, int pt,
-                          int pl, const i64* __restrict__ ppidx, const T* __restrict__ py, const T* __restrict__ pb,
-                          int pact) {
+                          T* __restrict__ dx, int N, int C, int O, int H, int W, int FH, int FW, int PH, int PW,
+                          int pt, int pl, const i64* __restrict__ ppidx, const T* __restrict__ py,
+                          const T* __restrict__ pb, int pact) {
     constexpr int KK = KS * KS;
     extern __shared__ unsigned char st_smem[];
+    __shared__ int nonfinite_w;   // any staged weight inf or NaN
+    if (threadIdx.x == 0) nonfinite_w = 0;
+    __syncthreads();
     const int P = PH * PW, n = blockIdx.x, c0 = blockIdx.y * CT, nc = min(CT, C - c0);
     T* ws = reinterpret_cast<T*>(st_smem);   // [O][KK][CT]
     T* gs = ws + O * KK * CT;                // [O][P]
@@ -524,6 +528,7 @@ __device__ void pooled_dx(const T* __restrict__ gc, const i64* __restrict__ pidx
     for (int e = threadIdx.x; e < O * KK * CT; e += blockDim.x) {
         const int u = e % CT, ok = e / CT, o = ok / KK, k = ok - o * KK;
         ws[e] = u < nc ? w[((size_t)o * C + c0 + u) * KK + k] : T(0);
+        if (!isfinite(ws[e])) nonfinite_w = 1;   // (every writer writes 1)
     }
     for (int e = threadIdx.x; e < O * P; e += blockDim.x) {
         const int o = e / P, q = e - o * P, a = (int)pidx[((size_t)n * O + o) * P + q], y = a / FW;
@@ -548,6 +553,15 @@ __device__ void pooled_dx(const T* __restrict__ gc, const i64* __restrict__ pidx
                     const T* wp = ws + (o * KK + i * KS + j) * CT;
 #pragma unroll
                     for (int u = 0; u < CT; ++u) acc[u] += g * wp[u];
+                }
+        if (nonfinite_w)   // the dense correlation's 0 * w where w is not finite and g is 0 (no window's maximum)
+            for (int o = 0; o < O; ++o)
+                for (int k = 0; k < KK; ++k) {
+                    const int Y = h + pt - k / KS, X = x + pl - k % KS, q = o * P + (Y / 2) * PW + X / 2;
+                    if (Y < 0 || Y >= FH || X < 0 || X >= FW) continue;
+                    if (Y / 2 < PH && X / 2 < PW && at[q] == (Y << 16 | X)) continue;   // a maximum: summed above
+                    for (int u = 0; u < CT; ++u)
+                        if (!isfinite(ws[(o * KK + k) * CT + u])) acc[u] += T(0) * ws[(o * KK + k) * CT + u];
                 }
         for (int u = 0; u < nc; ++u) {
             const int c = c0 + u;
@@ -1429,10 +1443,10 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
 
 #define ST_POOLED_DX_ONE(T, S, KS, CT, NAME, INTO)                                                                 \
     extern "C" __global__ void NAME##_k##KS##_c##CT##_##S(const T* gc, const i64* pidx, const T* w, T* dx, int N,  \
-                                                          int C, int O, int H, int W, int FW, int PH, int PW,      \
-                                                          int pt, int pl, const i64* ppidx, const T* py,           \
+                                                          int C, int O, int H, int W, int FH, int FW, int PH,      \
+                                                          int PW, int pt, int pl, const i64* ppidx, const T* py,   \
                                                           const T* pb, int pact) {                                 \
-        pooled_dx<T, KS, CT, INTO>(gc, pidx, w, dx, N, C, O, H, W, FW, PH, PW, pt, pl, ppidx, py, pb, pact);       \
+        pooled_dx<T, KS, CT, INTO>(gc, pidx, w, dx, N, C, O, H, W, FH, FW, PH, PW, pt, pl, ppidx, py, pb, pact);   \
     }
 #define ST_POOLED_DX(T, S, KS, CT)                                                                                 \
     ST_POOLED_DX_ONE(T, S, KS, CT, pooled_dx, false) ST_POOLED_DX_ONE(T, S, KS, CT, pooled_dx_into, true)
