@@ -499,7 +499,7 @@ __device__ void pooled_wgrad(const T* __restrict__ gw, const i64* __restrict__ p
 // pooled_dx: dx [N, C, H, W] of a stride-1, undilated convolution (padding pt, pl) whose output (FH x FW) a 2x2,
 // stride-2 max pooling read (PH x PW windows, P = PH*PW; a last odd row or column is in no window and its g is 0),
 // from gc [O, N, P], its g at the windows' maxima, and pidx [N, O, P], their positions y * FW + x:
-//     dx[n, c, h, w] = sum over (o, q) of gc[o, n, q] * w[o, c, h + pt - Y_q, w + pl - X_q]   (taps within KS x KS)
+//     dx[n, c, h, x] = sum over (o, q) of gc[o, n, q] * w[o, c, h + pt - Y_q, x + pl - X_q]   (taps within KS x KS)
 // Only the windows whose rows Y in [h + pt - KS + 1, h + pt] (and columns likewise) can hold such a maximum are read:
 // for KS = 5 at most 3 a dimension. A block takes image blockIdx.x and CT input channels from CT * blockIdx.y,
 // staging the image's maxima (g and position, y << 16 | x) and those channels' weights as [O][KS*KS][CT]; each
