@@ -262,10 +262,8 @@ class Conv2dActPool(Function):
             if plan is not None:
                 gc = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias,
                                                        saved.activation, compact=True)
-                grads = cuda_conv.pooled_backward(gc, saved, plan)
-                if grads is not None:
-                    dx, dw, db = grads
-                    return (Prepared("conv_g", dx) if isinstance(dx, cuda_conv.ProducerGrad) else dx), dw, db
+                dx, dw, db = cuda_conv.pooled_backward(gc, saved, plan)
+                return (Prepared("conv_g", dx) if isinstance(dx, cuda_conv.ProducerGrad) else dx), dw, db
             g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
             wpartial = None
         # the g handed to us (by the chain, or another convolution) or made here: either way our input gradient may

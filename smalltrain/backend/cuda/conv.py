@@ -652,38 +652,52 @@ def pooled_input_grad(gc, pidx, w, x_shape, pads, out_hw, into=None):
     n, c, h, wd = x_shape
     o, ks = w.shape[0], w.shape[2]
     ph, pw = pidx.shape[2], pidx.shape[3]
-    if ks not in _TILE_KS or min(n, c, h, wd, o, ph, pw) <= 0:
+    plan = _pooled_dx_plan(tuple(x_shape), tuple(w.shape), tuple(pidx.shape), tuple(out_hw), gc.dtype.itemsize)
+    if plan is None:
         return None
     if into is not None and (into.pool is None or tuple(into.pool[0].shape) != (n, c, h, wd)):
         raise RuntimeError(f"pooled_input_grad: expected `into` pooled to {[n, c, h, wd]}, got "
                            f"{None if into.pool is None else list(into.pool[0].shape)}")
-    ct = 4 if c <= 4 else 8
-    p = ph * pw
-    smem = (o * ks * ks * ct + o * p) * gc.dtype.itemsize + o * p * 4
-    # (+ 16: the kernel's static flag; 2^15: a maximum's row and column are packed in 32 bits)
-    if (smem + 16 > _SMEM_BYTES or n * c * h * wd >= _FITS32 or gc.size >= _FITS32
-            or max(out_hw) >= 1 << 15):
-        return None
+    ct, threads, smem = plan
     act = ACTIVATIONS[into.activation] if into is not None else 0
     shape = (c, n * h * wd) if into is not None else (n, c, h, wd)
     dx = cupy().empty(shape, dtype=gc.dtype)
     epilogue = (ptr(into.pool[0] if into is not None else None), ptr(into.y if act else None),
                 ptr(into.bias if act else None), i32(act))
-    threads = min(_TILE_THREADS, -(-h * wd // 32) * 32)
     name = f"pooled_dx{'_into' if into is not None else ''}_k{ks}_c{ct}"
     get("conv", name, gc.dtype)((n, -(-c // ct)), (threads,), (gc, pidx, w, dx) + i32s(
         (n, c, o, h, wd) + tuple(out_hw) + (ph, pw, pads[0], pads[1])) + epilogue, shared_mem=smem)
     return dx
 
 
+def _pooled_dx_plan(x_shape, w_shape, pool_shape, out_hw, itemsize):
+    """(channels per thread, threads, shared memory) of pooled_dx for these shapes, or None where it does not take
+    them: KS not compiled, nothing to do, its staging over the default shared memory, indices past 32 bits."""
+    n, c, h, wd = x_shape
+    o, ks = w_shape[0], w_shape[2]
+    ph, pw = pool_shape[2], pool_shape[3]
+    if ks not in _TILE_KS or min(n, c, h, wd, o, ph, pw) <= 0:
+        return None
+    ct, p = (4 if c <= 4 else 8), ph * pw
+    smem = (o * ks * ks * ct + o * p) * itemsize + o * p * 4
+    # (+ 16: the kernel's static flag; 2^15: a maximum's row and column are packed in 32 bits)
+    if (smem + 16 > _SMEM_BYTES or n * c * h * wd >= _FITS32 or o * n * p >= _FITS32
+            or max(out_hw) >= 1 << 15):
+        return None
+    return ct, min(_TILE_THREADS, -(-h * wd // 32) * 32), smem
+
+
 def pooled_backward_plan(saved, into, dtype):
     """What pooled_backward needs, or None where it does not take `saved` (POOLED_DX off, not pooled in its
-    epilogue, no weight gradient wanted or pooled_wgrad's plan declines it): (its pooled_wgrad plan, the producer
-    `into` and its plan where the input gradient goes there as its g at its maxima, else None and None)."""
+    epilogue, no weight gradient wanted, pooled_wgrad's plan or, for the input gradient, pooled_dx's declines it):
+    (its pooled_wgrad plan, the producer `into` and its plan where the input gradient goes there as its g at its
+    maxima, else None and None). Decided before the pooling's backward writes the compact g, so that it is not
+    written for nothing."""
     if not POOLED_DX or saved.pool is None or not saved.needs[1]:
         return None
     plan = _pooled_wgrad_plan(saved, dtype, with_input_grad=True)
-    if plan is None:
+    if plan is None or (saved.needs[0] and _pooled_dx_plan(tuple(saved.x_shape), tuple(saved.weight.shape), tuple(
+            saved.pool[0].shape), tuple(saved.out_hw), dtype.itemsize) is None):
         return None
     into_plan = _pooled_wgrad_plan(into, dtype) if (saved.needs[0] and into is not None and INTO_PRODUCER
                                                     and INTO_POOLED and into.pool is not None) else None
@@ -694,15 +708,12 @@ def pooled_backward(gc, saved, plan):
     """(dx, dw, db) of a convolution that pooled in its epilogue from gc [O, N*P], its g at the pooling's windows'
     maxima (pool.max_pool2d_backward_act compact), by pooled_backward_plan's plan: dx by pooled_dx (a ProducerGrad of
     the producer's weight gradient's partial rows where it goes into that pooled first layer), dw and db by
-    pooled_wgrad + wgrad_reduce. None where pooled_dx does not take the geometry (the caller then uses the full g)."""
+    pooled_wgrad + wgrad_reduce."""
     wplan, into, into_plan = plan
-    pidx = saved.pool[0]
     dx = None
     if saved.needs[0]:
-        dx = pooled_input_grad(gc, pidx, saved.weight, saved.x_shape, (saved.pads[0], saved.pads[2]),
+        dx = pooled_input_grad(gc, saved.pool[0], saved.weight, saved.x_shape, (saved.pads[0], saved.pads[2]),
                                saved.out_hw, into)
-        if dx is None:
-            return None
         if into is not None:
             dx = ProducerGrad(None, _pooled_wgrad(dx, into, into_plan))
     want_b = saved.needs[2] and saved.bias is not None
