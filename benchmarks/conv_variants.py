@@ -113,12 +113,14 @@ def pooled_dx(cp, conv, specs, rng):
             pb = cp.asarray(rng.standard_normal(p_w_shape[0]).astype(np.float32))
             _, into = conv.conv2d_forward(px, pw_, pb, activation=p_act, pool=POOL_2X2,
                                           needs_input_grad=(False, True, True))
+
         def plain_dense():
             return conv._tile_dx(full, saved)
 
         def plain_sparse():
             return conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), saved.out_hw)
-        pairs = [("dx", plain_dense, plain_sparse)]
+        # (what, the dense way's name and call, the maxima's name and call)
+        pairs = [("dx", "tile_conv (dense, full g)", plain_dense, "pooled_dx (maxima)", plain_sparse)]
         plan1 = conv._pooled_wgrad_plan(into, cp.dtype(cp.float32)) if into is not None else None
         if plan1 is not None:   # the step's path: dx into the first layer, then that layer's dw and db
             def into_dense():   # tile_conv_unpool's compact epilogue, pooled_wgrad (in _tile_dx), wgrad_reduce
@@ -128,31 +130,29 @@ def pooled_dx(cp, conv, specs, rng):
                 g1 = conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]),
                                             saved.out_hw, into)
                 return conv._reduce_partials(conv._pooled_wgrad(g1, into, plan1), into.weight.shape, True)
-            pairs.append(("dx into layer 1, its dw, db", into_dense, into_sparse))
-        for label, dense, sparse in pairs:
+            pairs.append(("dx into layer 1, its dw, db", "tile_conv (dense, full g)", into_dense,
+                          "pooled_dx (maxima)", into_sparse))
+        # the layer's own weight and bias gradients the same two ways (the path pooled_dx would join)
+        wplan, pplan = conv._tile_wgrad_plan(saved, 4), conv._pooled_wgrad_plan(saved, cp.dtype(cp.float32), True)
+        if wplan is not None and pplan is not None:
+            def dense_w():
+                return conv._tile_weight_grad(saved.x, full, saved, True, wplan)
+
+            def sparse_w():
+                return conv._reduce_partials(conv._pooled_wgrad(gc, saved, pplan), w.shape, True)
+            pairs.append(("dw, db", "tile_wgrad (full g)", dense_w, "pooled_wgrad (maxima)", sparse_w))
+        else:
+            print(f"{spec:<14} dw, db: not taken (tile_wgrad {wplan is not None}, pooled_wgrad {pplan is not None})")
+        for label, dense_name, dense, sparse_name, sparse in pairs:
             a, b = dense(), sparse()
             if a is None or b is None:
-                print(f"{spec:<14} {label}: not compared (tile_conv {a is not None}, pooled_dx {b is not None})")
+                print(f"{spec:<14} {label}: not compared ({dense_name} {a is not None}, {sparse_name} "
+                      f"{b is not None})")
                 continue
             err = max(float(cp.abs(u - v).max()) for u, v in zip(a, b)) if isinstance(a, tuple) \
                 else float(cp.abs(a - b).max())
-            print(f"{spec:<14} {label}: tile_conv (dense, full g) {timed(cp, dense):7.2f} us  pooled_dx (maxima) "
+            print(f"{spec:<14} {label}: {dense_name} {timed(cp, dense):7.2f} us  {sparse_name} "
                   f"{timed(cp, sparse):7.2f} us  (max diff {err:.1e})")
-        # the weight and bias gradients the same two ways: tile_wgrad + wgrad_reduce from the full g, pooled_wgrad +
-        # wgrad_reduce from the maxima (the path pooled_dx would join)
-        wplan, pplan = conv._tile_wgrad_plan(saved, 4), conv._pooled_wgrad_plan(saved, cp.dtype(cp.float32), True)
-        if wplan is None or pplan is None:
-            print(f"{spec:<14} dw: not taken (tile_wgrad {wplan is not None}, pooled_wgrad {pplan is not None})")
-            continue
-
-        def dense_w():
-            return conv._tile_weight_grad(saved.x, full, saved, True, wplan)
-
-        def sparse_w():
-            return conv._reduce_partials(conv._pooled_wgrad(gc, saved, pplan), w.shape, True)
-        err = max(float(cp.abs(a - b).max()) for a, b in zip(dense_w(), sparse_w()))
-        print(f"{spec:<14} dw, db: tile_wgrad (full g) {timed(cp, dense_w):7.2f} us  pooled_wgrad (maxima) "
-              f"{timed(cp, sparse_w):7.2f} us  (max diff {err:.1e})")
 
 
 def main():
