@@ -9,9 +9,11 @@
 # warm (first) compiles every kernel file before anything times or tests them.
 # COMPILE_MODES: the compile stage's modes (e.g. "smalltrain-compiled torch-reduce-overhead": ours beside the best torch
 # mode in one process, where device time is short).
-# TESTS narrows the test stage to some paths (default: the whole suite), NCU_CONFIGS the ncu stage's model:batch list.
+# TESTS narrows the test stage to some paths (default: the whole suite), TEST_WORKERS sets its pytest-xdist workers
+# (default 8), NCU_CONFIGS the ncu stage's model:batch list.
 # The variants stage (not in the default STAGES): benchmarks/conv_variants.py with VARIANT_ARGS (default --pooled-dx).
-# The detail stage (not in the default STAGES): ncu's sections per kernel of NCU_DETAIL_CONFIGS' steps.
+# The detail stage (not in the default STAGES): ncu's sections per kernel of NCU_DETAIL_CONFIGS' steps (only the
+# kernels whose names match the regex NCU_DETAIL_KERNELS, where set).
 # The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
 # settings of comma-separated MODULE.NAME=VALUE knobs (e.g. AB="$K.INTO_POOLED=False $K.INTO_POOLED=True" with
 # K=smalltrain.backend.cuda.conv), two rounds alternating, on AB_CONFIGS (default lenet5:64 lenet5:512 cnn:64);
@@ -41,7 +43,7 @@ stage warm && warm_kernels .
 if stage tests; then
   # -v: every result is a line as it comes, so the failures are in the log even if the time limit cuts the run.
   # 420 s: the whole suite took 265 s on the H200 (13th session) and did not finish in 300 on an H100 (97%)
-  timeout ${T_TESTS:-420} python3 -m pytest -v -p no:cacheprovider -n 8 --durations=10 ${TESTS:-tests} > "$OUT/pytest.log" 2>&1
+  timeout ${T_TESTS:-420} python3 -m pytest -v -p no:cacheprovider -n ${TEST_WORKERS:-8} --durations=10 ${TESTS:-tests} > "$OUT/pytest.log" 2>&1
   grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/pytest.log" | sort -u | head -20; tail -1 "$OUT/pytest.log"
 fi
 # the NCCL tests alone, their failures' output kept (two failed on an H100 in the eighteenth session, the reason cut
@@ -69,7 +71,8 @@ done
 # ncu's sections for each kernel of one eager step (what a kernel waits on: occupancy, warp stalls, memory), for the
 # kernels' next changes; not in the default STAGES (its replays take ~10 passes a kernel)
 stage detail && for config in ${NCU_DETAIL_CONFIGS:-lenet5:512}; do
-  timeout ${T_DETAIL:-120} ncu --clock-control none --cache-control none --profile-from-start off --section SpeedOfLight \
+  timeout ${T_DETAIL:-120} ncu --clock-control none --cache-control none --profile-from-start off \
+    ${NCU_DETAIL_KERNELS:+-k regex:$NCU_DETAIL_KERNELS} --section SpeedOfLight \
     --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     --section SchedulerStats python3 benchmarks/kernel_times.py --config $config > "$OUT/ncu_detail_${config/:/_}.txt" 2>&1
   grep -E "^  [a-z_0-9]+ \(|Duration|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp Per Scheduler" \
