@@ -131,9 +131,13 @@ POOLED_WGRAD = True
 # conv2d_backward's alternative where the output was pooled in the epilogue and its gradient is not handed over
 # ready-made (ops.conv Conv2dActPool): the pooling's backward writes g at the windows' maxima only, from which
 # pooled_dx takes the input gradient (into a pooled first layer: its g at its own maxima) and pooled_wgrad the weight
-# and bias gradients (pooled_backward): no full-resolution g. Off until timed on a GPU (benchmarks/conv_variants.py
-# --pooled-dx, then the step). Where a pooled maximum's pre-activation is NaN, the dense g's other positions in its
-# window are NaN too (act_bwd(0, NaN)); here only the maximum's g is, so dx may have NaN at fewer positions
+# and bias gradients (pooled_backward): no full-resolution g. Off: it loses. H100, twenty-first session
+# (benchmarks/conv_variants.py --pooled-dx, LeNet-5's second layer, us): pooled_dx 24.5 against tile_conv's dense dx
+# 9.1 at b64, 28.9 against 25.4 at b512; pooled_wgrad 14.5 / 24.2 against tile_wgrad 7.0 / 14.8 (the gathers of
+# weights at the maxima's taps cost more than the products they save); the captured step at b512 167.8 / 167.4
+# against 162.1 / 159.5, at b64 83.8 / 86.5 against 88.6 / 83.3. Where a pooled maximum's pre-activation is NaN, the
+# dense g's other positions in its window are NaN too (act_bwd(0, NaN)); here only the maximum's g is, so dx may
+# have NaN at fewer positions
 POOLED_DX = False
 _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
