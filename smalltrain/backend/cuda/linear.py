@@ -72,6 +72,22 @@ CHAIN_INTO_POOLED_MAX_ROWS = 1
 # weight and bias gradients (conv._pooled_wgrad_plan, with conv.POOLED_WGRAD): a quarter of tile_wgrad's products
 # (LeNet-5's second layer). Off: it loses (H100, twentieth session: LeNet-5 b64 98.4 / 98.3 us against 85.3 / 85.2)
 CHAIN_POOLED_WGRAD = False
+# chain_wgrad cuts each tile's reduction over the batch into runs of this many rows, a block each (their sums added
+# in order by the tile's last block), where the batch is longer; 0: one block per tile. 128 rows are one round of
+# the tile's 4 thread groups (linear.cu tile_gemm)
+CHAIN_WGRAD_SPLIT_ROWS = 128
+_CHAIN_WGRAD_MAX_TILES = 4096   # chain_wgrad's tickets (one per tile): more tiles take one block each
+
+
+def _chain_wgrad_split(m, tiles, dtype):
+    """(splits, rows per split, part, counters) for chain_wgrad over m rows and `tiles` tiles of `dtype`."""
+    rows = CHAIN_WGRAD_SPLIT_ROWS
+    counters = device_counters("chain_wgrad", _CHAIN_WGRAD_MAX_TILES) \
+        if rows and m > rows and tiles <= _CHAIN_WGRAD_MAX_TILES else None
+    if counters is None:
+        return 1, m, None, None
+    splits = -(-m // rows)
+    return splits, rows, cupy().empty(tiles * splits * _TILE * _TILE, dtype=dtype), counters
 
 
 @dataclass
@@ -442,10 +458,12 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
             ins = [x] + saved.h[:-1]
             starts = _padded(starts[1:], total)[:CHAIN_MAX_LAYERS - 1]
             dws, dbs = [dw for dw, _ in grads], [db for _, db in grads]
+            splits, split_rows, part, counters = _chain_wgrad_split(m, total, x.dtype)
             get("linear", "chain_wgrad", x.dtype)(
-                (total,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
-                                              + _padded(dws, None) + _padded(dbs, None))
-                + _width_args(widths) + i32s(tuple(starts)) + (i32(m),))
+                (total * splits,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
+                                                       + _padded(dws, None) + _padded(dbs, None))
+                + _width_args(widths) + i32s(tuple(starts)) + i32s((m, splits, split_rows))
+                + (ptr(part), ptr(counters)))
     if compact:
         return ProducerGrad(dx, conv_kernels._pooled_wgrad(gc, into, compact)), grads
     return (ProducerGrad(dx) if pooled else dx), grads
