@@ -130,6 +130,8 @@ def _exclusive(g, taken):
 
 
 def _accumulate_leaf(leaf, g, taken=None):
+    if leaf._hooks or leaf._post_hooks or leaf.grad is not None:
+        settle()   # each reads g (or adds to .grad) on the current stream: work queued beside must be done
     if leaf._hooks:
         for hook in leaf._hooks:
             r = hook(Tensor._wrap(g))
@@ -139,7 +141,11 @@ def _accumulate_leaf(leaf, g, taken=None):
     if leaf.grad is None:
         # the same upstream array may feed several leaves, and .grad is updated in place later: copy unless
         # the array is exclusively this gradient's
-        leaf.grad = Tensor._wrap(g if taken is not None and _exclusive(g, taken) else g.copy())
+        if taken is not None and _exclusive(g, taken):
+            leaf.grad = Tensor._wrap(g)
+        else:
+            settle()   # the copy reads g
+            leaf.grad = Tensor._wrap(g.copy())
     else:
         leaf.grad.array += g
     if leaf._post_hooks:
@@ -148,6 +154,35 @@ def _accumulate_leaf(leaf, g, taken=None):
 
 
 _callbacks = []
+# Work an op queued beside the pass (backend/cuda/_common.py run_beside with defer: a CUDA side stream) that makes
+# gradients of leaves: its joins (the current stream waits for it), run by settle() before anything reads such a
+# gradient and at the end of the pass. _pass_only: the `inputs` filter of each pass in progress, innermost last.
+_joins = []
+_pass_only = []
+
+
+def defer_join(join):
+    """Queue join() for the next settle() (see _joins)."""
+    _joins.append(join)
+
+
+def settle():
+    """Run the joins of the work queued beside the pass so far (nothing where there is none)."""
+    while _joins:
+        _joins.pop(0)()
+
+
+def takes_plainly(ctx, indices):
+    """Whether ctx's inputs `indices` (None entries and inputs that need no gradient aside) are all leaves, during a
+    backward pass: their gradients then go only to _accumulate_leaf, which reads nothing of them before settle(),
+    so an op may make them beside the rest of the pass and join later (defer_join) rather than at once."""
+    if not _pass_only:
+        return False
+    for i in indices:
+        t = ctx.inputs[i]
+        if t is not None and t._ctx is not None:   # a non-leaf: the next node reads its gradient
+            return False
+    return True
 
 
 def queue_callback(fn):
@@ -181,6 +216,7 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
         roots.append(node)
     prev = grad_mode._state.enabled
     grad_mode._state.enabled = False
+    _pass_only.append(only)
     try:
         order = _topological_order(roots)
         _offer_prepared(order, [(id(t._ctx), t._out_idx) for t in tensors if t._ctx is not None])
@@ -214,6 +250,8 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
                 g = g.array if isinstance(g, Tensor) else g
                 leaf = t._ctx is None
                 a = t.array if leaf else t   # an Edge carries shape and dtype itself
+                if g.shape != a.shape or g.dtype != a.dtype:
+                    settle()   # both read g
                 if g.shape != a.shape:
                     g = unbroadcast(g, a.shape)
                 if g.dtype != a.dtype:
@@ -227,6 +265,8 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
                     slot[i] = g if slot[i] is None else slot[i] + g
     finally:
         grad_mode._state.enabled = prev
+        _pass_only.pop()
+        settle()   # the gradients are the caller's (and the callbacks') to read
     while _callbacks:
         _callbacks.pop(0)()
 

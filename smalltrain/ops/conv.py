@@ -7,7 +7,7 @@ import operator
 
 import numpy as np
 
-from ..autograd.engine import Prepared
+from ..autograd.engine import Prepared, takes_plainly
 from ..autograd.function import Function
 from ..backend import cpu, metadata_cache
 from ..backend.cuda import conv as cuda_conv
@@ -164,9 +164,11 @@ class Conv2d(Function):
     @staticmethod
     def backward(ctx, dout):
         if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our weight gradient's partials
-            return cuda_conv.conv2d_backward(None, ctx.kernel_saved, g=dout.value.g, wpartial=dout.value.wpartial)
+            return cuda_conv.conv2d_backward(None, ctx.kernel_saved, g=dout.value.g, wpartial=dout.value.wpartial,
+                                             wgrad_beside=takes_plainly(ctx, (1, 2)))
         if hasattr(ctx, "kernel_saved"):
-            dx, dw, db = cuda_conv.conv2d_backward(dout.array[None] if ctx.unbatched else dout.array, ctx.kernel_saved)
+            dx, dw, db = cuda_conv.conv2d_backward(dout.array[None] if ctx.unbatched else dout.array, ctx.kernel_saved,
+                                                   wgrad_beside=takes_plainly(ctx, (1, 2)))
             return (dx[0] if ctx.unbatched and dx is not None else dx), dw, db
         padded_shape, kernel, stride, dilation, out_hw, groups, pads, (h, wd), unbatched = ctx.geom
         g = dout.array[None] if unbatched else dout.array
@@ -274,7 +276,8 @@ class Conv2dActPool(Function):
 def _into_producer(ctx, saved, g, wpartial=None):
     """conv2d_backward from g, its input gradient written as the producing convolution's g (a Prepared "conv_g")
     where the engine offered that kind for the input (the producer's prepared_kind, this node its only consumer)."""
-    dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, wpartial=wpartial, into=offered_producer(ctx))
+    dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, wpartial=wpartial, into=offered_producer(ctx),
+                                           wgrad_beside=takes_plainly(ctx, (1, 2)))
     if isinstance(dx, cuda_conv.ProducerGrad):   # written as the producer's g
         dx = Prepared("conv_g", dx)
     return dx, dw, db

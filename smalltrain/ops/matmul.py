@@ -5,7 +5,7 @@ shapes that those do not cover (1-D operands, more than one batch dim) use the a
 """
 import numpy as np
 
-from ..autograd.engine import Prepared
+from ..autograd.engine import Prepared, takes_plainly
 from ..autograd.function import Function
 from ..backend.cuda import blas
 from ..backend.cuda import linear as cuda_linear
@@ -177,7 +177,8 @@ class LinearChain(Function):
         need = ctx.needs_input_grad
         needs = [(need[3 + 2 * i], need[4 + 2 * i]) for i in range(len(ctx.saved.weights))]
         dx, grads = cuda_linear.linear_chain_backward(g.reshape(-1, g.shape[-1]), ctx.saved, need[0], needs,
-                                                      offered_producer(ctx))
+                                                      offered_producer(ctx),
+                                                      takes_plainly(ctx, range(3, len(ctx.inputs))))
         if isinstance(dx, cuda_linear.ProducerGrad):   # written as the producing convolution's g
             dx = Prepared("conv_g", dx)
         elif dx is not None:

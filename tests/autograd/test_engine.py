@@ -367,3 +367,88 @@ def test_a_prepared_gradient_nobody_offered_is_an_error(device):
     x = st.tensor(np.ones(2, np.float32), device=device, requires_grad=True)
     with pytest.raises(RuntimeError, match=r"Prepared\('dx'\).*offered None"):
         Rogue.apply(_Cube.apply(x)).sum().backward()
+
+
+class _Defers(Function):
+    """x * w whose backward makes w's gradient "beside the pass" where the engine allows it (engine.takes_plainly):
+    it returns an array of NaN at once and queues the join that fills in the values (engine.defer_join), as
+    backend/cuda/_common.run_beside(defer=True) leaves a side stream's work for the pass to join."""
+    asked = []   # takes_plainly's answers, per backward (the test reads them)
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.x, ctx.w = x.array, w.array
+        return x.array * w.array
+
+    @staticmethod
+    def backward(ctx, dout):
+        from smalltrain.autograd import engine
+        plain = engine.takes_plainly(ctx, (1,))
+        _Defers.asked.append(plain)
+        dw = (dout.array * ctx.x).sum(keepdims=True).reshape(ctx.w.shape)
+        if not plain:
+            return dout.array * ctx.w, dw
+        pending = np.full_like(dw, np.nan)
+        engine.defer_join(lambda: pending.__setitem__(..., dw))
+        return dout.array * ctx.w, pending
+
+
+@pytest.mark.parametrize("case", ["plain", "hook", "post hook", "accumulated", "shared", "callback"])
+def test_gradients_made_beside_the_pass_are_joined_before_anything_reads_them(case):
+    """A gradient an op makes beside the pass (takes_plainly, defer_join) is complete wherever it is read: after
+    backward, in a tensor hook or a post-accumulate hook on the leaf, when added to an existing .grad, when the
+    leaf is used twice, and in a queued callback. Where the weight is no leaf the op is told not to defer."""
+    from smalltrain.autograd import engine
+    _Defers.asked = []
+    x = st.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+    w = st.tensor(np.array([2.0], np.float32), requires_grad=True)
+    seen = []
+    if case == "hook":
+        w.register_hook(lambda g: seen.append(g.numpy().copy()))
+    if case == "post hook":
+        w.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.numpy().copy()))
+    if case == "accumulated":
+        w.grad = st.tensor(np.array([10.0], np.float32))
+    out = _Defers.apply(x, w).sum()
+    if case == "shared":
+        out = out + _Defers.apply(x, w).sum()
+    if case == "callback":
+        engine.queue_callback(lambda: seen.append(w.grad.numpy().copy()))
+    out.backward()
+    want = {"accumulated": 16.0, "shared": 12.0}.get(case, 6.0)
+    assert w.grad.numpy().tolist() == [want]
+    assert _Defers.asked == [True] * (2 if case == "shared" else 1)
+    assert [s.tolist() for s in seen] == ([[6.0]] if case in ("hook", "post hook", "callback") else [])
+    assert not engine._joins and not engine._pass_only
+    _Defers.asked = []
+    (_Defers.apply(x, w * 1)).sum().backward()   # w * 1: not a leaf
+    assert _Defers.asked == [False]
+    assert not engine.takes_plainly(out.grad_fn, (1,))   # no pass in progress
+
+
+def test_joins_run_when_a_backward_fails():
+    """A node's backward raising still runs the joins queued before it (the pass's finally)."""
+    from smalltrain.autograd import engine
+
+    class Fails(Function):
+        @staticmethod
+        def forward(ctx, y):
+            return y.array * 1
+
+        @staticmethod
+        def backward(ctx, dout):
+            raise ValueError("boom")
+
+    x = st.tensor(np.array([1.0], np.float32), requires_grad=True)
+    w = st.tensor(np.array([2.0], np.float32), requires_grad=True)
+    joined = []
+    real = engine.defer_join
+    try:
+        engine.defer_join = lambda join: real(lambda: (join(), joined.append(True)))
+        out = _Defers.apply(Fails.apply(x), w).sum()   # _Defers's backward first, then Fails's
+        with pytest.raises(ValueError, match="boom"):
+            out.backward()
+    finally:
+        engine.defer_join = real
+    assert joined == [True] and w.grad.numpy().tolist() == [1.0]
+    assert not engine._joins and not engine._pass_only

@@ -526,6 +526,48 @@ def test_cuda_pooled_dx_takes_the_gradients_from_the_maxima(act1, monkeypatch):
 
 
 @cuda
+@pytest.mark.parametrize("batch", [4, 300])
+def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypatch):
+    """LeNet-5's layout: the chain's weight gradients (chain_wgrad) and the second convolution's (its tile_wgrad
+    beside its input gradient, the size limit raised) are queued on the side stream and joined at the end of the
+    backward pass (engine.defer_join: two joins), not at once; the gradients are bit-equal to the joins at once
+    (linear.CHAIN_WGRAD_BESIDE and conv.WGRAD_BESIDE_DEFER off: the same kernels in the same order). A hook on a
+    weight is no obstacle (the engine joins first). At batch 300 chain_wgrad also splits the batch (its own
+    tickets beside)."""
+    from smalltrain.autograd import engine
+    from smalltrain.backend.cuda import conv as cuda_conv
+    from smalltrain.backend.cuda import linear as cuda_linear
+    monkeypatch.setattr(cuda_conv, "WGRAD_BESIDE_MAX_OUTPUTS", 1 << 30)
+    joins = []
+    real_defer = engine.defer_join
+    monkeypatch.setattr(engine, "defer_join", lambda join: (joins.append(join), real_defer(join)))
+    c1, c2, fcs, pool, params, _ = _lenet_layers()
+    x = st.randn(batch, 1, 28, 28).to("cuda")
+    seen = []
+    fcs[0].weight.register_hook(lambda g: seen.append(float(g.sum().item())))
+
+    def grads():
+        for p in params:
+            p.grad = None
+        joins.clear()
+        seen.clear()
+        h = layer_act_pool(c2, layer_act_pool(c1, x, "gelu", pool), "gelu", pool)
+        out = chain_act(h, [(fcs[0], "gelu"), (fcs[1], "gelu"), (fcs[2], None)], flatten=True)
+        (out * out).sum().backward()
+        return [p.grad.cpu().numpy() for p in params], len(joins), seen[:]
+    deferred, n_deferred, seen_deferred = grads()
+    assert n_deferred == 2
+    monkeypatch.setattr(cuda_linear, "CHAIN_WGRAD_BESIDE", False)
+    monkeypatch.setattr(cuda_conv, "WGRAD_BESIDE_DEFER", False)
+    at_once, n_at_once, seen_at_once = grads()
+    assert n_at_once == 0
+    assert seen_deferred == seen_at_once and len(seen_at_once) == 1
+    for i, (u, v) in enumerate(zip(deferred, at_once)):
+        assert np.array_equal(u, v), i
+    assert not engine._joins
+
+
+@cuda
 def test_sequential_flattens_inside_the_chain_so_the_pooled_convolution_takes_its_g(monkeypatch):
     """nn.Sequential's LeNet-5 (the benchmark's form: MaxPool2d, Flatten, Linear, GELU, ...): the Flatten module is
     done inside the chain op, so the chain's backward writes the second convolution's g through its pooling (no

@@ -197,17 +197,19 @@ def with_smem(kern, nbytes):
 _side = {}   # device id -> (side stream, fork event, join event)
 
 
-def run_beside(side_work, main_work, enabled=True):
+def run_beside(side_work, main_work, enabled=True, defer=False):
     """(side_work(), main_work()), the first queued on the current device's side stream, the second on the current
     stream, so that the GPU runs them at the same time: the side stream first waits for everything queued on the
     current stream so far, and before returning the current stream waits for the side stream's work (a fork and a
     join, which a CUDA graph capture records as two edges). For independent work of small kernels that leave most
     SMs idle, such as a convolution's weight gradient beside its input gradient. enabled=False runs both on the
-    current stream, side_work first.
+    current stream, side_work first. defer: the join is left to the backward pass in progress (autograd.engine
+    defer_join; an op asks engine.takes_plainly first), so that side_work also runs beside the pass's later work;
+    side_work and main_work (and what they reference) are kept until then.
 
     Memory: the side stream's allocations come from its own part of the pool, and the join precedes every later
-    free on the current stream; the arrays both read are referenced by the caller until this returns. So no block
-    is reused while the other stream may still touch it."""
+    free on the current stream; the arrays both read are referenced by the caller until this returns (with defer, by
+    the join until it runs). So no block is reused while the other stream may still touch it."""
     if not enabled:
         return side_work(), main_work()
     cp = cupy()
@@ -219,13 +221,23 @@ def run_beside(side_work, main_work, enabled=True):
     main = cp.cuda.get_current_stream()
     fork.record(main)
     side.wait_event(fork)
+
+    def join_now():
+        join.record(side)
+        main.wait_event(join)
+
     try:
         with side:
             first = side_work()
         second = main_work()
-    finally:
-        join.record(side)
-        main.wait_event(join)
+    except BaseException:
+        join_now()
+        raise
+    if defer:
+        from ...autograd import engine
+        engine.defer_join(lambda: (join_now(), side_work, main_work))   # the works' references live until then
+    else:
+        join_now()
     return first, second
 
 

@@ -155,6 +155,9 @@ TILE_POOL = True
 # 98.3 -> 94.0 us per step; b512's (524,288) and MnistCnn b64's (1,179,648) lose (209.6 -> 234.8, 147.7 -> 158.8 us):
 # their kernels fill the GPU alone and slow each other down. 0: never.
 WGRAD_BESIDE_MAX_OUTPUTS = 1 << 17
+# ... and joined at the end of the backward pass where the engine allows it (conv2d_backward's wgrad_beside,
+# _common.run_beside's defer), so that it also runs beside the layers' backward after this one
+WGRAD_BESIDE_DEFER = True
 # bias_act_bwd_rows (a block per row of P elements) where P is at least this; the element-wise kernel below it
 BIAS_ACT_ROWS_MIN_P = 64
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
@@ -1039,7 +1042,7 @@ def _weight_grad(x, g, saved, with_bias):
     return _reduce_partials(partial, saved.weight.shape, with_bias)
 
 
-def conv2d_backward(dout, saved, g=None, into=None, wpartial=None):
+def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=False):
     """Gradients of conv2d_forward's output: dout [N, O, OH, OW] -> (dx, dw, db); or, with dout None, from g
     [O, N*OH*OW], the gradient after the activation's derivative, already in the kernels' layout (a fused
     pooling's backward computes it: pool.max_pool2d_backward_act).
@@ -1053,7 +1056,8 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None):
     its weight gradient's partial rows, for its conv2d_backward(None, into, g=..., wpartial=...); else as usual
     [N, C, H, W]. wpartial: this convolution's weight and bias gradients' partial rows, already summed over the
     batch by the next convolution's input gradient (ProducerGrad): only wgrad_reduce runs for dw and db; g may then
-    be None where no input gradient is needed.
+    be None where no input gradient is needed. wgrad_beside: dw and db may be made beside the rest of the backward
+    pass, joined by the pass (autograd.engine.takes_plainly said so; with WGRAD_BESIDE_DEFER).
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -1139,6 +1143,6 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None):
         # the weight gradient's kernels beside the input gradient's where there are both; our own kernels only: the
         # input gradient may run cuBLAS, and one cuBLAS handle's workspace must not serve two streams at once
         beside = need_x and wgrad in ("tile", "igemm", "tiled") and n * o * p <= WGRAD_BESIDE_MAX_OUTPUTS
-        (dw, db), dx = run_beside(weight_grads, input_grad, beside)
+        (dw, db), dx = run_beside(weight_grads, input_grad, beside, defer=wgrad_beside and WGRAD_BESIDE_DEFER)
     return dx, dw, db
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from . import conv as conv_kernels
 from . import cupy
 from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, contiguous, device_counters, get, i32, i32s, i64,
-                      launch, ptr, smem_optin_bytes, with_smem)
+                      launch, ptr, run_beside, smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
 from .conv import ACTIVATIONS, ProducerGrad, _sm_count, bias_act_backward, check_affine
 
@@ -76,13 +76,17 @@ CHAIN_POOLED_WGRAD = False
 # in order by the tile's last block), where the batch is longer; 0: one block per tile. 128 rows are one round of
 # the tile's 4 thread groups (linear.cu tile_gemm)
 CHAIN_WGRAD_SPLIT_ROWS = 128
+# chain_wgrad on the side stream, joined at the end of the backward pass (_common.run_beside's defer), where the
+# engine allows it (linear_chain_backward's wgrad_beside): beside the convolutions' backward before it
+CHAIN_WGRAD_BESIDE = True
 _CHAIN_WGRAD_MAX_TILES = 4096   # chain_wgrad's tickets (one per tile): more tiles take one block each
 
 
-def _chain_wgrad_split(m, tiles, dtype):
-    """(splits, rows per split, part, counters) for chain_wgrad over m rows and `tiles` tiles of `dtype`."""
+def _chain_wgrad_split(m, tiles, dtype, beside=False):
+    """(splits, rows per split, part, counters) for chain_wgrad over m rows and `tiles` tiles of `dtype`; beside:
+    queued on the side stream (its own tickets: another chain's chain_wgrad may run on the current stream then)."""
     rows = CHAIN_WGRAD_SPLIT_ROWS
-    counters = device_counters("chain_wgrad", _CHAIN_WGRAD_MAX_TILES) \
+    counters = device_counters("chain_wgrad_beside" if beside else "chain_wgrad", _CHAIN_WGRAD_MAX_TILES) \
         if rows and m > rows and tiles <= _CHAIN_WGRAD_MAX_TILES else None
     if counters is None:
         return 1, m, None, None
@@ -409,12 +413,14 @@ def chain_into_pooled_ok(saved, into):
         and 4 * saved.x.size < _FITS32
 
 
-def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
+def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None, wgrad_beside=False):
     """(dx [M, d0] or None, [(dw_l, db_l), ...]) from dout [M, dL]; needs: per layer (weight, bias) flags (default
     all), a gradient is None where its flag is off or the layer has no bias. into: the Conv2dSaved of the
     convolution whose pooled output is x flattened; where chain_into_pooled_ok, dx is returned as a ProducerGrad
     instead, that convolution's g [C, M*4*P] through its pooling's and activation's backward (linear.cu
-    chain_dx_unpooled), with CHAIN_POOLED_WGRAD also its weight gradient's partial rows (pooled_wgrad)."""
+    chain_dx_unpooled), with CHAIN_POOLED_WGRAD also its weight gradient's partial rows (pooled_wgrad).
+    wgrad_beside: the weight gradients may be made beside the rest of the backward pass, joined by the pass
+    (autograd.engine.takes_plainly said so; with CHAIN_WGRAD_BESIDE): chain_wgrad goes on the side stream."""
     op = "linear_chain_backward"
     x, ws, bs = saved.x, saved.weights, saved.biases
     m, layers = x.shape[0], len(ws)
@@ -458,12 +464,17 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None):
             ins = [x] + saved.h[:-1]
             starts = _padded(starts[1:], total)[:CHAIN_MAX_LAYERS - 1]
             dws, dbs = [dw for dw, _ in grads], [db for _, db in grads]
-            splits, split_rows, part, counters = _chain_wgrad_split(m, total, x.dtype)
-            get("linear", "chain_wgrad", x.dtype)(
-                (total * splits,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
-                                                       + _padded(dws, None) + _padded(dbs, None))
-                + _width_args(widths) + i32s(tuple(starts)) + i32s((m, splits, split_rows))
-                + (ptr(part), ptr(counters)))
+            beside = wgrad_beside and CHAIN_WGRAD_BESIDE
+
+            def weight_grads():
+                splits, split_rows, part, counters = _chain_wgrad_split(m, total, x.dtype, beside)
+                get("linear", "chain_wgrad", x.dtype)(
+                    (total * splits,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
+                                                           + _padded(dws, None) + _padded(dbs, None))
+                    + _width_args(widths) + i32s(tuple(starts)) + i32s((m, splits, split_rows))
+                    + (ptr(part), ptr(counters)))
+
+            run_beside(weight_grads, lambda: None, beside, defer=True)
     if compact:
         return ProducerGrad(dx, conv_kernels._pooled_wgrad(gc, into, compact)), grads
     return (ProducerGrad(dx) if pooled else dx), grads
