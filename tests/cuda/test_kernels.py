@@ -685,41 +685,6 @@ def test_linear_chain(case, dtype, stage, rng, monkeypatch):
         assert dx is None
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m, split_rows", [(512, 128), (300, 128), (300, 64), (2000, 128)])
-def test_chain_wgrad_split_over_the_batch(m, split_rows, dtype, rng, monkeypatch):
-    """chain_wgrad's tiles cut into runs of split_rows rows (the last one shorter where they do not divide m), their
-    sums added by each tile's last block: every layer's dw and db against the float64 layers, within rounding of the
-    one-block-per-tile kernel, a frozen weight (db-only tiles) included; the tickets are back at 0 after, so that
-    the next launch (a graph's replay) counts from 0 again."""
-    widths, acts = (40, 20, 3), ("relu", None)
-    layers = [((rng.standard_normal((widths[i + 1], widths[i])) / np.sqrt(widths[i])).astype(dtype),
-               rng.standard_normal(widths[i + 1]).astype(dtype), acts[i]) for i in range(2)]
-    x = rng.standard_normal((m, widths[0])).astype(dtype)
-    dout = rng.standard_normal((m, widths[-1])).astype(dtype)
-    needs = ((False, True), (True, True))
-    results = {}
-    for rows in (split_rows, 0):
-        monkeypatch.setattr(linear_kernels, "CHAIN_WGRAD_SPLIT_ROWS", rows)
-        _, saved = ops.linear_chain_forward(g(x), [(g(w), g(b), a) for w, b, a in layers])
-        results[rows] = ops.linear_chain_backward(g(dout), saved, False, needs)[1]
-    tickets = linear_kernels.device_counters("chain_wgrad", linear_kernels._CHAIN_WGRAD_MAX_TILES)
-    assert not cp.any(tickets)   # every ticket reset
-    pre = x.astype(np.float64) @ layers[0][0].T.astype(np.float64) + layers[0][1]
-    h = np.maximum(pre, 0)
-    g1 = dout.astype(np.float64)
-    g0 = (g1 @ layers[1][0].astype(np.float64)) * (pre > 0)
-    tol = ref.tol(dtype) * max(1, np.sqrt(m) / 8)
-    (dw0, db0), (dw1, db1) = results[split_rows]
-    assert dw0 is None
-    assert_close(db0, g0.sum(0), tol, name="db0")
-    assert_close(dw1, g1.T @ h, tol, name="dw1")
-    assert_close(db1, g1.sum(0), tol, name="db1")
-    (_, db0_one), (dw1_one, db1_one) = results[0]
-    for split, one in ((db0, db0_one), (dw1, dw1_one), (db1, db1_one)):
-        assert_close(split, cp.asnumpy(one), tol, name="split against one block per tile")
-
-
 CHAIN_INTO_POOL_CASES = [  # x, conv weight, its activation, rows (batch), the chain's widths after the first
     ((64, 6, 12, 12), (16, 6, 5, 5), "gelu", (120, 84, 10)),   # LeNet-5's second layer and head, 1 row per block
     ((512, 6, 12, 12), (16, 6, 5, 5), "relu", (120, 84, 10)),  # 4 rows per block

@@ -532,8 +532,7 @@ def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypat
     beside its input gradient, the size limit raised) are queued on the side stream and joined at the end of the
     backward pass (engine.defer_join: two joins), not at once; the gradients are bit-equal to the joins at once
     (linear.CHAIN_WGRAD_BESIDE and conv.WGRAD_BESIDE_DEFER off: the same kernels in the same order). A hook on a
-    weight is no obstacle (the engine joins first). At batch 300 chain_wgrad also splits the batch (its own
-    tickets beside)."""
+    weight is no obstacle (the engine joins first)."""
     from smalltrain.autograd import engine
     from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import linear as cuda_linear

@@ -151,10 +151,13 @@ _TILE_LINEAR_IMAGES = 1 << 16
 # (kernels/conv.cu tile_conv_pool; the plan's rows per block even); tests set it False for the pooling kernel
 TILE_POOL = True
 # conv2d_backward queues the weight gradient on a side stream beside the input gradient (_common.run_beside) where
-# the output has at most this many elements (N*O*OH*OW). H200, captured steps: LeNet-5 b64's second layer (65,536)
-# 98.3 -> 94.0 us per step; b512's (524,288) and MnistCnn b64's (1,179,648) lose (209.6 -> 234.8, 147.7 -> 158.8 us):
-# their kernels fill the GPU alone and slow each other down. 0: never.
-WGRAD_BESIDE_MAX_OUTPUTS = 1 << 17
+# the output has at most this many elements (N*O*OH*OW). H200, captured steps (kernels of the eleventh session):
+# LeNet-5 b64's second layer (65,536) 98.3 -> 94.0 us per step; b512's (524,288) and MnistCnn b64's (1,179,648)
+# lost (209.6 -> 234.8, 147.7 -> 158.8 us): their kernels then filled the GPU alone. With today's kernels and the
+# join deferred (below), b512's gains: H100, twenty-first session, two rounds, 155.5 / 155.4 us against 166.1 /
+# 166.2 at the limit 2^17 (and 162.5 / 163.9 with neither deferred join); b64 unchanged (83.3 / 82.6 against 83.2 /
+# 82.5). MnistCnn's layers stay above it (not timed beside since). 0: never.
+WGRAD_BESIDE_MAX_OUTPUTS = 1 << 20
 # ... and joined at the end of the backward pass where the engine allows it (conv2d_backward's wgrad_beside,
 # _common.run_beside's defer), so that it also runs beside the layers' backward after this one
 WGRAD_BESIDE_DEFER = True

@@ -72,26 +72,12 @@ CHAIN_INTO_POOLED_MAX_ROWS = 1
 # weight and bias gradients (conv._pooled_wgrad_plan, with conv.POOLED_WGRAD): a quarter of tile_wgrad's products
 # (LeNet-5's second layer). Off: it loses (H100, twentieth session: LeNet-5 b64 98.4 / 98.3 us against 85.3 / 85.2)
 CHAIN_POOLED_WGRAD = False
-# chain_wgrad cuts each tile's reduction over the batch into runs of this many rows, a block each (their sums added
-# in order by the tile's last block), where the batch is longer; 0: one block per tile. 128 rows are one round of
-# the tile's 4 thread groups (linear.cu tile_gemm)
-CHAIN_WGRAD_SPLIT_ROWS = 128
 # chain_wgrad on the side stream, joined at the end of the backward pass (_common.run_beside's defer), where the
-# engine allows it (linear_chain_backward's wgrad_beside): beside the convolutions' backward before it
+# engine allows it (linear_chain_backward's wgrad_beside): beside the convolutions' backward after it. H100,
+# twenty-first session, LeNet-5's captured step, two rounds, us (both deferred joins against neither): b64 83.2 /
+# 82.5 against 86.7 / 88.7; b512 166.1 / 166.2 against 162.5 / 163.9, but 155.5 / 155.4 with the second
+# convolution's weight gradient beside too (conv.WGRAD_BESIDE_MAX_OUTPUTS, now its default)
 CHAIN_WGRAD_BESIDE = True
-_CHAIN_WGRAD_MAX_TILES = 4096   # chain_wgrad's tickets (one per tile): more tiles take one block each
-
-
-def _chain_wgrad_split(m, tiles, dtype, beside=False):
-    """(splits, rows per split, part, counters) for chain_wgrad over m rows and `tiles` tiles of `dtype`; beside:
-    queued on the side stream (its own tickets: another chain's chain_wgrad may run on the current stream then)."""
-    rows = CHAIN_WGRAD_SPLIT_ROWS
-    counters = device_counters("chain_wgrad_beside" if beside else "chain_wgrad", _CHAIN_WGRAD_MAX_TILES) \
-        if rows and m > rows and tiles <= _CHAIN_WGRAD_MAX_TILES else None
-    if counters is None:
-        return 1, m, None, None
-    splits = -(-m // rows)
-    return splits, rows, cupy().empty(tiles * splits * _TILE * _TILE, dtype=dtype), counters
 
 
 @dataclass
@@ -467,12 +453,10 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None, wgrad
             beside = wgrad_beside and CHAIN_WGRAD_BESIDE
 
             def weight_grads():
-                splits, split_rows, part, counters = _chain_wgrad_split(m, total, x.dtype, beside)
                 get("linear", "chain_wgrad", x.dtype)(
-                    (total * splits,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
-                                                           + _padded(dws, None) + _padded(dbs, None))
-                    + _width_args(widths) + i32s(tuple(starts)) + i32s((m, splits, split_rows))
-                    + (ptr(part), ptr(counters)))
+                    (total,), (_THREADS,), tuple(ptr(a) for a in _padded(gs, None) + _padded(ins, None)
+                                                  + _padded(dws, None) + _padded(dbs, None))
+                    + _width_args(widths) + i32s(tuple(starts)) + (i32(m),))
 
             run_beside(weight_grads, lambda: None, beside, defer=True)
     if compact:

@@ -116,41 +116,25 @@ __device__ void tile_gemm(const Operand<T>& A, const Operand<T>& Bt, int i0, int
 // Tile `bid` of [dw | db] [F, K + 1] = gt [F, M] @ [x | 1] [M, K + 1] (x [M, K] row-major; db as the bias
 // column K). Without dw (frozen weight) only the tiles of column K are counted, without db column K is left out:
 // dw_tiles(F, K, ...) tiles in all.
-// dw_tile_sums: the sums of tile `bid` (its corner i0, j0) in acc (group 0's threads, as tile_gemm);
-// dw_tile_store: a thread of group 0 writes them.
 template <typename T>
-__device__ void dw_tile_sums(const Operand<T>& gt, const T* __restrict__ x, bool with_db, bool with_dw, int M, int K,
-                             int F, int bid, T (&acc)[4], int& i0, int& j0) {
-    const int KB = with_db ? K + 1 : K, first = with_dw ? 0 : K;
+__device__ void dw_tile(const Operand<T>& gt, const T* __restrict__ x, T* __restrict__ dw, T* __restrict__ db,
+                        int M, int K, int F, int bid) {
+    const int KB = db != nullptr ? K + 1 : K, first = dw != nullptr ? 0 : K;
     const int tiles_j = (KB - first + ST_LT - 1) / ST_LT;
-    i0 = (bid / tiles_j) * ST_LT;
-    j0 = first + (bid % tiles_j) * ST_LT;
+    const int i0 = (bid / tiles_j) * ST_LT, j0 = first + (bid % tiles_j) * ST_LT;
     Operand<T> xt = plain(x, 1, K, K, M);
-    if (with_db) xt.ones = K;
+    if (db != nullptr) xt.ones = K;
+    T acc[4];
     tile_gemm<T>(gt, xt, i0, j0, M, acc);
-}
-
-template <typename T>
-__device__ __forceinline__ void dw_tile_store(const T (&acc)[4], T* __restrict__ dw, T* __restrict__ db, int K,
-                                              int F, int i0, int j0) {
-    const int KB = db != nullptr ? K + 1 : K, j = j0 + threadIdx.x % ST_LT;
-    if (j >= KB) return;
+    const int j = j0 + threadIdx.x % ST_LT;
+    if (threadIdx.x >= ST_LGROUP || j >= KB) return;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
         const int i = i0 + threadIdx.x / ST_LT + 4 * r;
         if (i >= F) break;
-        if (j < K) dw[i * K + j] = acc[r];   // j < K only when dw is wanted
+        if (j < K) dw[i * K + j] = acc[r];   // j < K only when dw is wanted (first == 0)
         else db[i] = acc[r];
     }
-}
-
-template <typename T>
-__device__ void dw_tile(const Operand<T>& gt, const T* __restrict__ x, T* __restrict__ dw, T* __restrict__ db,
-                        int M, int K, int F, int bid) {
-    T acc[4];
-    int i0, j0;
-    dw_tile_sums<T>(gt, x, db != nullptr, dw != nullptr, M, K, F, bid, acc, i0, j0);
-    if (threadIdx.x < ST_LGROUP) dw_tile_store<T>(acc, dw, db, K, F, i0, j0);
 }
 
 template <typename T>
@@ -436,19 +420,11 @@ __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T
     }
 }
 
-// Tiles [t_l, t_{l+1}) are layer l's dw_tile tiles (t0 = 0); x_l is layer l's input (x, then h_0, h_1, ...).
-// With splits > 1 a tile's rows (the reduction over the batch) are cut into `splits` runs of `rows` rows, one block
-// each (block = tile * splits + split): every block writes its run's sums to part [tiles, splits, ST_LT * ST_LT],
-// and the block that finishes its tile last (a ticket from counters[tile], reset to 0 after) adds the runs in split
-// order into dw / db. Deterministic (a fixed order), and a large batch's serial rounds are spread over more blocks:
-// the single-block tiles ran 4 rounds of 128 rows at batch 512, 0.4 instructions issued per cycle per scheduler
-// with 1.4 blocks per SM (H100, ncu).
+// blocks [t_l, t_{l+1}) are layer l's dw_tile tiles (t0 = 0); x_l is layer l's input (x, then h_0, h_1, ...)
 template <typename T>
 __device__ void chain_wgrad(const T* g0, const T* g1, const T* g2, const T* g3, const T* x0, const T* x1,
                             const T* x2, const T* x3, T* dw0, T* dw1, T* dw2, T* dw3, T* db0, T* db1, T* db2, T* db3,
-                            int d0, int d1, int d2, int d3, int d4, int t1, int t2, int t3, int M, int splits,
-                            int rows, T* __restrict__ part, unsigned* counters) {
-    const int tile = blockIdx.x / splits, split = blockIdx.x - tile * splits;
+                            int d0, int d1, int d2, int d3, int d4, int t1, int t2, int t3, int M) {
     const T* gs[ST_CMAX] = {g0, g1, g2, g3};
     const T* xs[ST_CMAX] = {x0, x1, x2, x3};
     T* dws[ST_CMAX] = {dw0, dw1, dw2, dw3};
@@ -457,7 +433,7 @@ __device__ void chain_wgrad(const T* g0, const T* g1, const T* g2, const T* g3, 
     int l = 0;
 #pragma unroll
     for (int i = 1; i < ST_CMAX; ++i)
-        if (tile >= ts[i]) l = i;
+        if ((int)blockIdx.x >= ts[i]) l = i;
     // the same selection written out, so that the arrays stay in registers (no dynamic indexing)
     const T *g = gs[0], *xl = xs[0];
     T *dw = dws[0], *db = dbs[0];
@@ -465,31 +441,7 @@ __device__ void chain_wgrad(const T* g0, const T* g1, const T* g2, const T* g3, 
 #pragma unroll
     for (int i = 1; i < ST_CMAX; ++i)
         if (l == i) g = gs[i], xl = xs[i], dw = dws[i], db = dbs[i], k = ds[i], f = ds[i + 1], t = ts[i];
-    const int m0 = split * rows, mr = min(rows, M - m0);   // this block's rows [m0, m0 + mr)
-    T acc[4];
-    int i0, j0;
-    dw_tile_sums<T>(plain(g + (size_t)m0 * f, 1, f, f, mr), xl + (size_t)m0 * k, db != nullptr, dw != nullptr,
-                    mr, k, f, tile - t, acc, i0, j0);
-    if (splits == 1) {
-        if (threadIdx.x < ST_LGROUP) dw_tile_store<T>(acc, dw, db, k, f, i0, j0);
-        return;
-    }
-    constexpr int TT = ST_LT * ST_LT;
-    T* tp = part + (size_t)tile * splits * TT;
-    if (threadIdx.x < ST_LGROUP) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) tp[split * TT + r * ST_LGROUP + threadIdx.x] = acc[r];
-    }
-    if (!st_last_to_arrive(&counters[tile], splits)) return;
-    if (threadIdx.x < ST_LGROUP) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            acc[r] = T(0);
-            for (int sp = 0; sp < splits; ++sp) acc[r] += __ldcg(tp + sp * TT + r * ST_LGROUP + threadIdx.x);
-        }
-        dw_tile_store<T>(acc, dw, db, k, f, i0, j0);
-    }
-    if (threadIdx.x == 0) counters[tile] = 0u;
+    dw_tile<T>(plain(g, 1, f, f, M), xl, dw, db, M, k, f, blockIdx.x - t);
 }
 
 // ---- wide layers: few outputs over a long reduction (MnistCnn's Linear(18432, 10)), one launch each way ----
@@ -701,9 +653,6 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
 // on the 18432-wide MnistCnn head, and the extra blocks hide more of it than the spill costs (H200, ncu, MnistCnn
 // b64: 13.0 -> 10.1 us; captured step 137.8 -> 133.0 us). float64 keeps the plain bound (its registers double).
 #define ST_WIDE_BWD_MIN_BLOCKS(T) (sizeof(T) == 4 ? 3 : 1)
-// chain_wgrad likewise (80 registers in float32, no spill; nvcc alone gave 127 after its batch split, 2 blocks per
-// SM), float64 the plain bound.
-#define ST_CHAIN_WGRAD_MIN_BLOCKS(T) (sizeof(T) == 4 ? 3 : 1)
 #define ST_LINEAR(T, S)                                                                                            \
     extern "C" __global__ void __launch_bounds__(ST_LTHREADS)                                                      \
     linear_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, int M, int K, int F, int act) {               \
@@ -714,13 +663,12 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
                    int K, int F, int ysm, int ysf, int act, int blocks_dx) {                                       \
         linear_bwd<T>(dout, y, b, x, w, dx, dw, db, M, K, F, ysm, ysf, act, blocks_dx);                            \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(ST_LTHREADS, ST_CHAIN_WGRAD_MIN_BLOCKS(T))                          \
+    extern "C" __global__ void __launch_bounds__(ST_LTHREADS)                                                      \
     chain_wgrad_##S(const T* g0, const T* g1, const T* g2, const T* g3, const T* x0, const T* x1, const T* x2,     \
                     const T* x3, T* dw0, T* dw1, T* dw2, T* dw3, T* db0, T* db1, T* db2, T* db3, int d0, int d1,   \
-                    int d2, int d3, int d4, int t1, int t2, int t3, int M, int splits, int rows, T* part,          \
-                    unsigned* counters) {                                                                          \
+                    int d2, int d3, int d4, int t1, int t2, int t3, int M) {                                       \
         chain_wgrad<T>(g0, g1, g2, g3, x0, x1, x2, x3, dw0, dw1, dw2, dw3, db0, db1, db2, db3, d0, d1, d2, d3, d4, \
-                       t1, t2, t3, M, splits, rows, part, counters);                                               \
+                       t1, t2, t3, M);                                                                             \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_WTHREADS)                                                      \
     wide_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, T* part, unsigned* counters, int M, int K,      \
@@ -735,7 +683,6 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
 ST_INSTANTIATE(ST_LINEAR)
 #undef ST_LINEAR
 #undef ST_WIDE_BWD_MIN_BLOCKS
-#undef ST_CHAIN_WGRAD_MIN_BLOCKS
 
 // chain_fwd_r{R}, chain_bwd_rows_r{R} and chain_bwd_staged_r{R}: R rows per block (the launcher picks R from the
 // batch)
