@@ -426,7 +426,7 @@ def test_gradients_made_beside_the_pass_are_joined_before_anything_reads_them(ca
     assert not engine.takes_plainly(out.grad_fn, (1,))   # no pass in progress
 
 
-def test_joins_run_when_a_backward_fails():
+def test_joins_run_when_a_backward_fails(monkeypatch):
     """A node's backward raising still runs the joins queued before it (the pass's finally)."""
     from smalltrain.autograd import engine
 
@@ -443,12 +443,9 @@ def test_joins_run_when_a_backward_fails():
     w = st.tensor(np.array([2.0], np.float32), requires_grad=True)
     joined = []
     real = engine.defer_join
-    try:
-        engine.defer_join = lambda join: real(lambda: (join(), joined.append(True)))
-        out = _Defers.apply(Fails.apply(x), w).sum()   # _Defers's backward first, then Fails's
-        with pytest.raises(ValueError, match="boom"):
-            out.backward()
-    finally:
-        engine.defer_join = real
+    monkeypatch.setattr(engine, "defer_join", lambda join: real(lambda: (join(), joined.append(True))))
+    out = _Defers.apply(Fails.apply(x), w).sum()   # _Defers's backward first, then Fails's
+    with pytest.raises(ValueError, match="boom"):
+        out.backward()
     assert joined == [True] and w.grad.numpy().tolist() == [1.0]
     assert not engine._joins and not engine._pass_only
