@@ -265,7 +265,7 @@ class Conv2dActPool(Function):
                 gc = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias,
                                                        saved.activation, compact=True)
                 dx, dw, db = cuda_conv.pooled_backward(gc, saved, plan)
-                return (Prepared("conv_g", dx) if isinstance(dx, cuda_conv.ProducerGrad) else dx), dw, db
+                return _as_prepared(dx), dw, db
             g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
             wpartial = None
         # the g handed to us (by the chain, or another convolution) or made here: either way our input gradient may
@@ -278,9 +278,12 @@ def _into_producer(ctx, saved, g, wpartial=None):
     where the engine offered that kind for the input (the producer's prepared_kind, this node its only consumer)."""
     dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, wpartial=wpartial, into=offered_producer(ctx),
                                            wgrad_beside=takes_plainly(ctx, (1, 2)))
-    if isinstance(dx, cuda_conv.ProducerGrad):   # written as the producer's g
-        dx = Prepared("conv_g", dx)
-    return dx, dw, db
+    return _as_prepared(dx), dw, db
+
+
+def _as_prepared(dx):
+    """dx as the engine's Prepared "conv_g" where the kernels wrote it as the producer's g (a ProducerGrad)."""
+    return Prepared("conv_g", dx) if isinstance(dx, cuda_conv.ProducerGrad) else dx
 
 
 class _Meta:

@@ -121,7 +121,7 @@ def max_pool2d_backward_act(dout, saved, y, bias, activation, compact=False):
     if bias is not None and (tuple(bias.shape) != (c,) or bias.dtype != dtype):
         raise RuntimeError(f"{op}: expected a {np.dtype(dtype)} bias of shape [{c}], got {bias.dtype} "
                            f"{list(bias.shape)}")
-    tiles = _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw, knob=False)
+    tiles = _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw)
     tiled = tiles and (POOL_TILED or compact)   # (the gather kernel has no compact form)
     if compact and not tiles:
         raise RuntimeError(f"{op}: compact needs windows that tile the input (kernel == stride, no padding or "
@@ -147,14 +147,12 @@ def max_pool2d_backward_act(dout, saved, y, bias, activation, compact=False):
 POOL_TILED = True
 
 
-def _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw, knob=True):
+def _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw):
     """Whether the pooling's windows tile the [N, C, H, W] input exactly: kernel == stride, no padding or dilation,
-    H = OH * kh and W = OW * kw (every input in one window), with 32-bit indices; and POOL_TILED on, unless knob is
-    False."""
+    H = OH * kh and W = OW * kw (every input in one window), with 32-bit indices."""
     n, c, h, w = x_shape
-    return ((POOL_TILED or not knob) and tuple(kernel) == tuple(stride) and tuple(pad) == (0, 0)
-            and tuple(dil) == (1, 1) and h == out_hw[0] * kernel[0] and w == out_hw[1] * kernel[1]
-            and n * c * h * w < 2 ** 31)
+    return (tuple(kernel) == tuple(stride) and tuple(pad) == (0, 0) and tuple(dil) == (1, 1)
+            and h == out_hw[0] * kernel[0] and w == out_hw[1] * kernel[1] and n * c * h * w < 2 ** 31)
 
 
 def _avg_options(op, count_include_pad, divisor_override):
