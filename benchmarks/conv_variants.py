@@ -7,8 +7,8 @@ Run (GPU): python3 benchmarks/conv_variants.py [--layers mnistcnn2:64,lenet2:512
 Each figure: GPU microseconds per call from 100 calls captured in one CUDA graph (benchmarks/common.py timed);
 forward = conv2d_forward (with the activation fused), backward = conv2d_backward (its activation derivative, dx,
 dw, db). --pooled-dx: the input gradient of a layer whose output a 2x2 max pooling reads, from its g at the
-windows' maxima (conv.pooled_input_grad, not on the default path yet) against tile_conv's dense one from the full g
-(a quarter of it nonzero), then its weight and bias gradients by pooled_wgrad against tile_wgrad, each pair
+windows' maxima (conv.pooled_input_grad; off by default, POOLED_DX: it lost) against tile_conv's dense one from the
+full g (a quarter of it nonzero), then its weight and bias gradients by pooled_wgrad against tile_wgrad, each pair
 compared.
 """
 import argparse

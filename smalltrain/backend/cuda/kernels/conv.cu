@@ -32,8 +32,8 @@
 //            output, from its g at the windows' maxima only: each dx element sums the maxima whose taps reach it (at
 //            most 3 windows a dimension and output channel for KS = 5) instead of the KS*KS taps of the dense
 //            correlation over a g that is 3/4 zeros; pooled_dx_into writes a pooled first layer's g at its own
-//            maxima instead. Taken only with conv.py's POOLED_DX (off until timed: benchmarks/conv_variants.py
-//            --pooled-dx).
+//            maxima instead. Taken only with conv.py's POOLED_DX, off: it lost to tile_conv's dense input gradient
+//            (benchmarks/conv_variants.py --pooled-dx; the numbers at the knob).
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
 //            and block of CB (8, or 2 for small batches) input channels, dx[n, c, h, w] = sum over (o, i, j) of
 //            g[o, n, oh, ow] * w[o, c, i, j] where oh*sh = h + ph - i*dh and ow*sw = w + pw - j*dw land on an output;
