@@ -40,10 +40,12 @@ elif sys.argv[2] == '1': loader.compile_module(loader.read_source(sys.argv[1])) 
   echo "kernels of $1 compiled in $((SECONDS - t0)) s"
 }
 # CuPy's disk cache of compiled kernels inside the tree (ignored by git), so that a later call can carry it (the device
-# tool's `carry: [".kcache"]`) and skip the warm stage's ~130 s of NVRTC: the cache's keys hold the source, the
+# tool's `carry`) and skip the warm stage's ~130 s of NVRTC: the cache's keys hold the source, the
 # options and NVRTC's version, so a stale or foreign entry is a miss, never a wrong kernel. KCACHE_OUT=1 packs it
-# into $OUT/kcache.tgz at the end (with what the other stages compiled), to be unpacked into .kcache here.
+# into $OUT/kcache.tgz at the end (with what the other stages compiled), to be carried as .kcache.tgz.
+# A packed cache carried as .kcache.tgz (5.6 MB, against 31 MB unpacked) is unpacked first.
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.kcache}
+[ -f .kcache.tgz ] && mkdir -p "$CUPY_CACHE_DIR" && tar -xzf .kcache.tgz -C "$CUPY_CACHE_DIR"
 stage warm && warm_kernels .
 if stage tests; then
   # -v: every result is a line as it comes, so the failures are in the log even if the time limit cuts the run.
