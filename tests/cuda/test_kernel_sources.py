@@ -231,6 +231,30 @@ def test_pooled_dx_plan():
     assert conv._pooled_dx_plan((1, 1, 40000, 4), (1, 1, 3, 3), (1, 1, 20000, 2), (40000, 4), 4) is None
 
 
+def test_unpool_wgrad_takes_a_pooled_first_layer_of_one_input_channel(monkeypatch):
+    """On the CPU: tile_conv_unpool_wgrad's epilogue takes the weight gradient of a producer that pooled (whose
+    maxima pooled_wgrad would read) with one input channel and the consumer's kernel size, UNPOOL_WGRAD on, where its
+    shared memory fits: the g and the maxima's offsets of the block's windows, the producer's x under its rows, a
+    NaN flag per (channel, tap). LeNet-5 b512's plan: 12 rows of 12 windows, 6 channels."""
+    from types import SimpleNamespace
+
+    from smalltrain.backend.cuda import conv
+    first = SimpleNamespace(x_shape=(512, 1, 28, 28), weight=SimpleNamespace(shape=(6, 1, 5, 5)))
+    plan = (4, 12, 216, 512, 29184, 3)
+    want = (6 * 12 * 12 + 28 * 28) * 4 + 6 * 12 * 12 * 4 + 6 * 25
+    assert conv._unpool_wgrad_smem(plan, 6, 12, 5, 4) == want
+    monkeypatch.setattr(conv, "UNPOOL_WGRAD", True)
+    assert conv._unpool_wgrad_ok(plan, first, 5, 4, 12)
+    assert conv._unpool_wgrad_ok(plan, first, 5, 8, 12)
+    assert not conv._unpool_wgrad_ok(plan, first, 3, 4, 12)   # another kernel size than the consumer's
+    two = SimpleNamespace(x_shape=(512, 2, 28, 28), weight=SimpleNamespace(shape=(6, 2, 5, 5)))
+    assert not conv._unpool_wgrad_ok(plan, two, 5, 4, 12)      # two input channels: pooled_wgrad
+    wide = (4, 40, 216, 512, 29184, 3)   # 40 rows of 120 windows, 6 channels: ~80 KB
+    assert not conv._unpool_wgrad_ok(wide, first, 5, 4, 120)
+    monkeypatch.setattr(conv, "UNPOOL_WGRAD", False)
+    assert not conv._unpool_wgrad_ok(plan, first, 5, 4, 12)
+
+
 def test_pooled_wgrad_plan(monkeypatch):
     """On the CPU: pooled_wgrad takes a convolution (tile_conv's geometry) that pooled in its epilogue, with
     POOLED_WGRAD on, where it needs no input gradient (a first layer) or its full g is written too

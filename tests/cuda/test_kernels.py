@@ -1071,40 +1071,63 @@ POOLED_WGRAD_CASES = [  # first layer's x, its weight, padding, activation; the 
     ((5, 1, 28, 28), (6, 1, 5, 5), 0, "gelu", (16, 6, 5, 5), 0, False),   # LeNet-5's two layers
     ((3, 1, 14, 18), (4, 1, 5, 5), 2, "relu", (5, 4, 3, 3), 0, True),      # padded, 7 x 9 windows, a NaN
     ((2, 1, 12, 12), (3, 1, 5, 5), 2, None, (4, 3, 3, 3), 0, False),
+    ((3, 1, 14, 18), (4, 1, 3, 3), 1, "relu", (5, 4, 3, 3), 1, True),      # both 3 x 3: the fused epilogue, a NaN
+    ((2, 1, 12, 10), (3, 1, 5, 5), 2, "gelu", (4, 3, 5, 5), 2, True),      # 6 x 5 windows (3 tiles of 2 rows), an inf
 ]
 
 
+@pytest.mark.parametrize("rows", [None, 2], ids=["planned", "2rows"])
 @pytest.mark.parametrize("to6", [False, True], ids=["to4", "to6"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", POOLED_WGRAD_CASES)
-def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rng, monkeypatch):
-    """A first layer that pooled in its epilogue: the second layer's input gradient writes only its g at the
-    windows' maxima (tile_conv_unpool, compact) and pooled_wgrad sums its weight and bias gradients from them:
-    against the same gradients from its full g (POOLED_WGRAD off, tile_wgrad) and the float64 reference; with a
-    NaN in x, NaN exactly where those are (the taps that read it from a position whose g is 0). to6: TILE_TO6."""
+def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, monkeypatch):
+    """A first layer that pooled in its epilogue: its weight and bias gradients from its g at the windows' maxima
+    only, where the layers' kernels are the same size in tile_conv_unpool_wgrad's epilogue (UNPOOL_WGRAD: no g
+    written), else the second layer's input gradient writes that g (tile_conv_unpool, compact) and pooled_wgrad sums
+    them: each against the same gradients from its full g (POOLED_WGRAD off, tile_wgrad) and the float64 reference;
+    with a non-finite x, NaN exactly where those are (the taps that read it from a position whose g is 0). to6:
+    TILE_TO6; rows: the input gradient's rows per block (2: several tiles an image, the last one partial)."""
     monkeypatch.setattr(conv_kernels, "TILE_TO6", to6)
     monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)   # on the small cases too
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
+    monkeypatch.setattr(conv_kernels, "_TILE_ROWS", rows)
+    monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)   # a 3 x 3 first layer's forward pooled in its epilogue too
     x, w1, b1, w2, s1, s2, dout = _pooled_pair(case, dtype, rng, (1, 0, 4, 6), needs=(False, True, True))
+    if case[4][2:] == case[1][2:] and case[6]:   # an inf instead of the NaN where both kernels are the same size
+        x[1, 0, 4, 6] = np.inf
+        s1.x[1, 0, 4, 6] = np.inf
+    fused = case[4][2:] == case[1][2:]
+    launched = []
+    real_get = conv_kernels.get
+    monkeypatch.setattr(conv_kernels, "get",
+                        lambda family, name, *a: launched.append(name) or real_get(family, name, *a))
     grads = {}
-    for on in (True, False):
-        monkeypatch.setattr(conv_kernels, "POOLED_WGRAD", on)
+    for setting in ("fused", "pooled_wgrad", "dense"):
+        monkeypatch.setattr(conv_kernels, "POOLED_WGRAD", setting != "dense")
+        monkeypatch.setattr(conv_kernels, "UNPOOL_WGRAD", setting == "fused")
+        launched.clear()
         handed, _, _ = ops.conv2d_backward(dout, s2, into=s1)
         assert isinstance(handed, conv_kernels.ProducerGrad)
-        assert (handed.g is None and handed.wpartial is not None) == on
+        assert (handed.g is None and handed.wpartial is not None) == (setting != "dense")
+        unpool_wgrad = any(name.startswith("tile_conv_unpool_wgrad") for name in launched)
+        assert unpool_wgrad == (setting == "fused" and fused), launched
+        assert any(name.startswith("pooled_wgrad") for name in launched) == (setting == "pooled_wgrad" or
+                                                                             (setting == "fused" and not fused))
         _, dw1, db1 = ops.conv2d_backward(None, s1, g=handed.g, wpartial=handed.wpartial)
-        grads[on] = (dw1.get(), db1.get())
+        grads[setting] = (dw1.get(), db1.get())
     tol = ref.tol(dtype)
-    for got, want in zip(grads[True], grads[False]):
-        assert np.array_equal(np.isnan(got), np.isnan(want))
-        assert_close(got[~np.isnan(got)], want[~np.isnan(want)], tol, name="pooled_wgrad vs tile_wgrad")
-    if case[6]:   # the taps that pair the NaN with any position, winner or not (0 * NaN), as the dense sum
-        assert np.isnan(grads[True][0]).any() and not np.isnan(grads[True][1]).any()
+    for setting in ("fused", "pooled_wgrad"):
+        for got, want in zip(grads[setting], grads["dense"]):
+            assert np.array_equal(np.isnan(got), np.isnan(want)), setting
+            assert_close(got[~np.isnan(got)], want[~np.isnan(want)], tol, name=f"{setting} vs tile_wgrad")
+    if case[6]:   # the taps that pair the NaN (or inf) with any position, winner or not (0 * NaN), as the dense sum
+        assert np.isnan(grads["fused"][0]).any()
+        assert not np.isnan(grads["fused"][1]).any() or case[3] != "relu"   # (GELU's derivative at inf is NaN)
         return
     rdw1, rdb1 = _pooled_producer_grads(case, x, w1, b1, w2, dout)
-    assert_close(grads[True][0], rdw1, tol, name="dw")
-    assert_close(grads[True][1], rdb1, tol, name="db")
+    assert_close(grads["fused"][0], rdw1, tol, name="dw")
+    assert_close(grads["fused"][1], rdb1, tol, name="db")
 
 
 POOLED_DX_CASES = [  # x, weight, padding

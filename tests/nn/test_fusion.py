@@ -419,8 +419,9 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
     tile_conv epilogue for the first, the chain's kernel for the second), so no pooling backward kernel runs; the
     gradients are bit-equal to the hand-offs switched off (INTO_PRODUCER) and within float32 rounding of the
     unfused layers. With POOLED_WGRAD the first layer's weight gradient comes from its g at the maxima (pooled_wgrad
-    instead of a dense weight-gradient kernel), within rounding; with linear.CHAIN_POOLED_WGRAD too, the second
-    layer's from the chain's. A second consumer of the first pooled output, or a
+    instead of a dense weight-gradient kernel), within rounding; with UNPOOL_WGRAD from those maxima in the second
+    layer's input-gradient kernel (tile_conv_unpool_wgrad, no pooled_wgrad); with linear.CHAIN_POOLED_WGRAD too, the
+    second layer's from the chain's. A second consumer of the first pooled output, or a
     hook on it, keeps that hand-off's plain path."""
     from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import linear as cuda_linear
@@ -428,6 +429,7 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
     monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)   # first the dense weight gradients, then pooled_wgrad's
+    monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", False)
     pooled_bwd = _record_kernels(monkeypatch, cuda_pool, "launch")
     launched = _record_kernels(monkeypatch, cuda_conv, "get")
     c1, c2, fcs, pool, params, x = _lenet_layers()
@@ -461,6 +463,16 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
             assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
         else:
             assert np.array_equal(u, v), i
+    monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", True)   # ... summed in the second layer's input-gradient kernel
+    epilogue = grads(None)
+    assert "tile_conv_unpool_wgrad_k5_to4" in launched and "pooled_wgrad_k5" not in launched, launched
+    assert weight_kernels() == dense - 1, launched
+    for i, (u, v) in enumerate(zip(epilogue, compact)):   # the first layer's dw and db summed in another order
+        if i < 2:
+            assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
+        else:
+            assert np.array_equal(u, v), i
+    monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", False)
     monkeypatch.setattr(cuda_linear, "CHAIN_POOLED_WGRAD", True)   # the second layer's from the chain's maxima
     both = grads(None)
     assert launched.count("pooled_wgrad_k5") == 2 and weight_kernels() == dense - 2, launched

@@ -128,6 +128,10 @@ INTO_POOLED = True
 # (which it needs), against both off (H100, two rounds): b64 90.0 / 84.4 us, b512 164.1 / 165.0. (The linear
 # chain's hand-off uses it too with linear.CHAIN_POOLED_WGRAD.)
 POOLED_WGRAD = True
+# ... and where that first layer has one input channel and the same KS x KS kernel, tile_conv_unpool_wgrad's epilogue
+# sums its weight and bias gradients' partial rows from those maxima itself (kernels/conv.cu UNPOOL_WGRAD), so that
+# neither the compact g nor pooled_wgrad's kernel is needed (LeNet-5's first layer). Tests set it False for those
+UNPOOL_WGRAD = True
 # conv2d_backward's alternative where the output was pooled in the epilogue and its gradient is not handed over
 # ready-made (ops.conv Conv2dActPool): the pooling's backward writes g at the windows' maxima only, from which
 # pooled_dx takes the input gradient (into a pooled first layer: its g at its own maxima) and pooled_wgrad the weight
@@ -524,7 +528,8 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     N*4*Ho*Wo], through the pooling's backward (tile_conv_unpool), or with compact only its values at the windows'
     maxima, [O, N*Ho*Wo], for pooled_wgrad. wgrad
     (with into_nchw, _into_wgrad): (the producer's x [N, 1, H, W], H, W, its top and left padding, partial rows
-    [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's epilogue."""
+    [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's epilogue; with pool_idx and compact too (_unpool_wgrad), for
+    tile_conv_unpool_wgrad's, out then None (no g is written)."""
     to, th, threads, blocks, smem, cs = plan
     n, o, ho, wo = out.shape if into_nchw is None else into_nchw
     pool_fwd = pool_idx is not None and into_nchw is None
@@ -537,15 +542,18 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     elif pool_fwd:   # split 0's outputs pass through the shared memory, [threads][TO][4]
         name = "tile_conv_pool"
         smem = max(smem, threads // cs * to * _TILE_TW * out.dtype.itemsize)
+    elif pool_idx is not None and wgrad is not None:   # into a pooled producer's weight gradient (_unpool_wgrad)
+        name = "tile_conv_unpool_wgrad"
+        smem = max(smem, _unpool_wgrad_smem(plan, o, wo, w.shape[3], inp.dtype.itemsize))
     elif pool_idx is not None:   # into a producer that pooled
         name = "tile_conv_unpool"
     elif wgrad is not None:   # split 0's sums per (channel, tap) pass through the shared memory
         name = "tile_conv_wgrad"
-        smem = max(smem, _wgrad_epilogue_smem(plan, w.shape[3], out.dtype.itemsize))
+        smem = max(smem, _wgrad_epilogue_smem(plan, w.shape[3], inp.dtype.itemsize))
     wgrad_args = (ptr(None),) + i32s((0, 0, 0, 0)) + (ptr(None),) if wgrad is None else \
         (wgrad[0],) + i32s(wgrad[1:5]) + (wgrad[5],)
-    get("conv", f"{name}_k{w.shape[3]}_to{to}", out.dtype)(
-        (blocks,), (threads,), (inp, w, ptr(b), out, ptr(y)) + i32s(
+    get("conv", f"{name}_k{w.shape[3]}_to{to}", inp.dtype)(
+        (blocks,), (threads,), (inp, w, ptr(b), ptr(out), ptr(y)) + i32s(
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
@@ -556,6 +564,32 @@ def _wgrad_epilogue_smem(plan, ks, itemsize):
     """tile_conv_wgrad's sums in shared memory: [TO][KS*KS + 1][threads of split 0]."""
     to, _, threads, _, _, cs = plan
     return to * (ks * ks + 1) * (threads // cs) * itemsize
+
+
+def _unpool_wgrad_smem(plan, o, wo, ks, itemsize):
+    """tile_conv_unpool_wgrad's epilogue in shared memory: the g at the maxima [O][TH][Wo], the producer's x under
+    the block's rows [2*TH + KS - 1][2*Wo + KS - 1], the maxima's offsets (int) [O][TH][Wo], the NaN taps [O][KS*KS]
+    (bytes)."""
+    th = plan[1]
+    return (o * th * wo + (2 * th + ks - 1) * (2 * wo + ks - 1)) * itemsize + o * th * wo * 4 + o * ks * ks
+
+
+def _unpool_wgrad_ok(plan, into, ks, itemsize, out_w):
+    """Whether tile_conv_unpool_wgrad's epilogue takes the weight gradient of `into`, a producer that pooled in its
+    epilogue to out_w columns and whose g pooled_wgrad would take from the maxima (_pooled_wgrad_plan, decided by
+    the caller): UNPOOL_WGRAD on, one input channel, the same KS x KS kernel as `plan`'s and the epilogue's shared
+    memory within the default limit."""
+    return (UNPOOL_WGRAD and into.x_shape[1] == 1 and tuple(into.weight.shape[2:]) == (ks, ks)
+            and _unpool_wgrad_smem(plan, into.weight.shape[0], out_w, ks, itemsize) <= _SMEM_BYTES)
+
+
+def _unpool_wgrad(plan, into, ks, dtype, out_w):
+    """tile_conv_unpool_wgrad's arguments (_tile_conv's wgrad) where _unpool_wgrad_ok, else None; the partial rows
+    [blocks, O*(KS*KS + 1)]: one per block of the plan."""
+    if not _unpool_wgrad_ok(plan, into, ks, dtype.itemsize, out_w):
+        return None
+    partial = cupy().empty((plan[3], into.weight.shape[0] * (ks * ks + 1)), dtype=dtype)
+    return (into.x,) + tuple(into.x_shape[2:]) + (into.pads[0], into.pads[2], partial)
 
 
 def _into_wgrad(plan, into, ks, dtype):
@@ -594,7 +628,9 @@ def _tile_dx(g, saved, into=None):
         else tuple(saved.x_shape)
     if math.prod(shape) >= _FITS32:
         return None
-    dx = cupy().empty(shape, dtype=g.dtype)
+    # ... or not even that, its weight gradient taken in the epilogue
+    unpool_wgrad = _unpool_wgrad(plan, into, kh, g.dtype, wd) if pooled_plan is not None else None
+    dx = cupy().empty(shape, dtype=g.dtype) if unpool_wgrad is None else None
     p = saved.out_hw[0] * saved.out_hw[1]
     pads = saved.pads
     if into is None:
@@ -602,13 +638,13 @@ def _tile_dx(g, saved, into=None):
                    (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0)
     else:   # y and b are the producer's, read; the output in its g layout (conv.cu, "into")
         act = ACTIVATIONS[into.activation]
-        wgrad = _into_wgrad(plan, into, kh, g.dtype)
+        wgrad = _into_wgrad(plan, into, kh, g.dtype) if unpool_wgrad is None else unpool_wgrad
         _tile_conv(plan, g, saved.weight, into.bias if act else None, dx, into.y if act else None,
                    (o,) + tuple(saved.out_hw), (p, n * p), (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
                    tuple(saved.x_shape), pool_idx=into.pool[0] if pooled else None, wgrad=wgrad,
                    compact=pooled_plan is not None)
         if pooled_plan is not None:   # the producer needs no g, only its weight and bias gradients' partial rows
-            return ProducerGrad(None, _pooled_wgrad(dx, into, pooled_plan))
+            return ProducerGrad(None, wgrad[5] if unpool_wgrad is not None else _pooled_wgrad(dx, into, pooled_plan))
         return ProducerGrad(dx, None if wgrad is None else wgrad[5])
     return dx
 

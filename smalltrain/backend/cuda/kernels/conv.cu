@@ -21,7 +21,9 @@
 //            Epilogues: plain, a following small linear layer (tile_conv_lin) or a 2x2 max pooling (tile_conv_pool);
 //            for an input gradient written as the producer's g, also the producer's weight gradient where it has
 //            one input channel (tile_conv_wgrad), or through the producer's 2x2 max pooling where it pooled in its
-//            epilogue (tile_conv_unpool: its full g, or only the windows' maxima for pooled_wgrad).
+//            epilogue (tile_conv_unpool: its full g, or only the windows' maxima for pooled_wgrad; for a producer
+//            of one input channel that needs no input gradient, tile_conv_unpool_wgrad: its weight and bias
+//            gradients' partial rows from those maxima, no g written).
 //   tile_wgrad: dw and db of the same convolutions into wgrad_reduce's partial rows, persistent blocks walking row
 //            tiles of g and x staged into two buffers (the next tile's copies in flight during this one's products).
 //   pooled_wgrad: dw and db of a convolution whose output a 2x2 max pooling read, from its g at the windows'
@@ -742,12 +744,14 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 
 // The epilogues: ST_EPI_PLAIN (tile_conv), ST_EPI_LINEAR (tile_conv_lin), ST_EPI_POOL (tile_conv_pool),
 // ST_EPI_WGRAD (tile_conv_wgrad), ST_EPI_UNPOOL (tile_conv_unpool: "into" a producer that pooled, see tile_conv's
-// comment; a kernel of its own so that the others' registers stay as they were), each below.
+// comment; a kernel of its own so that the others' registers stay as they were), ST_EPI_UNPOOL_WGRAD
+// (tile_conv_unpool_wgrad: into such a producer's weight gradient), each below.
 #define ST_EPI_PLAIN 0
 #define ST_EPI_LINEAR 1
 #define ST_EPI_POOL 2
 #define ST_EPI_WGRAD 3
 #define ST_EPI_UNPOOL 4
+#define ST_EPI_UNPOOL_WGRAD 5
 
 // The forward's linear epilogue (LIN, the tile_conv_lin kernels; Conv2dActLinear: linear(flatten(act(conv(x))),
 // lw, lb) with F <= ST_LF outputs): each thread adds its outputs times lw's matching columns (lw [F, O*Ho*Wo], read
@@ -839,6 +843,15 @@ __device__ void linear_finish(T (&lsum)[ST_LF], const T* __restrict__ lb, T* __r
 // ([TO][KS*KS + 1][threads of split 0]), then one thread per (channel, tap) adds its channel group's threads in a
 // fixed order into wpart [blocks, O*(KS*KS + 1)], wgrad_reduce's partial rows (deterministic, no atomics): the
 // producer's tile_wgrad, which would read the g written here again, is not run.
+
+// The pooled producer's weight-gradient epilogue (UNPOOL_WGRAD, the tile_conv_unpool_wgrad kernels; transposed, into
+// == 2, conv.py _unpool_wgrad): where the producer pooled in its epilogue, has one input channel and the same KS x KS
+// kernel and needs no input gradient (a first layer), its g at the windows' maxima (the compact form, the rest of its
+// g being 0) gives its weight and bias gradients as pooled_wgrad computes them (see there, the NaN taps included),
+// over this block's windows: the g values and their maxima's positions go to shared memory with the producer's x
+// under the block's rows, then thread m < O*(KS*KS + 1) sums output (channel, tap) m over the block's windows in
+// order into wpart [blocks, O*(KS*KS + 1)], wgrad_reduce's partial rows (deterministic, no atomics). Neither the
+// compact g nor pooled_wgrad's pass over it is needed.
 template <typename T, int KS, int TO, int EPI>
 __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ b,
                           T* __restrict__ out, T* __restrict__ y, int N, int C, int Hi, int Wi, int in_sn, int in_sc,
@@ -854,8 +867,8 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     // KEEP: the activated outputs (WGRAD: the g values) stay in acc for the epilogue, and every thread reaches its
     // block-wide steps
     constexpr bool LIN = EPI == ST_EPI_LINEAR, POOL = EPI == ST_EPI_POOL, WGRAD = EPI == ST_EPI_WGRAD;
-    constexpr bool UNPOOL = EPI == ST_EPI_UNPOOL;
-    constexpr bool KEEP = LIN || POOL || WGRAD;
+    constexpr bool UNPOOL_WG = EPI == ST_EPI_UNPOOL_WGRAD, UNPOOL = EPI == ST_EPI_UNPOOL || UNPOOL_WG;
+    constexpr bool KEEP = LIN || POOL || WGRAD || UNPOOL_WG;
     extern __shared__ unsigned char st_smem[];
     const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TS, KK = KS * KS, K = C * KK;
     const int WP = CG * ST_TW + 4, RP = TH + KS - 1, tiles = (Ho + TH - 1) / TH;
@@ -1004,6 +1017,12 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                     val[v] = act == ST_ACT_NONE || s0 + v >= Wo ? pre[v] : act_bwd(pre[v], yrow[v] + bo, act);
                 }
             }
+            if (UNPOOL_WG) {   // kept for the producer's weight gradient below, not written (the maxima's positions
+                               // are read again there rather than held in registers: 80 a thread, 3 blocks an SM)
+#pragma unroll
+                for (int v = 0; v < ST_TW; ++v) acc[u][v] = val[v];
+                continue;
+            }
             orow = out + (o * N + n) * P + r * Wo + s0;
             yrow = nullptr;
             if (WGRAD) {   // the producer's g for its weight gradient, 0 past the row
@@ -1048,6 +1067,66 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             orow[v] = val[v];
             if (yrow != nullptr) yrow[v] = pre[v];
         }
+    }
+    if (UNPOOL_WG) {   // the pooled producer's weight and bias gradients (see above)
+        constexpr int KK = KS * KS, KB = KK + 1;
+        const int rows = min(TH, Ho - r0), E = TH * Wo, FW = 2 * Wo, XR = 2 * TH + KS - 1, XC = FW + KS - 1;
+        T* gs = reinterpret_cast<T*>(st_smem);               // [O][TH][Wo]: the g at the maxima
+        T* xs2 = gs + O * E;                                  // [XR][XC]: x under the producer's rows 2*r0 ..
+        int* ax = reinterpret_cast<int*>(xs2 + XR * XC);      // [O][TH][Wo]: a maximum's (row, column) in xs2
+        unsigned char* nan_tap = reinterpret_cast<unsigned char*>(ax + O * E);   // [O][KK]
+        __syncthreads();   // the staged tiles and the splits' sums are read
+        if (live) {   // the g, then the maxima's positions (acc's registers then free for those loads)
+#pragma unroll
+            for (int u = 0; u < TO; ++u)
+#pragma unroll
+                for (int v = 0; v < ST_TW; ++v)
+                    if (og * TO + u < O && s0 + v < Wo) gs[((og * TO + u) * TH + row) * Wo + s0 + v] = acc[u][v];
+            for (int u = 0; u < TO && og * TO + u < O; ++u) {
+                const int q = ((og * TO + u) * TH + row) * Wo + s0;
+                const i64* ip = pidx + ((n * O + og * TO + u) * Ho + r) * Wo + s0;
+                for (int v = 0; v < ST_TW && s0 + v < Wo; ++v) {
+                    const int at = (int)ip[v], h = at / FW;   // its row in the producer's output, then xs2's offset
+                    ax[q + v] = (h - 2 * r0) * XC + at - h * FW;
+                }
+            }
+        }
+        const T* pxn = px + (size_t)n * pH * pW;
+        for (int e = threadIdx.x; e < XR * XC; e += blockDim.x) {   // x[2*r0 - ppt + a, c - ppl], 0 outside
+            const int a = e / XC, rr = 2 * r0 - ppt + a, cc = e - a * XC - ppl;
+            xs2[e] = rr >= 0 && rr < pH && cc >= 0 && cc < pW ? pxn[rr * pW + cc] : T(0);
+        }
+        for (int e = threadIdx.x; e < O * KK; e += blockDim.x) nan_tap[e] = 0;
+        __syncthreads();
+        // the taps pairing a non-finite x with a position of the block's rows other than its window's maximum (its g
+        // 0; 0 * inf and 0 * NaN are NaN in the dense sum), as pooled_wgrad
+        for (int e = threadIdx.x; e < XR * XC; e += blockDim.x) {
+            if (isfinite(xs2[e])) continue;
+            const int a = e / XC, c = e - a * XC;
+            for (int i = 0; i < KS; ++i)
+                for (int j = 0; j < KS; ++j) {
+                    const int r = a - i, s = c - j;   // the position (rows from 2*r0) whose tap (i, j) reads it
+                    if (r < 0 || r >= 2 * rows || s < 0 || s >= FW) continue;
+                    for (int oc = 0; oc < O; ++oc)
+                        if (ax[(oc * TH + r / 2) * Wo + s / 2] != r * XC + s) nan_tap[oc * KK + i * KS + j] = 1;
+                }
+        }
+        __syncthreads();
+        for (int m = threadIdx.x; m < O * KB; m += blockDim.x) {
+            const int oc = m / KB, k = m - oc * KB, i = k / KS, j = k - i * KS;
+            const T* gp = gs + oc * E;
+            const int* ap = ax + oc * E;
+            const T* xk = xs2 + i * XC + j;   // tap (i, j) of the window at a maximum's offset
+            T sum = T(0);
+            if (k == KK) {
+                for (int e = 0; e < rows * Wo; ++e) sum += gp[e];
+            } else {
+                for (int e = 0; e < rows * Wo; ++e) sum += gp[e] * xk[ap[e]];
+                if (nan_tap[oc * KK + k]) sum += T(0) * st_neg_inf<T>();   // NaN
+            }
+            wpart[(size_t)blockIdx.x * O * KB + m] = sum;
+        }
+        return;
     }
     if (WGRAD) {   // the producer's weight and bias gradients (see above)
         constexpr int KB = KS * KS + 1, XW = ST_TW + KS - 1;
@@ -1420,7 +1499,8 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
 #define ST_TILE(T, S, KS, TO)                                                                                      \
     ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
     ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL) ST_TILE_ONE(T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD) \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool, ST_EPI_UNPOOL)
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool, ST_EPI_UNPOOL)                                                     \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool_wgrad, ST_EPI_UNPOOL_WGRAD)
 
 // tile_wgrad's blocks have at most ST_TILE_WG_THREADS threads (conv.py _TILE_WG_THREADS); in float32 the compiler
 // keeps three such blocks' registers on an SM (MnistCnn's second layer at batch 64: 384 blocks in one wave on 132
