@@ -234,15 +234,17 @@ def test_pooled_dx_plan():
 def test_unpool_wgrad_takes_a_pooled_first_layer_of_one_input_channel(monkeypatch):
     """On the CPU: tile_conv_unpool_wgrad's epilogue takes the weight gradient of a producer that pooled (whose
     maxima pooled_wgrad would read) with one input channel and the consumer's kernel size, UNPOOL_WGRAD on, where its
-    shared memory fits: the g and the maxima's offsets of the block's windows, the producer's x under its rows, a
-    NaN flag per (channel, tap). LeNet-5 b512's plan: 12 rows of 12 windows, 6 channels."""
+    shared memory fits: the g and the maxima's offsets of the block's windows, the producer's x under its rows, the
+    sums of up to 16 slices of a channel's windows, a NaN flag per (channel, tap). LeNet-5 b512's plan: 12 rows of
+    12 windows, 6 channels."""
     from types import SimpleNamespace
 
     from smalltrain.backend.cuda import conv
     first = SimpleNamespace(x_shape=(512, 1, 28, 28), weight=SimpleNamespace(shape=(6, 1, 5, 5)))
     plan = (4, 12, 216, 512, 29184, 3)
-    want = (6 * 12 * 12 + 28 * 28) * 4 + 6 * 12 * 12 * 4 + 6 * 25
+    want = (6 * 12 * 12 + 28 * 28 + 6 * 16 * 26) * 4 + 6 * 12 * 12 * 4 + 6 * 25   # 216 threads: 16 slices
     assert conv._unpool_wgrad_smem(plan, 6, 12, 5, 4) == want
+    assert conv._unpool_wgrad_smem((4, 12, 24, 512, 0, 1), 6, 12, 5, 4) == want - 6 * 12 * 26 * 4   # 4 slices
     monkeypatch.setattr(conv, "UNPOOL_WGRAD", True)
     assert conv._unpool_wgrad_ok(plan, first, 5, 4, 12)
     assert conv._unpool_wgrad_ok(plan, first, 5, 8, 12)

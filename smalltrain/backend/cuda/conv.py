@@ -132,6 +132,7 @@ POOLED_WGRAD = True
 # sums its weight and bias gradients' partial rows from those maxima itself (kernels/conv.cu UNPOOL_WGRAD), so that
 # neither the compact g nor pooled_wgrad's kernel is needed (LeNet-5's first layer). Tests set it False for those
 UNPOOL_WGRAD = True
+_UNPOOL_WGRAD_SLICES = 16     # its slices of a channel's windows at most (conv.cu ST_UPW_SLICES)
 # conv2d_backward's alternative where the output was pooled in the epilogue and its gradient is not handed over
 # ready-made (ops.conv Conv2dActPool): the pooling's backward writes g at the windows' maxima only, from which
 # pooled_dx takes the input gradient (into a pooled first layer: its g at its own maxima) and pooled_wgrad the weight
@@ -568,10 +569,13 @@ def _wgrad_epilogue_smem(plan, ks, itemsize):
 
 def _unpool_wgrad_smem(plan, o, wo, ks, itemsize):
     """tile_conv_unpool_wgrad's epilogue in shared memory: the g at the maxima [O][TH][Wo], the producer's x under
-    the block's rows [2*TH + KS - 1][2*Wo + KS - 1], the maxima's offsets (int) [O][TH][Wo], the NaN taps [O][KS*KS]
-    (bytes)."""
-    th = plan[1]
-    return (o * th * wo + (2 * th + ks - 1) * (2 * wo + ks - 1)) * itemsize + o * th * wo * 4 + o * ks * ks
+    the block's rows [2*TH + KS - 1][2*Wo + KS - 1], the slices' sums [O][S][KS*KS + 1] (S: the block's threads per
+    channel, 1 to _UNPOOL_WGRAD_SLICES, conv.cu st_unpool_wgrad_slices), the maxima's offsets (int) [O][TH][Wo], the
+    NaN taps [O][KS*KS] (bytes)."""
+    th, threads = plan[1], plan[2]
+    slices = max(1, min(threads // o, _UNPOOL_WGRAD_SLICES))
+    return ((o * th * wo + (2 * th + ks - 1) * (2 * wo + ks - 1) + o * slices * (ks * ks + 1)) * itemsize
+            + o * th * wo * 4 + o * ks * ks)
 
 
 def _unpool_wgrad_ok(plan, into, ks, itemsize, out_w):

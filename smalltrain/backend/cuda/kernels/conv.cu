@@ -849,9 +849,17 @@ __device__ void linear_finish(T (&lsum)[ST_LF], const T* __restrict__ lb, T* __r
 // kernel and needs no input gradient (a first layer), its g at the windows' maxima (the compact form, the rest of its
 // g being 0) gives its weight and bias gradients as pooled_wgrad computes them (see there, the NaN taps included),
 // over this block's windows: the g values and their maxima's positions go to shared memory with the producer's x
-// under the block's rows, then thread m < O*(KS*KS + 1) sums output (channel, tap) m over the block's windows in
-// order into wpart [blocks, O*(KS*KS + 1)], wgrad_reduce's partial rows (deterministic, no atomics). Neither the
-// compact g nor pooled_wgrad's pass over it is needed.
+// under the block's rows, each of S slices of a channel's windows sums its KS*KS taps and bias in registers, then
+// thread m < O*(KS*KS + 1) adds output (channel, tap) m's slices in order into wpart [blocks, O*(KS*KS + 1)],
+// wgrad_reduce's partial rows (deterministic, no atomics). Neither the compact g nor pooled_wgrad's pass over it is
+// needed.
+// UNPOOL_WGRAD's slices of a channel's windows: threads per channel, at most ST_UPW_SLICES (the sums' shared memory,
+// conv.py _unpool_wgrad_smem) and at least 1
+#define ST_UPW_SLICES 16
+__device__ __forceinline__ int st_unpool_wgrad_slices(int threads, int O) {
+    return max(1, min(threads / O, ST_UPW_SLICES));
+}
+
 template <typename T, int KS, int TO, int EPI>
 __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ b,
                           T* __restrict__ out, T* __restrict__ y, int N, int C, int Hi, int Wi, int in_sn, int in_sc,
@@ -1071,11 +1079,21 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     if (UNPOOL_WG) {   // the pooled producer's weight and bias gradients (see above)
         constexpr int KK = KS * KS, KB = KK + 1;
         const int rows = min(TH, Ho - r0), E = TH * Wo, FW = 2 * Wo, XR = 2 * TH + KS - 1, XC = FW + KS - 1;
+        const int S = st_unpool_wgrad_slices(blockDim.x, O);
         T* gs = reinterpret_cast<T*>(st_smem);               // [O][TH][Wo]: the g at the maxima
         T* xs2 = gs + O * E;                                  // [XR][XC]: x under the producer's rows 2*r0 ..
-        int* ax = reinterpret_cast<int*>(xs2 + XR * XC);      // [O][TH][Wo]: a maximum's (row, column) in xs2
+        T* red = xs2 + XR * XC;                               // [O][S][KB]: the slices' sums
+        int* ax = reinterpret_cast<int*>(red + O * S * KB);   // [O][TH][Wo]: a maximum's (row, column) in xs2
         unsigned char* nan_tap = reinterpret_cast<unsigned char*>(ax + O * E);   // [O][KK]
         __syncthreads();   // the staged tiles and the splits' sums are read
+        const T* pxn = px + (size_t)n * pH * pW;
+        st_walk3 xw2(1 << 30, XC);   // x[2*r0 - ppt + row, column - ppl], 0 outside: in flight during the next steps
+        for (int e = threadIdx.x; e < XR * XC; e += blockDim.x, xw2.next()) {
+            const int rr = 2 * r0 - ppt + xw2.b, cc = xw2.c - ppl;
+            const bool inside = rr >= 0 && rr < pH && cc >= 0 && cc < pW;
+            st_async_copy(xs2 + e, inside ? pxn + rr * pW + cc : pxn, inside);
+        }
+        for (int e = threadIdx.x; e < O * KK; e += blockDim.x) nan_tap[e] = 0;
         if (live) {   // the g, then the maxima's positions (acc's registers then free for those loads)
 #pragma unroll
             for (int u = 0; u < TO; ++u)
@@ -1091,12 +1109,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                 }
             }
         }
-        const T* pxn = px + (size_t)n * pH * pW;
-        for (int e = threadIdx.x; e < XR * XC; e += blockDim.x) {   // x[2*r0 - ppt + a, c - ppl], 0 outside
-            const int a = e / XC, rr = 2 * r0 - ppt + a, cc = e - a * XC - ppl;
-            xs2[e] = rr >= 0 && rr < pH && cc >= 0 && cc < pW ? pxn[rr * pW + cc] : T(0);
-        }
-        for (int e = threadIdx.x; e < O * KK; e += blockDim.x) nan_tap[e] = 0;
+        st_async_wait();
         __syncthreads();
         // the taps pairing a non-finite x with a position of the block's rows other than its window's maximum (its g
         // 0; 0 * inf and 0 * NaN are NaN in the dense sum), as pooled_wgrad
@@ -1111,19 +1124,31 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                         if (ax[(oc * TH + r / 2) * Wo + s / 2] != r * XC + s) nan_tap[oc * KK + i * KS + j] = 1;
                 }
         }
-        __syncthreads();
-        for (int m = threadIdx.x; m < O * KB; m += blockDim.x) {
-            const int oc = m / KB, k = m - oc * KB, i = k / KS, j = k - i * KS;
-            const T* gp = gs + oc * E;
-            const int* ap = ax + oc * E;
-            const T* xk = xs2 + i * XC + j;   // tap (i, j) of the window at a maximum's offset
-            T sum = T(0);
-            if (k == KK) {
-                for (int e = 0; e < rows * Wo; ++e) sum += gp[e];
-            } else {
-                for (int e = 0; e < rows * Wo; ++e) sum += gp[e] * xk[ap[e]];
-                if (nan_tap[oc * KK + k]) sum += T(0) * st_neg_inf<T>();   // NaN
+        // slice sl of channel oc: the block's windows sl, sl + S, ..., each one g and offset read for its KS*KS taps
+        // (immediate offsets from the window's corner) and the bias, KB sums in registers
+        for (int q = threadIdx.x; q < O * S; q += blockDim.x) {
+            const int oc = q / S, sl = q - oc * S;
+            T sum[KB];
+#pragma unroll
+            for (int k = 0; k < KB; ++k) sum[k] = T(0);
+            for (int e = sl; e < rows * Wo; e += S) {
+                const T gv = gs[oc * E + e];
+                const T* xw = xs2 + ax[oc * E + e];
+#pragma unroll
+                for (int i = 0; i < KS; ++i)
+#pragma unroll
+                    for (int j = 0; j < KS; ++j) sum[i * KS + j] += gv * xw[i * XC + j];
+                sum[KK] += gv;
             }
+#pragma unroll
+            for (int k = 0; k < KB; ++k) red[q * KB + k] = sum[k];
+        }
+        __syncthreads();
+        for (int m = threadIdx.x; m < O * KB; m += blockDim.x) {   // the slices in order
+            const int oc = m / KB, k = m - oc * KB;
+            T sum = T(0);
+            for (int sl = 0; sl < S; ++sl) sum += red[(oc * S + sl) * KB + k];
+            if (k < KK && nan_tap[oc * KK + k]) sum += T(0) * st_neg_inf<T>();   // NaN
             wpart[(size_t)blockIdx.x * O * KB + m] = sum;
         }
         return;
