@@ -130,7 +130,10 @@ INTO_POOLED = True
 POOLED_WGRAD = True
 # ... and where that first layer has one input channel and the same KS x KS kernel, tile_conv_unpool_wgrad's epilogue
 # sums its weight and bias gradients' partial rows from those maxima itself (kernels/conv.cu UNPOOL_WGRAD), so that
-# neither the compact g nor pooled_wgrad's kernel is needed (LeNet-5's first layer). Tests set it False for those
+# neither the compact g nor pooled_wgrad's kernel is needed (LeNet-5's first layer). H100, twenty-second session: ncu
+# at b512 40.9 us against 36.1 + 12.4 (tile_conv_unpool, pooled_wgrad), at b64 21.8 against 17.7 + 6.3; the captured
+# step, two rounds each in two calls, b512 145.7 / 147.8 and 151.0 / 145.4 us against 149.5 / 148.5 and 150.4 /
+# 149.6 off, b64 and MnistCnn within the calls' spread. Tests set it False for those
 UNPOOL_WGRAD = True
 _UNPOOL_WGRAD_SLICES = 16     # its slices of a channel's windows at most (conv.cu ST_UPW_SLICES)
 # conv2d_backward's alternative where the output was pooled in the epilogue and its gradient is not handed over
