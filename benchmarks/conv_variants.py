@@ -123,7 +123,7 @@ def pooled_dx(cp, conv, specs, rng):
         pairs = [("dx", "tile_conv (dense, full g)", plain_dense, "pooled_dx (maxima)", plain_sparse)]
         plan1 = conv._pooled_wgrad_plan(into, cp.dtype(cp.float32)) if into is not None else None
         if plan1 is not None:   # the step's path: dx into the first layer, then that layer's dw and db
-            def into_dense():   # tile_conv_unpool's compact epilogue, pooled_wgrad (in _tile_dx), wgrad_reduce
+            def into_dense():   # tile_conv_unpool_wgrad (UNPOOL_WGRAD; else compact g, pooled_wgrad), wgrad_reduce
                 return conv._reduce_partials(conv._tile_dx(full, saved, into).wpartial, into.weight.shape, True)
 
             def into_sparse():   # pooled_dx's compact epilogue, pooled_wgrad, wgrad_reduce
