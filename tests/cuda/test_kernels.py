@@ -419,19 +419,15 @@ def test_tile_wgrad_is_bit_repeatable(rng):
         assert all(bool(cp.array_equal(a, b)) for a, b in zip(first, again))
 
 
-@pytest.mark.parametrize("main_first", [False, True], ids=["side_first", "main_first"])
 @pytest.mark.parametrize("x_shape, w_shape, stride, wgrad", [
     ((8, 16, 26, 26), (32, 16, 3, 3), 1, "tile"),      # MnistCnn's second layer
     ((4, 6, 14, 14), (16, 6, 5, 5), 2, None),          # strided: another weight-gradient kernel
 ])
-def test_weight_grad_beside_input_grad_gives_the_same_bits(x_shape, w_shape, stride, wgrad, main_first, rng,
-                                                           monkeypatch):
+def test_weight_grad_beside_input_grad_gives_the_same_bits(x_shape, w_shape, stride, wgrad, rng, monkeypatch):
     """conv2d_backward with the weight gradient on the side stream (WGRAD_BESIDE_MAX_OUTPUTS) returns what it
     returns on one stream, bit for bit, eagerly and as a CUDA graph replayed on new output gradients (the fork and
     the join are captured as edges; a missing join would let the replay's result be read before the side stream
-    wrote it); either stream's work queued first (_common.BESIDE_MAIN_FIRST)."""
-    from smalltrain.backend.cuda import _common
-    monkeypatch.setattr(_common, "BESIDE_MAIN_FIRST", main_first)
+    wrote it)."""
     x = cp.asarray(rng.standard_normal(x_shape), dtype=cp.float32)
     w = cp.asarray(rng.standard_normal(w_shape) * 0.2, dtype=cp.float32)
     out, saved = ops.conv2d_forward(x, w, cp.asarray(rng.standard_normal(w_shape[0]), dtype=cp.float32),

@@ -538,19 +538,16 @@ def test_cuda_pooled_dx_takes_the_gradients_from_the_maxima(act1, monkeypatch):
 
 
 @cuda
-@pytest.mark.parametrize("main_first", [False, True], ids=["side_first", "main_first"])
 @pytest.mark.parametrize("batch", [4, 300])
-def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, main_first, monkeypatch):
+def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypatch):
     """LeNet-5's layout: the chain's weight gradients (chain_wgrad) and the second convolution's (its tile_wgrad
     beside its input gradient, the size limit raised) are queued on the side stream and joined at the end of the
     backward pass (engine.defer_join: two joins), not at once; the gradients are bit-equal to the joins at once
     (linear.CHAIN_WGRAD_BESIDE and conv.WGRAD_BESIDE_DEFER off: the same kernels in the same order). A hook on a
-    weight is no obstacle (the engine joins first). Either stream's work queued first (_common.BESIDE_MAIN_FIRST)."""
+    weight is no obstacle (the engine joins first)."""
     from smalltrain.autograd import engine
-    from smalltrain.backend.cuda import _common
     from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import linear as cuda_linear
-    monkeypatch.setattr(_common, "BESIDE_MAIN_FIRST", main_first)
     monkeypatch.setattr(cuda_conv, "WGRAD_BESIDE_MAX_OUTPUTS", 1 << 30)
     joins = []
     real_defer = engine.defer_join

@@ -195,11 +195,6 @@ def with_smem(kern, nbytes):
 
 
 _side = {}   # device id -> (side stream, fork event, join event)
-# run_beside queues main_work before side_work (the side stream still waits only for what came before both), so that
-# in a replayed graph the main work's kernel, usually the one the rest of the step waits for, may be given the SMs
-# first (LeNet-5 b512: tile_conv_unpool_wgrad's 512 blocks fill every SM at 4 a block, beside tile_wgrad's). Off
-# until timed
-BESIDE_MAIN_FIRST = False
 
 
 def run_beside(side_work, main_work, enabled=True, defer=False):
@@ -208,9 +203,9 @@ def run_beside(side_work, main_work, enabled=True, defer=False):
     current stream so far, and before returning the current stream waits for the side stream's work (a fork and a
     join, which a CUDA graph capture records as two edges). For independent work of small kernels that leave most
     SMs idle, such as a convolution's weight gradient beside its input gradient. enabled=False runs both on the
-    current stream, side_work first. BESIDE_MAIN_FIRST: main_work is queued first. defer: the join is left to the
-    backward pass in progress (autograd.engine defer_join; an op asks engine.takes_plainly first), so that side_work
-    also runs beside the pass's later work; side_work and main_work (and what they reference) are kept until then.
+    current stream, side_work first. defer: the join is left to the backward pass in progress (autograd.engine
+    defer_join; an op asks engine.takes_plainly first), so that side_work also runs beside the pass's later work;
+    side_work and main_work (and what they reference) are kept until then.
 
     Memory: the side stream's allocations come from its own part of the pool, and the join precedes every later
     free on the current stream; the arrays both read are referenced by the caller until this returns (with defer, by
@@ -232,14 +227,9 @@ def run_beside(side_work, main_work, enabled=True, defer=False):
         main.wait_event(join)
 
     try:
-        if BESIDE_MAIN_FIRST:   # (the fork is recorded already: the side stream does not wait for main_work)
-            second = main_work()
-            with side:
-                first = side_work()
-        else:
-            with side:
-                first = side_work()
-            second = main_work()
+        with side:
+            first = side_work()
+        second = main_work()
     except BaseException:
         join_now()
         raise
