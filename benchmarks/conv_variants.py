@@ -3,13 +3,15 @@ against another on the same inputs: which kernels each direction takes is decide
 script sets them per variant.
 
 Run (GPU): python3 benchmarks/conv_variants.py [--layers mnistcnn2:64,lenet2:512] [--variants tile,gather]
-     python3 benchmarks/conv_variants.py --pooled-dx [--layers lenet2:64,lenet2:512]
+     python3 benchmarks/conv_variants.py --pooled [--layers lenet2:64,lenet2:512]
 Each figure: GPU microseconds per call from 100 calls captured in one CUDA graph (benchmarks/common.py timed);
 forward = conv2d_forward (with the activation fused), backward = conv2d_backward (its activation derivative, dx,
-dw, db). --pooled-dx: the input gradient of a layer whose output a 2x2 max pooling reads, from its g at the
-windows' maxima (conv.pooled_input_grad; off by default, POOLED_DX: it lost) against tile_conv's dense one from the
-full g (a quarter of it nonzero), then its weight and bias gradients by pooled_wgrad against tile_wgrad, each pair
-compared.
+dw, db). --pooled: for a layer whose output a 2x2 max pooling reads (its g a quarter nonzero): its input gradient
+into its pooled first layer (LeNet-5's) with that layer's weight and bias gradients, by tile_conv_unpool's compact
+g and pooled_wgrad against tile_conv_unpool_wgrad (conv.UNPOOL_WGRAD); its own weight and bias gradients by
+tile_wgrad from the full g against pooled_wgrad from the maxima; each pair compared. (The twenty-first session's
+pooled_dx, the input gradient from the maxima, lost to tile_conv's dense one and was removed; the numbers are in
+RESULTS.md.)
 """
 import argparse
 import contextlib
@@ -87,8 +89,10 @@ POOL_2X2 = ((2, 2), (2, 2), (0, 0), (1, 1))   # conv2d_forward's pool: kernel, s
 PRODUCERS = {"lenet2": "lenet1"}               # the pooled layer whose output a layer reads, in the model
 
 
-def pooled_dx(cp, conv, specs, rng):
-    """Per layer: tile_conv's input gradient from the full g against pooled_dx's from the maxima (see the header)."""
+def pooled_paths(cp, conv, specs, rng):
+    """Per layer whose output a 2x2 max pooling reads: its input gradient into its pooled first layer with that
+    layer's weight gradient, pooled_wgrad's way against tile_conv_unpool_wgrad's, and its own weight gradient,
+    tile_wgrad's way against pooled_wgrad's (see the header)."""
     for spec in specs:
         name, batch = spec.split(":")
         shape, w_shape, act = LAYERS[name]
@@ -103,10 +107,8 @@ def pooled_dx(cp, conv, specs, rng):
         oi, ni = cp.meshgrid(cp.arange(o), cp.arange(n), indexing="ij")
         full[oi[..., None], ni[..., None], pidx.transpose(1, 0, 2, 3).reshape(o, n, -1)] = gc.reshape(o, n, -1)
         full = full.reshape(o, -1)
-        # dx plain, then (where the layer has a producer, PRODUCERS) into that producer pooled in its epilogue as a
-        # first layer: tile_conv_unpool's compact g at its maxima against pooled_dx's (the step's real path)
-        into = None
-        if name in PRODUCERS:
+        pairs = []   # (what, one way's name and call, the other's)
+        if name in PRODUCERS:   # dx into that producer pooled in its epilogue as a first layer (the step's path)
             p_shape, p_w_shape, p_act = LAYERS[PRODUCERS[name]]
             px = cp.asarray(rng.standard_normal((int(batch),) + p_shape).astype(np.float32))
             pw_ = cp.asarray((rng.standard_normal(p_w_shape) * 0.2).astype(np.float32))
@@ -114,25 +116,15 @@ def pooled_dx(cp, conv, specs, rng):
             _, into = conv.conv2d_forward(px, pw_, pb, activation=p_act, pool=POOL_2X2,
                                           needs_input_grad=(False, True, True))
 
-        def plain_dense():
-            return conv._tile_dx(full, saved)
-
-        def plain_sparse():
-            return conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]), saved.out_hw)
-        # (what, the dense way's name and call, the maxima's name and call)
-        pairs = [("dx", "tile_conv (dense, full g)", plain_dense, "pooled_dx (maxima)", plain_sparse)]
-        plan1 = conv._pooled_wgrad_plan(into, cp.dtype(cp.float32)) if into is not None else None
-        if plan1 is not None:   # the step's path: dx into the first layer, then that layer's dw and db
-            def into_dense():   # tile_conv_unpool_wgrad (UNPOOL_WGRAD; else compact g, pooled_wgrad), wgrad_reduce
-                return conv._reduce_partials(conv._tile_dx(full, saved, into).wpartial, into.weight.shape, True)
-
-            def into_sparse():   # pooled_dx's compact epilogue, pooled_wgrad, wgrad_reduce
-                g1 = conv.pooled_input_grad(gc, pidx, w, saved.x_shape, (saved.pads[0], saved.pads[2]),
-                                            saved.out_hw, into)
-                return conv._reduce_partials(conv._pooled_wgrad(g1, into, plan1), into.weight.shape, True)
-            pairs.append(("dx into layer 1, its dw, db", "tile_conv (dense, full g)", into_dense,
-                          "pooled_dx (maxima)", into_sparse))
-        # the layer's own weight and bias gradients the same two ways (the path pooled_dx would join)
+            def into_grads(fused):
+                def run():
+                    with limits(conv, {"UNPOOL_WGRAD": fused}):
+                        handed = conv._tile_dx(full, saved, into)   # (None where tile_conv does not take it)
+                    return None if handed is None else conv._reduce_partials(handed.wpartial, into.weight.shape, True)
+                return run
+            pairs.append(("dx into layer 1, its dw, db", "tile_conv_unpool + pooled_wgrad", into_grads(False),
+                          "tile_conv_unpool_wgrad", into_grads(True)))
+        # the layer's own weight and bias gradients from its full g or from the maxima
         wplan, pplan = conv._tile_wgrad_plan(saved, 4), conv._pooled_wgrad_plan(saved, cp.dtype(cp.float32), True)
         if wplan is not None and pplan is not None:
             def dense_w():
@@ -143,16 +135,16 @@ def pooled_dx(cp, conv, specs, rng):
             pairs.append(("dw, db", "tile_wgrad (full g)", dense_w, "pooled_wgrad (maxima)", sparse_w))
         else:
             print(f"{spec:<14} dw, db: not taken (tile_wgrad {wplan is not None}, pooled_wgrad {pplan is not None})")
-        for label, dense_name, dense, sparse_name, sparse in pairs:
-            a, b = dense(), sparse()
+        for label, one_name, one, other_name, other in pairs:
+            a, b = one(), other()
             if a is None or b is None:
-                print(f"{spec:<14} {label}: not compared ({dense_name} {a is not None}, {sparse_name} "
+                print(f"{spec:<14} {label}: not compared ({one_name} {a is not None}, {other_name} "
                       f"{b is not None})")
                 continue
             err = max(float(cp.abs(u - v).max()) for u, v in zip(a, b)) if isinstance(a, tuple) \
                 else float(cp.abs(a - b).max())
-            print(f"{spec:<14} {label}: {dense_name} {timed(cp, dense):7.2f} us  {sparse_name} "
-                  f"{timed(cp, sparse):7.2f} us  (max diff {err:.1e})")
+            print(f"{spec:<14} {label}: {one_name} {timed(cp, one):7.2f} us  {other_name} "
+                  f"{timed(cp, other):7.2f} us  (max diff {err:.1e})")
 
 
 def main():
@@ -160,15 +152,15 @@ def main():
     p.add_argument("--layers", default="mnistcnn2:64,mnistcnn1:64,lenet2:64,lenet1:64,lenet1:512,lenet2:512")
     p.add_argument("--variants", default="", help="comma-separated names (or parts of names) of VARIANTS to run "
                    "(default: all)")
-    p.add_argument("--pooled-dx", action="store_true", help="time pooled_dx against tile_conv's dense input "
-                   "gradient instead (default layers lenet2:64,lenet2:512)")
+    p.add_argument("--pooled", action="store_true", help="time the gradients of a pooled layer each two ways "
+                   "instead (default layers lenet2:64,lenet2:512; see the header)")
     args = p.parse_args()
-    if args.pooled_dx:
+    if args.pooled:
         import cupy as cp
 
         from smalltrain.backend.cuda import conv
         layers = args.layers if "--layers" in sys.argv else "lenet2:64,lenet2:512"
-        return pooled_dx(cp, conv, layers.split(","), np.random.default_rng(0))
+        return pooled_paths(cp, conv, layers.split(","), np.random.default_rng(0))
     wanted = [v for v in args.variants.split(",") if v]
     import cupy as cp
 

@@ -11,7 +11,7 @@
 # mode in one process, where device time is short).
 # TESTS narrows the test stage to some paths (default: the whole suite), TEST_WORKERS sets its pytest-xdist workers
 # (default 8), NCU_CONFIGS the ncu stage's model:batch list.
-# The variants stage (not in the default STAGES): benchmarks/conv_variants.py with VARIANT_ARGS (default --pooled-dx).
+# The variants stage (not in the default STAGES): benchmarks/conv_variants.py with VARIANT_ARGS (default --pooled).
 # The detail stage (not in the default STAGES): ncu's sections per kernel of NCU_DETAIL_CONFIGS' steps (only the
 # kernels whose names match the regex NCU_DETAIL_KERNELS, where set).
 # The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
@@ -86,8 +86,8 @@ stage detail && for config in ${NCU_DETAIL_CONFIGS:-lenet5:512}; do
     "$OUT/ncu_detail_${config/:/_}.txt" | head -80
 done
 # kernels against each other on one layer (benchmarks/conv_variants.py; not in the default STAGES): VARIANT_ARGS, by
-# default pooled_dx against tile_conv's dense input gradient on LeNet-5's second layer
-stage variants && { timeout ${T_VARIANTS:-120} python3 benchmarks/conv_variants.py ${VARIANT_ARGS:---pooled-dx} \
+# default the pooled layer's gradients two ways each on LeNet-5's second layer (--pooled)
+stage variants && { timeout ${T_VARIANTS:-120} python3 benchmarks/conv_variants.py ${VARIANT_ARGS:---pooled} \
   > "$OUT/conv_variants.txt" 2>&1; tail -20 "$OUT/conv_variants.txt"; }
 stage host && timeout 60 python3 benchmarks/host_costs.py > "$OUT/host_costs.txt" 2>&1
 stage profile && for config in cnn:64 lenet5:64; do

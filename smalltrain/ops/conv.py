@@ -259,13 +259,6 @@ class Conv2dActPool(Function):
         if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our weight gradient's partials
             g, wpartial = dout.value.g, dout.value.wpartial
         else:
-            # conv.POOLED_DX: g at the pooling windows' maxima only, and the gradients from it (no full g)
-            plan = cuda_conv.pooled_backward_plan(saved, offered_producer(ctx), saved.weight.dtype)
-            if plan is not None:
-                gc = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias,
-                                                       saved.activation, compact=True)
-                dx, dw, db = cuda_conv.pooled_backward(gc, saved, plan)
-                return _as_prepared(dx), dw, db
             g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
             wpartial = None
         # the g handed to us (by the chain, or another convolution) or made here: either way our input gradient may
@@ -278,12 +271,7 @@ def _into_producer(ctx, saved, g, wpartial=None):
     where the engine offered that kind for the input (the producer's prepared_kind, this node its only consumer)."""
     dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, wpartial=wpartial, into=offered_producer(ctx),
                                            wgrad_beside=takes_plainly(ctx, (1, 2)))
-    return _as_prepared(dx), dw, db
-
-
-def _as_prepared(dx):
-    """dx as the engine's Prepared "conv_g" where the kernels wrote it as the producer's g (a ProducerGrad)."""
-    return Prepared("conv_g", dx) if isinstance(dx, cuda_conv.ProducerGrad) else dx
+    return (Prepared("conv_g", dx) if isinstance(dx, cuda_conv.ProducerGrad) else dx), dw, db
 
 
 class _Meta:

@@ -218,19 +218,6 @@ def test_pooled_producer_choice(monkeypatch):
     assert not conv._into_ok(consumer, producer(), f32) and not linear.chain_into_pooled_ok(chain, producer())
 
 
-def test_pooled_dx_plan():
-    """On the CPU: conv._pooled_dx_plan, what pooled_dx takes (and POOLED_DX's plan asks before the compact g is
-    written): LeNet-5's second layer at batch 512, 8 channels a thread, a thread per input position; not a 7x7 kernel,
-    not weights and maxima over the default shared memory, not an output whose rows or columns pass 2^15."""
-    from smalltrain.backend.cuda import conv
-    assert conv._pooled_dx_plan((512, 6, 12, 12), (16, 6, 5, 5), (512, 16, 4, 4), (8, 8), 4) == (
-        8, 160, (16 * 25 * 8 + 16 * 16) * 4 + 16 * 16 * 4)
-    assert conv._pooled_dx_plan((2, 3, 8, 8), (4, 3, 3, 3), (2, 4, 4, 4), (8, 8), 8)[:2] == (4, 64)
-    assert conv._pooled_dx_plan((2, 3, 12, 12), (4, 3, 7, 7), (2, 4, 3, 3), (6, 6), 4) is None
-    assert conv._pooled_dx_plan((2, 64, 12, 12), (64, 64, 5, 5), (2, 64, 4, 4), (8, 8), 4) is None   # 200 KB
-    assert conv._pooled_dx_plan((1, 1, 40000, 4), (1, 1, 3, 3), (1, 1, 20000, 2), (40000, 4), 4) is None
-
-
 def test_unpool_wgrad_takes_a_pooled_first_layer_of_one_input_channel(monkeypatch):
     """On the CPU: tile_conv_unpool_wgrad's epilogue takes the weight gradient of a producer that pooled (whose
     maxima pooled_wgrad would read) with one input channel and the consumer's kernel size, UNPOOL_WGRAD on, where its

@@ -500,44 +500,6 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
 
 
 @cuda
-@pytest.mark.parametrize("act1", ["gelu", None])
-def test_cuda_pooled_dx_takes_the_gradients_from_the_maxima(act1, monkeypatch):
-    """conv.POOLED_DX on LeNet-5's layout, the chain's hand-off off: the second convolution's pooling backward
-    writes its g at the windows' maxima only (the compact tiled kernel), pooled_dx writes the first layer's g at its
-    own maxima from it, and pooled_wgrad gives both layers' weight and bias gradients: no full-resolution g, no
-    tile_conv input gradient, no dense weight-gradient kernel. The gradients are within float32 rounding of
-    POOLED_DX off."""
-    from smalltrain.backend.cuda import conv as cuda_conv
-    from smalltrain.backend.cuda import linear as cuda_linear
-    from smalltrain.backend.cuda import pool as cuda_pool
-    monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)
-    monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
-    monkeypatch.setattr(cuda_linear, "CHAIN_INTO_POOLED", False)   # the pooling's backward kernel runs
-    pooled_bwd = _record_kernels(monkeypatch, cuda_pool, "launch")
-    launched = _record_kernels(monkeypatch, cuda_conv, "get")
-    c1, c2, fcs, pool, params, x = _lenet_layers()
-
-    def grads():
-        for p in params:
-            p.grad = None
-        pooled_bwd.clear()
-        launched.clear()
-        h = layer_act_pool(c2, layer_act_pool(c1, x, act1, pool), "gelu", pool)
-        out = chain_act(h, [(fcs[0], "gelu"), (fcs[1], "gelu"), (fcs[2], None)], flatten=True)
-        (out * out).sum().backward()
-        return [p.grad.cpu().numpy() for p in params]
-    dense = grads()
-    assert pooled_bwd == ["max_pool2d_bwd_act_tiled"] and any(n.startswith("tile_conv_unpool") for n in launched)
-    monkeypatch.setattr(cuda_conv, "POOLED_DX", True)
-    sparse = grads()
-    assert pooled_bwd == ["max_pool2d_bwd_act_tiled"], pooled_bwd   # (its compact form)
-    assert launched.count("pooled_dx_into_k5_c8") == 1 and launched.count("pooled_wgrad_k5") == 2, launched
-    assert not any(n.startswith(("tile_conv_unpool", "tile_wgrad", "igemm_wgrad", "wgrad_partial")) for n in launched)
-    for i, (u, v) in enumerate(zip(sparse, dense)):
-        assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0), i
-
-
-@cuda
 @pytest.mark.parametrize("batch", [4, 300])
 def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypatch):
     """LeNet-5's layout: the chain's weight gradients (chain_wgrad) and the second convolution's (its tile_wgrad

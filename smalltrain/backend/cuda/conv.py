@@ -136,17 +136,6 @@ POOLED_WGRAD = True
 # 149.6 off, b64 and MnistCnn within the calls' spread. Tests set it False for those
 UNPOOL_WGRAD = True
 _UNPOOL_WGRAD_SLICES = 16     # its slices of a channel's windows at most (conv.cu ST_UPW_SLICES)
-# conv2d_backward's alternative where the output was pooled in the epilogue and its gradient is not handed over
-# ready-made (ops.conv Conv2dActPool): the pooling's backward writes g at the windows' maxima only, from which
-# pooled_dx takes the input gradient (into a pooled first layer: its g at its own maxima) and pooled_wgrad the weight
-# and bias gradients (pooled_backward): no full-resolution g. Off: it loses. H100, twenty-first session
-# (benchmarks/conv_variants.py --pooled-dx, LeNet-5's second layer, us): pooled_dx 24.5 against tile_conv's dense dx
-# 9.1 at b64, 28.9 against 25.4 at b512; pooled_wgrad 14.5 / 24.2 against tile_wgrad 7.0 / 14.8 (the gathers of
-# weights at the maxima's taps cost more than the products they save); the captured step at b512 167.8 / 167.4
-# against 162.1 / 159.5, at b64 83.8 / 86.5 against 88.6 / 83.3. Where a pooled maximum's pre-activation is NaN, the
-# dense g's other positions in its window are NaN too (act_bwd(0, NaN)); here only the maximum's g is, so dx may
-# have NaN at fewer positions
-POOLED_DX = False
 _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
 # TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images
@@ -692,86 +681,6 @@ def _pooled_wgrad(gw, into, plan):
         (n, c, o, h, wd, into.out_hw[1], pidx.shape[2] * pidx.shape[3], into.pads[0], into.pads[2], per_block)),
         shared_mem=smem)
     return partial
-
-
-def pooled_input_grad(gc, pidx, w, x_shape, pads, out_hw, into=None):
-    """dx [N, C, H, W] of a stride-1, undilated convolution (weights w [O, C, KS, KS], top and left padding pads,
-    output out_hw) whose output a 2x2 max pooling read, from gc [O, N*P], its g at the pooling's windows'
-    maxima, and the pooling's indices pidx [N, O, PH, PW] (kernels/conv.cu pooled_dx), or None where the kernel is
-    not compiled for KS or its staging exceeds the default shared memory. With `into`, the Conv2dSaved of the first
-    layer whose pooled output (tile_conv_pool) the input is: that layer's g at its own windows' maxima instead,
-    [C, N*H*W] (tile_conv_unpool's compact form, for its pooled_wgrad). Used by pooled_backward (POOLED_DX);
-    benchmarks/conv_variants.py --pooled-dx times it against tile_conv's dense input gradient from the full g."""
-    n, c, h, wd = x_shape
-    o, ks = w.shape[0], w.shape[2]
-    ph, pw = pidx.shape[2], pidx.shape[3]
-    plan = _pooled_dx_plan(tuple(x_shape), tuple(w.shape), tuple(pidx.shape), tuple(out_hw), gc.dtype.itemsize)
-    if plan is None:
-        return None
-    if into is not None and (into.pool is None or tuple(into.pool[0].shape) != (n, c, h, wd)):
-        raise RuntimeError(f"pooled_input_grad: expected `into` pooled to {[n, c, h, wd]}, got "
-                           f"{None if into.pool is None else list(into.pool[0].shape)}")
-    ct, threads, smem = plan
-    act = ACTIVATIONS[into.activation] if into is not None else 0
-    shape = (c, n * h * wd) if into is not None else (n, c, h, wd)
-    dx = cupy().empty(shape, dtype=gc.dtype)
-    epilogue = (ptr(into.pool[0] if into is not None else None), ptr(into.y if act else None),
-                ptr(into.bias if act else None), i32(act))
-    name = f"pooled_dx{'_into' if into is not None else ''}_k{ks}_c{ct}"
-    get("conv", name, gc.dtype)((n, -(-c // ct)), (threads,), (gc, pidx, w, dx) + i32s(
-        (n, c, o, h, wd) + tuple(out_hw) + (ph, pw, pads[0], pads[1])) + epilogue, shared_mem=smem)
-    return dx
-
-
-def _pooled_dx_plan(x_shape, w_shape, pool_shape, out_hw, itemsize):
-    """(channels per thread, threads, shared memory) of pooled_dx for these shapes, or None where it does not take
-    them: KS not compiled, nothing to do, its staging over the default shared memory, indices past 32 bits."""
-    n, c, h, wd = x_shape
-    o, ks = w_shape[0], w_shape[2]
-    ph, pw = pool_shape[2], pool_shape[3]
-    if ks not in _TILE_KS or min(n, c, h, wd, o, ph, pw) <= 0:
-        return None
-    ct, p = (4 if c <= 4 else 8), ph * pw
-    smem = (o * ks * ks * ct + o * p) * itemsize + o * p * 4
-    # (+ 16: the kernel's static flag; 2^15: a maximum's row and column are packed in 32 bits)
-    if (smem + 16 > _SMEM_BYTES or n * c * h * wd >= _FITS32 or o * n * p >= _FITS32
-            or max(out_hw) >= 1 << 15):
-        return None
-    return ct, min(_TILE_THREADS, -(-h * wd // 32) * 32), smem
-
-
-def pooled_backward_plan(saved, into, dtype):
-    """What pooled_backward needs, or None where it does not take `saved` (POOLED_DX off, not pooled in its
-    epilogue, no weight gradient wanted, pooled_wgrad's plan or, for the input gradient, pooled_dx's declines it):
-    (its pooled_wgrad plan, the producer `into` and its plan where the input gradient goes there as its g at its
-    maxima, else None and None). Decided before the pooling's backward writes the compact g, so that it is not
-    written for nothing."""
-    if not POOLED_DX or saved.pool is None or not saved.needs[1]:
-        return None
-    plan = _pooled_wgrad_plan(saved, dtype, with_input_grad=True)
-    if plan is None or (saved.needs[0] and _pooled_dx_plan(tuple(saved.x_shape), tuple(saved.weight.shape), tuple(
-            saved.pool[0].shape), tuple(saved.out_hw), dtype.itemsize) is None):
-        return None
-    into_plan = _pooled_wgrad_plan(into, dtype) if (saved.needs[0] and into is not None and INTO_PRODUCER
-                                                    and INTO_POOLED and into.pool is not None) else None
-    return plan, (into if into_plan is not None else None), into_plan
-
-
-def pooled_backward(gc, saved, plan):
-    """(dx, dw, db) of a convolution that pooled in its epilogue from gc [O, N*P], its g at the pooling's windows'
-    maxima (pool.max_pool2d_backward_act compact), by pooled_backward_plan's plan: dx by pooled_dx (a ProducerGrad of
-    the producer's weight gradient's partial rows where it goes into that pooled first layer), dw and db by
-    pooled_wgrad + wgrad_reduce."""
-    wplan, into, into_plan = plan
-    dx = None
-    if saved.needs[0]:
-        dx = pooled_input_grad(gc, saved.pool[0], saved.weight, saved.x_shape, (saved.pads[0], saved.pads[2]),
-                               saved.out_hw, into)
-        if into is not None:
-            dx = ProducerGrad(None, _pooled_wgrad(dx, into, into_plan))
-    want_b = saved.needs[2] and saved.bias is not None
-    dw, db = _reduce_partials(_pooled_wgrad(gc, saved, wplan), saved.weight.shape, want_b)
-    return dx, dw, db
 
 
 def producer_output(into, dtype):

@@ -98,13 +98,11 @@ def max_pool2d_backward(dout, saved):
     return dx
 
 
-def max_pool2d_backward_act(dout, saved, y, bias, activation, compact=False):
+def max_pool2d_backward_act(dout, saved, y, bias, activation):
     """The output gradient of a convolution + activation whose output this pooling read (saved from
     max_pool2d_forward on its [N, C, H, W] output): g [C, N*H*W] = max_pool2d_backward(dout) * act'(y + bias), y
     [C, N*H*W] the convolution's sum before the bias (None without an activation). One kernel for what is
-    otherwise the pooling's backward and the convolution's bias_act_bwd (backend/cuda/conv.py takes g as is).
-    compact (windows that tile the input only): g at the windows' maxima alone, [C, N*OH*OW] in the windows'
-    order (conv.pooled_backward's input)."""
+    otherwise the pooling's backward and the convolution's bias_act_bwd (backend/cuda/conv.py takes g as is)."""
     op = "max_pool2d_backward_act"
     idx, x_shape, dtype, (kernel, stride, pad, dil, out_hw) = saved
     _check_grad(op, dout, x_shape, out_hw, dtype, idx.device.id)
@@ -121,19 +119,15 @@ def max_pool2d_backward_act(dout, saved, y, bias, activation, compact=False):
     if bias is not None and (tuple(bias.shape) != (c,) or bias.dtype != dtype):
         raise RuntimeError(f"{op}: expected a {np.dtype(dtype)} bias of shape [{c}], got {bias.dtype} "
                            f"{list(bias.shape)}")
-    tiles = _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw)
-    tiled = tiles and (POOL_TILED or compact)   # (the gather kernel has no compact form)
-    if compact and not tiles:
-        raise RuntimeError(f"{op}: compact needs windows that tile the input (kernel == stride, no padding or "
-                           f"dilation), got kernel {list(kernel)}, stride {list(stride)} over {[h, w]}")
+    tiled = POOL_TILED and _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw)
     cp = cupy()
     with idx.device:
         dout = contiguous(dout)
-        g = cp.empty((c, n * (out_hw[0] * out_hw[1] if compact else h * w)), dtype=dtype)
+        g = cp.empty((c, n * h * w), dtype=dtype)
         if tiled:
             launch("pool", "max_pool2d_bwd_act_tiled", dtype, dout.size, (
                 dout, idx, g, ptr(y), ptr(bias)) + i32s((n * c, c) + tuple(out_hw) + tuple(kernel) + (
-                    ACTIVATIONS[activation], int(compact))))
+                    ACTIVATIONS[activation],)))
             return g
         launch("pool", "max_pool2d_bwd_act", dtype, g.size,
                (dout, idx, g, ptr(y), ptr(bias), i64(n * c), i64(c), i64(h), i64(w), i64(out_hw[0]),

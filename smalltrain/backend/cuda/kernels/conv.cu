@@ -30,12 +30,6 @@
 //            maxima only (the rest of its g is 0): a quarter of tile_wgrad's products (tile_conv's compact "into"
 //            for a first layer, whose full-resolution g is then never written; the linear chain's for the
 //            convolution it reads).
-//   pooled_dx: the input gradient of the same (stride-1, undilated) convolutions where a 2x2 max pooling read the
-//            output, from its g at the windows' maxima only: each dx element sums the maxima whose taps reach it (at
-//            most 3 windows a dimension and output channel for KS = 5) instead of the KS*KS taps of the dense
-//            correlation over a g that is 3/4 zeros; pooled_dx_into writes a pooled first layer's g at its own
-//            maxima instead. Taken only with conv.py's POOLED_DX, off: it lost to tile_conv's dense input gradient
-//            (benchmarks/conv_variants.py --pooled-dx; the numbers at the knob).
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
 //            and block of CB (8, or 2 for small batches) input channels, dx[n, c, h, w] = sum over (o, i, j) of
 //            g[o, n, oh, ow] * w[o, c, i, j] where oh*sh = h + ph - i*dh and ow*sw = w + pw - j*dw land on an output;
@@ -494,87 +488,6 @@ __device__ void pooled_wgrad(const T* __restrict__ gw, const i64* __restrict__ p
             for (int t = 0; t < per; ++t) s += red[(t * O + oc) * KB + k];
             if (k < KK && nan_tap[(oc * C + ch) * KK + k]) s += T(0) * st_neg_inf<T>();   // NaN
             wpart[((size_t)blockIdx.x * O + oc) * CK + (k < KK ? ch * KK + k : C * KK)] = s;
-        }
-    }
-}
-
-// pooled_dx: dx [N, C, H, W] of a stride-1, undilated convolution (padding pt, pl) whose output (FH x FW) a 2x2,
-// stride-2 max pooling read (PH x PW windows, P = PH*PW; a last odd row or column is in no window and its g is 0),
-// from gc [O, N, P], its g at the windows' maxima, and pidx [N, O, P], their positions y * FW + x:
-//     dx[n, c, h, x] = sum over (o, q) of gc[o, n, q] * w[o, c, h + pt - Y_q, x + pl - X_q]   (taps within KS x KS)
-// Only the windows whose rows Y in [h + pt - KS + 1, h + pt] (and columns likewise) can hold such a maximum are read:
-// for KS = 5 at most 3 a dimension. A block takes image blockIdx.x and CT input channels from CT * blockIdx.y,
-// staging the image's maxima (g and position, y << 16 | x) and those channels' weights as [O][KS*KS][CT]; each
-// thread one dx position at a time, its CT channels in registers. The sums run in another order than the dense
-// correlation's (the same values up to rounding). Non-finite weights: the dense correlation pairs them with the other
-// positions' zeros too (0 * inf: NaN); where the block staged any, each dx element also takes 0 * w for its taps of
-// a non-finite w that reach an output position (of the FH x FW output) other than a window's maximum.
-// With ppidx (the input being a first layer's 2x2 max-pooled output, as tile_conv_unpool's compact form): instead of
-// dx, that layer's g at its own windows' maxima, dx[n, c, s] * act'(z + b) with z read at ppidx [N, C, H*W]'s
-// position in py [C, N, 4*H*W] (its output before its bias pb), into dx as [C, N*H*W], for its pooled_wgrad.
-// (INTO: the kernel with that epilogue, pooled_dx_into_*: its act' for CT channels takes ~3x the registers)
-template <typename T, int KS, int CT, bool INTO>
-__device__ void pooled_dx(const T* __restrict__ gc, const i64* __restrict__ pidx, const T* __restrict__ w,
-                          T* __restrict__ dx, int N, int C, int O, int H, int W, int FH, int FW, int PH, int PW,
-                          int pt, int pl, const i64* __restrict__ ppidx, const T* __restrict__ py,
-                          const T* __restrict__ pb, int pact) {
-    constexpr int KK = KS * KS;
-    extern __shared__ unsigned char st_smem[];
-    __shared__ int nonfinite_w;   // any staged weight inf or NaN
-    if (threadIdx.x == 0) nonfinite_w = 0;
-    __syncthreads();
-    const int P = PH * PW, n = blockIdx.x, c0 = blockIdx.y * CT, nc = min(CT, C - c0);
-    T* ws = reinterpret_cast<T*>(st_smem);   // [O][KK][CT]
-    T* gs = ws + O * KK * CT;                // [O][P]
-    int* at = reinterpret_cast<int*>(gs + O * P);
-    for (int e = threadIdx.x; e < O * KK * CT; e += blockDim.x) {
-        const int u = e % CT, ok = e / CT, o = ok / KK, k = ok - o * KK;
-        ws[e] = u < nc ? w[((size_t)o * C + c0 + u) * KK + k] : T(0);
-        if (!isfinite(ws[e])) nonfinite_w = 1;   // (every writer writes 1)
-    }
-    for (int e = threadIdx.x; e < O * P; e += blockDim.x) {
-        const int o = e / P, q = e - o * P, a = (int)pidx[((size_t)n * O + o) * P + q], y = a / FW;
-        gs[e] = gc[((size_t)o * N + n) * P + q];
-        at[e] = y << 16 | (a - y * FW);
-    }
-    __syncthreads();
-    for (int s = threadIdx.x; s < H * W; s += blockDim.x) {
-        const int h = s / W, x = s - h * W;
-        const int ylo = max(h + pt - KS + 1, 0), yhi = min(h + pt, 2 * PH - 1);
-        const int xlo = max(x + pl - KS + 1, 0), xhi = min(x + pl, 2 * PW - 1);
-        T acc[CT];
-#pragma unroll
-        for (int u = 0; u < CT; ++u) acc[u] = T(0);
-        for (int o = 0; o < O; ++o)
-            for (int wy = ylo / 2; wy <= yhi / 2; ++wy)
-                for (int wx = xlo / 2; wx <= xhi / 2; ++wx) {
-                    const int q = o * P + wy * PW + wx, a = at[q];
-                    const int i = h + pt - (a >> 16), j = x + pl - (a & 0xffff);
-                    if (i < 0 || i >= KS || j < 0 || j >= KS) continue;
-                    const T g = gs[q];
-                    const T* wp = ws + (o * KK + i * KS + j) * CT;
-#pragma unroll
-                    for (int u = 0; u < CT; ++u) acc[u] += g * wp[u];
-                }
-        if (nonfinite_w)   // the dense correlation's 0 * w where w is not finite and g is 0 (no window's maximum)
-            for (int o = 0; o < O; ++o)
-                for (int k = 0; k < KK; ++k) {
-                    const int Y = h + pt - k / KS, X = x + pl - k % KS, q = o * P + (Y / 2) * PW + X / 2;
-                    if (Y < 0 || Y >= FH || X < 0 || X >= FW) continue;
-                    if (Y / 2 < PH && X / 2 < PW && at[q] == (Y << 16 | X)) continue;   // a maximum: summed above
-                    for (int u = 0; u < CT; ++u)
-                        if (!isfinite(ws[(o * KK + k) * CT + u])) acc[u] += T(0) * ws[(o * KK + k) * CT + u];
-                }
-        for (int u = 0; u < nc; ++u) {
-            const int c = c0 + u;
-            if (!INTO) {
-                dx[((size_t)n * C + c) * H * W + s] = acc[u];
-                continue;
-            }
-            const T* zp = py != nullptr ? py + ((size_t)c * N + n) * 4 * H * W : nullptr;
-            bool exact;   // (unused: pooled_wgrad's dw and db are NaN wherever a maximum's z is not finite either way)
-            dx[((size_t)c * N + n) * H * W + s] = pooled_act_max_grad(
-                acc[u], (int)ppidx[((size_t)n * C + c) * H * W + s], zp, pb != nullptr ? pb[c] : T(0), pact, exact);
         }
     }
 }
@@ -1546,16 +1459,6 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         pooled_wgrad<T, KS>(gw, pidx, x, wpart, N, C, O, H, W, FW, P, pt, pl, IPB);                                \
     }
 
-#define ST_POOLED_DX_ONE(T, S, KS, CT, NAME, INTO)                                                                 \
-    extern "C" __global__ void NAME##_k##KS##_c##CT##_##S(const T* gc, const i64* pidx, const T* w, T* dx, int N,  \
-                                                          int C, int O, int H, int W, int FH, int FW, int PH,      \
-                                                          int PW, int pt, int pl, const i64* ppidx, const T* py,   \
-                                                          const T* pb, int pact) {                                 \
-        pooled_dx<T, KS, CT, INTO>(gc, pidx, w, dx, N, C, O, H, W, FH, FW, PH, PW, pt, pl, ppidx, py, pb, pact);   \
-    }
-#define ST_POOLED_DX(T, S, KS, CT)                                                                                 \
-    ST_POOLED_DX_ONE(T, S, KS, CT, pooled_dx, false) ST_POOLED_DX_ONE(T, S, KS, CT, pooled_dx_into, true)
-
 #define ST_CONV(T, S)                                                                                              \
     extern "C" __global__ void im2col_##S(const T* x, T* cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH,  \
                                           i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
@@ -1594,7 +1497,6 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
     }                                                                                                              \
     ST_POOLED_WGRAD(T, S, 3) ST_POOLED_WGRAD(T, S, 5)                                                              \
-    ST_POOLED_DX(T, S, 3, 4) ST_POOLED_DX(T, S, 3, 8) ST_POOLED_DX(T, S, 5, 4) ST_POOLED_DX(T, S, 5, 8)          \
     ST_WGRAD(T, S, 1) ST_WGRAD(T, S, 2) ST_WGRAD(T, S, 4) ST_WGRAD(T, S, 8)
 ST_INSTANTIATE(ST_CONV)
 #undef ST_CONV
@@ -1605,5 +1507,3 @@ ST_INSTANTIATE(ST_CONV)
 #undef ST_TILE
 #undef ST_TILE_WGRAD
 #undef ST_POOLED_WGRAD
-#undef ST_POOLED_DX
-#undef ST_POOLED_DX_ONE

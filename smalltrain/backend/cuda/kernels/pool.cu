@@ -69,12 +69,10 @@ __device__ void max_pool_bwd(const T* __restrict__ dout, const i64* __restrict__
 // window, dout at the argmax and 0 elsewhere, each times act'(y + bias[c]): no search over the windows covering an
 // input and 1 / (kh * kw) of the threads and their index arithmetic (the gather above is instruction-bound there);
 // y is read at the maximum only (common.cuh pooled_act_grad).
-// compact: only the value at each window's maximum, g [C, images*OH*OW] (the windows' order; for pooled_dx and
-// pooled_wgrad, conv.py pooled_backward).
 template <typename T>
 __device__ void max_pool_bwd_act_tiled(const T* __restrict__ dout, const i64* __restrict__ idx, T* __restrict__ g,
                                        const T* __restrict__ y, const T* __restrict__ bias, int B, int C, int OH,
-                                       int OW, int kh, int kw, int act, int compact) {
+                                       int OW, int kh, int kw, int act) {
     const int W = OW * kw, HW = OH * kh * W, images = B / C;
     GRID_STRIDE_I(int, t, B * OH * OW) {
         const int ow = t % OW, rest = t / OW, oh = rest % OH, b = rest / OH, n = b / C, c = b - n * C;
@@ -85,10 +83,6 @@ __device__ void max_pool_bwd_act_tiled(const T* __restrict__ dout, const i64* __
         const T* zp = y != nullptr ? y + plane : nullptr;
         bool exact;
         const T gw = pooled_act_max_grad(dout[t], target, zp, bc, act, exact);
-        if (compact) {
-            g[(c * images + n) * OH * OW + oh * OW + ow] = gw;
-            continue;
-        }
         for (int i = 0; i < kh; ++i)
             for (int j = 0; j < kw; ++j) {
                 const int p = (oh * kh + i) * W + ow * kw + j;
@@ -184,8 +178,8 @@ __device__ void avg_pool_bwd(const T* __restrict__ dout, T* __restrict__ dx, i64
     }                                                                                                                \
     extern "C" __global__ void max_pool2d_bwd_act_tiled_##S(const T* dout, const i64* idx, T* g, const T* y,          \
                                                             const T* bias, int B, int C, int OH, int OW, int kh,   \
-                                                            int kw, int act, int compact) {                        \
-        max_pool_bwd_act_tiled<T>(dout, idx, g, y, bias, B, C, OH, OW, kh, kw, act, compact);                        \
+                                                            int kw, int act) {                                     \
+        max_pool_bwd_act_tiled<T>(dout, idx, g, y, bias, B, C, OH, OW, kh, kw, act);                                 \
     }                                                                                                                \
     extern "C" __global__ void avg_pool2d_fwd_##S(const T* x, T* out, i64 B, i64 H, i64 W, i64 OH, i64 OW, i64 kh,   \
                                                   i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int cip, i64 divisor) {    \
