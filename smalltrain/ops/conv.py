@@ -256,21 +256,25 @@ class Conv2dActPool(Function):
     @staticmethod
     def backward(ctx, dout):
         saved = ctx.kernel_saved
+        g = wpartial = dpool = None
         if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our weight gradient's partials
             g, wpartial = dout.value.g, dout.value.wpartial
+        elif saved.pool is not None:   # pooled in the epilogue: conv2d_backward takes the pooled gradient
+            dpool = dout.array
         else:
             g = cuda_pool.max_pool2d_backward_act(dout.array, ctx.pool_saved, saved.y, saved.bias, saved.activation)
-            wpartial = None
-        # the g handed to us (by the chain, or another convolution) or made here: either way our input gradient may
-        # be written as the producer's g in turn (LeNet-5: the chain -> the second convolution -> the first)
-        return _into_producer(ctx, saved, g, wpartial)
+        # the g handed to us (by the chain, or another convolution) or made from the pooled gradient: either way our
+        # input gradient may be written as the producer's g in turn (LeNet-5: the chain -> the second convolution ->
+        # the first)
+        return _into_producer(ctx, saved, g, wpartial, dpool)
 
 
-def _into_producer(ctx, saved, g, wpartial=None):
-    """conv2d_backward from g, its input gradient written as the producing convolution's g (a Prepared "conv_g")
-    where the engine offered that kind for the input (the producer's prepared_kind, this node its only consumer)."""
+def _into_producer(ctx, saved, g, wpartial=None, dpool=None):
+    """conv2d_backward from g (or dpool), its input gradient written as the producing convolution's g (a Prepared
+    "conv_g") where the engine offered that kind for the input (the producer's prepared_kind, this node its only
+    consumer)."""
     dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, wpartial=wpartial, into=offered_producer(ctx),
-                                           wgrad_beside=takes_plainly(ctx, (1, 2)))
+                                           wgrad_beside=takes_plainly(ctx, (1, 2)), dpool=dpool)
     return (Prepared("conv_g", dx) if isinstance(dx, cuda_conv.ProducerGrad) else dx), dw, db
 
 

@@ -1130,6 +1130,66 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, monkeypatch):
     assert_close(grads["fused"][1], rdb1, tol, name="db")
 
 
+DX_FROM_POOLED_CASES = [  # producer x, its weight, padding, activation; consumer weight, padding, activation; NaN
+    ((5, 1, 28, 28), (6, 1, 5, 5), 0, "gelu", (16, 6, 5, 5), 0, "gelu", False),   # LeNet-5's two layers
+    ((3, 1, 12, 16), (4, 1, 5, 5), 2, "relu", (5, 4, 3, 3), 1, "relu", True),     # 3 x 4 windows, a NaN
+    ((2, 2, 12, 12), (3, 2, 5, 5), 2, None, (4, 3, 3, 3), 1, "gelu", True),       # two input channels
+    ((2, 1, 12, 12), (3, 1, 5, 5), 2, "gelu", (4, 3, 5, 5), 2, None, False),      # no consumer activation
+]
+
+
+@pytest.mark.parametrize("producer_needs_dx", [False, True], ids=["first_layer", "inner_layer"])
+@pytest.mark.parametrize("unpool_wgrad", [False, True], ids=["pooled_wgrad", "unpool_wgrad"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", DX_FROM_POOLED_CASES)
+def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, producer_needs_dx, rng, monkeypatch):
+    """A convolution that pooled in its epilogue, reading a producer that pooled too: conv2d_backward from its pooled
+    output's gradient (dpool) with DX_FROM_POOLED stages g in the input gradient's kernel (tile_conv_unpool or
+    tile_conv_unpool_wgrad) while the pooling's backward still makes g for the weight gradient: every result bit-equal
+    to DX_FROM_POOLED off (g made first; NaNs and the non-finite maxima's neighbours included). A dpool of the wrong
+    shape or with a g is refused before any kernel runs."""
+    xs, w1s, p1, act1, w2s, p2, act2, nan = case
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
+    monkeypatch.setattr(conv_kernels, "UNPOOL_WGRAD", unpool_wgrad)
+    x = rng.standard_normal(xs).astype(dtype)
+    if nan:
+        x[1, 0, 5, 6] = np.nan
+    w1 = (rng.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype)
+    w2 = (rng.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype)
+    b1, b2 = g(rng.standard_normal(w1s[0]).astype(dtype)), g(rng.standard_normal(w2s[0]).astype(dtype))
+    needs1 = (producer_needs_dx, True, True)
+    out1, s1 = ops.conv2d_forward(g(x), g(w1), b1, 1, p1, 1, 1, act1, needs_input_grad=needs1, pool=POOL_2X2)
+    out2, s2 = ops.conv2d_forward(out1, g(w2), b2, 1, p2, 1, 1, act2, pool=POOL_2X2)
+    assert s1.pool is not None and s2.pool is not None
+    dpool = g(rng.standard_normal(out2.shape).astype(dtype))
+    launched, staged = [], []
+    real_get, real_tile_dx = conv_kernels.get, conv_kernels._tile_dx
+    monkeypatch.setattr(conv_kernels, "get",
+                        lambda family, name, *a: launched.append(name) or real_get(family, name, *a))
+    monkeypatch.setattr(conv_kernels, "_tile_dx",
+                        lambda *a, **k: staged.append(k.get("dpool") is not None) or real_tile_dx(*a, **k))
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(conv_kernels, "DX_FROM_POOLED", on)
+        launched.clear()
+        staged.clear()
+        handed, dw2, db2 = ops.conv2d_backward(None, s2, into=s1, dpool=dpool)
+        assert isinstance(handed, conv_kernels.ProducerGrad)
+        assert any(name.startswith("tile_conv_unpool") for name in launched), launched
+        assert staged == [on], staged   # the input gradient's kernel staged g from dpool, or read the g made first
+        results[on] = [a for a in (handed.g, handed.wpartial, dw2, db2) if a is not None]
+    assert len(results[True]) == len(results[False]) >= 3
+    for got, want in zip(results[True], results[False]):
+        assert got.shape == want.shape and bool(cp.array_equal(got, want, equal_nan=True))
+    if act2 is not None:   # the NaN reaches the consumer's y: the maxima's non-finite path is staged too
+        assert bool(cp.isnan(s2.y).any()) == nan
+    with pytest.raises(RuntimeError, match="expected dpool of shape"):
+        ops.conv2d_backward(None, s2, into=s1, dpool=dpool[:, :, :1])
+    with pytest.raises(RuntimeError, match="dpool comes alone"):
+        ops.conv2d_backward(None, s2, g=cp.zeros((w2s[0], 1), dtype), dpool=dpool)
+
+
 def test_tile_conv_pool_declines_other_poolings():
     """3x3 windows, stride 1, padding, odd output sizes: no pooling epilogue (the caller pools)."""
     x, w = cp.ones((2, 3, 11, 11), cp.float32), cp.ones((4, 3, 3, 3), cp.float32)

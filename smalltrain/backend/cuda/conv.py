@@ -136,6 +136,11 @@ POOLED_WGRAD = True
 # 149.6 off, b64 and MnistCnn within the calls' spread. Tests set it False for those
 UNPOOL_WGRAD = True
 _UNPOOL_WGRAD_SLICES = 16     # its slices of a channel's windows at most (conv.cu ST_UPW_SLICES)
+# conv2d_backward from the gradient of an output pooled in the epilogue (its dpool; ops.conv Conv2dActPool where
+# nothing handed g over ready-made, LeNet-5's second layer at b512): the input gradient's kernel, into a producer that
+# pooled too, stages g from that pooled gradient itself (kernels/conv.cu sidx), so that it does not wait for the
+# pooling's backward kernel, which makes g for the weight gradient beside it. Off until timed
+DX_FROM_POOLED = False
 _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
 # TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images
@@ -509,7 +514,7 @@ def _tile_linear_ok(plan, n, lw):
 
 
 def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None, lin=None,
-               pool_idx=None, wgrad=None, compact=False):
+               pool_idx=None, wgrad=None, compact=False, staged=None):
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
     of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped).
@@ -522,7 +527,9 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     maxima, [O, N*Ho*Wo], for pooled_wgrad. wgrad
     (with into_nchw, _into_wgrad): (the producer's x [N, 1, H, W], H, W, its top and left padding, partial rows
     [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's epilogue; with pool_idx and compact too (_unpool_wgrad), for
-    tile_conv_unpool_wgrad's, out then None (no g is written)."""
+    tile_conv_unpool_wgrad's, out then None (no g is written). staged (with pool_idx, _tile_dx's pooled): (this
+    convolution's pooling indices, y or None, bias or None, activation code), `inp` then the pooled output's gradient
+    [N, O, Ho/2, Wo/2] from which the kernel stages g (conv.cu, sidx)."""
     to, th, threads, blocks, smem, cs = plan
     n, o, ho, wo = out.shape if into_nchw is None else into_nchw
     pool_fwd = pool_idx is not None and into_nchw is None
@@ -550,7 +557,9 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
-        + (ptr(pool_idx),) + wgrad_args, shared_mem=smem)
+        + (ptr(pool_idx),) + wgrad_args
+        + ((ptr(None),) * 3 + (i32(0),) if staged is None else tuple(ptr(a) for a in staged[:3]) + (i32(staged[3]),)),
+        shared_mem=smem)
 
 
 def _wgrad_epilogue_smem(plan, ks, itemsize):
@@ -603,42 +612,62 @@ def _into_wgrad(plan, into, ks, dtype):
     return (into.x,) + tuple(into.x_shape[2:]) + (into.pads[0], into.pads[2], partial)
 
 
-def _tile_dx(g, saved, into=None):
-    """dx [N, C, H, W] from g [O, N*OH*OW] by tile_conv (the full correlation of g with the flipped kernel), or
-    None where it does not take the convolution (_tile_forward_plan's rules but the taps' on the transposed
-    geometry, and TILE_DX_MIN_THREADS_PER_SM). With `into` (the Conv2dSaved of the convolution whose output x is,
-    fitting _into_ok), dx is written as that convolution's g [C, N*H*W], times its activation's derivative, and
-    returned as a ProducerGrad (with that convolution's weight gradient partials where _into_wgrad takes it); where
-    that convolution pooled in its epilogue (into.pool), through the pooling's backward: g [C, N*4*H*W], or where
-    _pooled_wgrad_plan takes it only the partial rows (g None), from the g at the windows' maxima."""
+def _tile_dx_plan(saved, src):
+    """tile_conv's plan for the input gradient of `saved` from src (g, or the pooled output's gradient), or None
+    where it does not take it: _tile_forward_plan's rules but the taps' on the transposed geometry, 32-bit indices
+    and TILE_DX_MIN_THREADS_PER_SM."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
     if not _tile_geometry(saved.stride, saved.dilation, saved.groups, saved.weight.shape):
         return None
-    plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, g.dtype.itemsize)
-    if plan is None or g.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
+    plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, src.dtype.itemsize)
+    if plan is None or src.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
         return None
+    return plan
+
+
+def _tile_dx(g, saved, into=None, dpool=None):
+    """dx [N, C, H, W] from g [O, N*OH*OW] by tile_conv (the full correlation of g with the flipped kernel), or
+    None where it does not take the convolution (_tile_dx_plan). With `into` (the Conv2dSaved of the convolution
+    whose output x is, fitting _into_ok), dx is written as that convolution's g [C, N*H*W], times its activation's
+    derivative, and returned as a ProducerGrad (with that convolution's weight gradient partials where _into_wgrad
+    takes it); where that convolution pooled in its epilogue (into.pool), through the pooling's backward: g [C,
+    N*4*H*W], or where _pooled_wgrad_plan takes it only the partial rows (g None), from the g at the windows'
+    maxima. dpool (with such an `into`, g None): this convolution pooled in its epilogue too and dpool is its pooled
+    output's gradient [N, O, OH/2, OW/2], from which the kernel stages g (conv.cu, sidx); None elsewhere."""
+    n, c, h, wd = saved.x_shape
+    o, _, kh, kw = saved.weight.shape
+    src = g if dpool is None else dpool
+    plan = _tile_dx_plan(saved, src)
+    if plan is None or (dpool is not None and (into is None or into.pool is None or saved.pool is None)):
+        return None
+    dtype = src.dtype
     pooled = into is not None and into.pool is not None
-    pooled_plan = _pooled_wgrad_plan(into, g.dtype) if pooled else None   # then only the maxima's g is written
+    pooled_plan = _pooled_wgrad_plan(into, dtype) if pooled else None   # then only the maxima's g is written
     shape = (c, n * h * wd * (4 if pooled and pooled_plan is None else 1)) if into is not None \
         else tuple(saved.x_shape)
     if math.prod(shape) >= _FITS32:
         return None
     # ... or not even that, its weight gradient taken in the epilogue
-    unpool_wgrad = _unpool_wgrad(plan, into, kh, g.dtype, wd) if pooled_plan is not None else None
-    dx = cupy().empty(shape, dtype=g.dtype) if unpool_wgrad is None else None
+    unpool_wgrad = _unpool_wgrad(plan, into, kh, dtype, wd) if pooled_plan is not None else None
+    dx = cupy().empty(shape, dtype=dtype) if unpool_wgrad is None else None
     p = saved.out_hw[0] * saved.out_hw[1]
     pads = saved.pads
+    # g's image and channel strides: [O, N, P], or dpool's [N, O, P/4]; dpool's staging reads this convolution's
+    # pooling indices, y and bias
+    strides = (p, n * p) if dpool is None else (o * (p // 4), p // 4)
+    sact = ACTIVATIONS[saved.activation]
+    staged = None if dpool is None else (saved.pool[0], saved.y if sact else None, saved.bias if sact else None, sact)
     if into is None:
         _tile_conv(plan, g, saved.weight, None, dx, None, (o,) + tuple(saved.out_hw), (p, n * p),
                    (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0)
     else:   # y and b are the producer's, read; the output in its g layout (conv.cu, "into")
         act = ACTIVATIONS[into.activation]
-        wgrad = _into_wgrad(plan, into, kh, g.dtype) if unpool_wgrad is None else unpool_wgrad
-        _tile_conv(plan, g, saved.weight, into.bias if act else None, dx, into.y if act else None,
-                   (o,) + tuple(saved.out_hw), (p, n * p), (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
+        wgrad = _into_wgrad(plan, into, kh, dtype) if unpool_wgrad is None else unpool_wgrad
+        _tile_conv(plan, src, saved.weight, into.bias if act else None, dx, into.y if act else None,
+                   (o,) + tuple(saved.out_hw), strides, (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
                    tuple(saved.x_shape), pool_idx=into.pool[0] if pooled else None, wgrad=wgrad,
-                   compact=pooled_plan is not None)
+                   compact=pooled_plan is not None, staged=staged)
         if pooled_plan is not None:   # the producer needs no g, only its weight and bias gradients' partial rows
             return ProducerGrad(None, wgrad[5] if unpool_wgrad is not None else _pooled_wgrad(dx, into, pooled_plan))
         return ProducerGrad(dx, None if wgrad is None else wgrad[5])
@@ -997,7 +1026,7 @@ def _weight_grad(x, g, saved, with_bias):
     return _reduce_partials(partial, saved.weight.shape, with_bias)
 
 
-def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=False):
+def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=False, dpool=None):
     """Gradients of conv2d_forward's output: dout [N, O, OH, OW] -> (dx, dw, db); or, with dout None, from g
     [O, N*OH*OW], the gradient after the activation's derivative, already in the kernels' layout (a fused
     pooling's backward computes it: pool.max_pool2d_backward_act).
@@ -1012,7 +1041,10 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
     [N, C, H, W]. wpartial: this convolution's weight and bias gradients' partial rows, already summed over the
     batch by the next convolution's input gradient (ProducerGrad): only wgrad_reduce runs for dw and db; g may then
     be None where no input gradient is needed. wgrad_beside: dw and db may be made beside the rest of the backward
-    pass, joined by the pass (autograd.engine.takes_plainly said so; with WGRAD_BESIDE_DEFER).
+    pass, joined by the pass (autograd.engine.takes_plainly said so; with WGRAD_BESIDE_DEFER). dpool (dout, g and
+    wpartial None): the gradient of the output pooled in the epilogue (saved.pool), [N, O, PH, PW]; g is made from
+    it by the pooling's backward (pool.max_pool2d_backward_act), where DX_FROM_POOLED takes the input gradient from
+    dpool itself (_tile_dx's dpool) only for the weight gradient, beside it.
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -1021,7 +1053,15 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
     k = cg * kh * kw
     g_, p = saved.groups, saved.out_hw[0] * saved.out_hw[1]
     dtype = w.dtype
-    if dout is None and g is None:   # the weight and bias gradients' partial rows alone (ProducerGrad)
+    if dpool is not None:
+        if dout is not None or g is not None or wpartial is not None or saved.pool is None:
+            raise RuntimeError(f"{op}: dpool comes alone (no grad_output, g or wpartial), for a convolution that "
+                               f"pooled in its epilogue")
+        check_array(op, "dpool", dpool, 4)
+        check_shape(op, "dpool", dpool, (n, o) + tuple(saved.pool[3][4]))
+        check_dtype(op, "dpool", dpool, dtype)
+        given = dpool
+    elif dout is None and g is None:   # the weight and bias gradients' partial rows alone (ProducerGrad)
         if wpartial is None or saved.needs[0]:
             raise RuntimeError(f"{op}: expected grad_output or g (g may be None only with wpartial and no input "
                                f"gradient needed)")
@@ -1052,10 +1092,22 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
             dout = contiguous(dout)
             g = cp.empty((o, n * p), dtype=dtype)
             bias_act_backward(dout, saved.y, saved.bias, g, n, o, p, ACTIVATIONS[saved.activation])
+        staged = None   # dpool where the input gradient's kernel stages g from it (DX_FROM_POOLED), else None
+        if dpool is not None:
+            from .pool import max_pool2d_backward_act   # (pool.py imports this module)
+            dpool = contiguous(dpool)
+            if (DX_FROM_POOLED and need_x and INTO_PRODUCER and into is not None and into.pool is not None
+                    and _into_ok(saved, into, dtype) and _tile_dx_plan(saved, dpool) is not None):
+                staged = dpool
+            else:
+                g = max_pool2d_backward_act(dpool, saved.pool, saved.y, saved.bias, saved.activation)
         want_b = need_b and saved.bias is not None
         wgrad = "given" if wpartial is not None else _wgrad_kernel(saved, dtype.itemsize) if need_w else None
 
         def weight_grads():
+            nonlocal g
+            if staged is not None and (need_w or want_b):   # g for these only, beside the input gradient
+                g = max_pool2d_backward_act(staged, saved.pool, saved.y, saved.bias, saved.activation)
             if wgrad == "given":
                 return _reduce_partials(wpartial, w.shape, want_b)
             if wgrad == "tile":   # dw and db from x in one kernel and its reduction
@@ -1079,6 +1131,8 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
         def input_grad():
             if not need_x:
                 return None
+            if staged is not None:   # (_tile_dx_plan took it above)
+                return _tile_dx(None, saved, into, dpool=staged)
             if INTO_PRODUCER and _into_ok(saved, into, dtype):
                 dx = _tile_dx(g, saved, into)
                 if dx is not None:

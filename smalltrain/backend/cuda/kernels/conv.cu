@@ -642,7 +642,12 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // and pidx, the producer pooled its output in its own epilogue (POOL below; dx is the pooled output's gradient):
 // dx goes through that pooling's backward too, to its maximum's position in each 2x2 window of the producer's g
 // [O, N, 4P] (y [O, N, 4P] read there only: common.cuh pooled_act_grad, pidx [N, O, Ho, Wo] its indices) and 0
-// elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. A block
+// elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. With sidx (UNPOOL
+// kernels, conv.py DX_FROM_POOLED): this convolution pooled its own output too, and `in` is that pooled output's
+// gradient [N, O, Ho/2, Wo/2] (in this kernel's names C, Hi, Wi; in_sn, in_sc its image and channel strides), sidx
+// its pooling's indices, sy [C, N, Hi*Wi] and sb its y and bias, sact its activation: g is staged from them as the
+// pooling's backward computes it (common.cuh pooled_act_grad, the same values), so that the input gradient need not
+// wait for that kernel (which still makes g for the weight gradient, beside). A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
 // where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
@@ -779,7 +784,9 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                           int O, int Ho, int Wo, int pt, int pl, int TH, int CS, int transposed, int into,
                           int act, const T* __restrict__ lw, const T* __restrict__ lb, T* __restrict__ lout,
                           T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx,
-                          const T* __restrict__ px, int pH, int pW, int ppt, int ppl, T* __restrict__ wpart) {
+                          const T* __restrict__ px, int pH, int pW, int ppt, int ppl, T* __restrict__ wpart,
+                          const i64* __restrict__ sidx, const T* __restrict__ sy, const T* __restrict__ sb,
+                          int sact) {
     static_assert(KS >= 1 && KS <= 5 && (TO % 4 == 0 || TO == 6),
                   "tile_conv: KS <= 5 (8 x values per row cover TW + KS - 1), TO a multiple of 4 or 6");
     // TS: the shared-memory slots a thread's TO weights of one tap take, a multiple of 4 for aligned vector loads.
@@ -813,10 +820,27 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     }
     const T* inn = in + n * in_sn;
     st_walk3 xw(RP, WP);   // (c, row, column)
-    for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x, xw.next()) {
-        const int h = r0 + xw.b - pt, wc = xw.c - pl;
-        const bool inside = h >= 0 && h < Hi && wc >= 0 && wc < Wi;
-        st_async_copy(xs + e, inside ? inn + xw.a * in_sc + h * Wi + wc : inn, inside);
+    if (UNPOOL && sidx != nullptr) {   // g made here from the pooled output's gradient (see above)
+        const int SW = Wi / 2;
+        for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x, xw.next()) {
+            const int h = r0 + xw.b - pt, wc = xw.c - pl;
+            T v = T(0);
+            if (h >= 0 && h < Hi && wc >= 0 && wc < Wi) {
+                const int q = xw.a * in_sc + (h / 2) * SW + wc / 2, target = (int)sidx[(size_t)n * in_sn + q];
+                const T* zp = sy != nullptr ? sy + ((size_t)xw.a * N + n) * (Hi * Wi) : nullptr;
+                const T bc = sb != nullptr ? sb[xw.a] : T(0);
+                bool exact;
+                const T gw = pooled_act_max_grad(inn[q], target, zp, bc, sact, exact);
+                v = pooled_act_grad(h * Wi + wc, target, gw, exact, zp, bc, sact);
+            }
+            xs[e] = v;
+        }
+    } else {
+        for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x, xw.next()) {
+            const int h = r0 + xw.b - pt, wc = xw.c - pl;
+            const bool inside = h >= 0 && h < Hi && wc >= 0 && wc < Wi;
+            st_async_copy(xs + e, inside ? inn + xw.a * in_sc + h * Wi + wc : inn, inside);
+        }
     }
     st_async_wait();
     __syncthreads();
@@ -1429,10 +1453,11 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
                                                          int Wo, int pt, int pl, int TH, int CS, int transposed,     \
                                                          int into, int act, const T* lw, const T* lb, T* lout,       \
                                                          T* lpart, unsigned* lcount, int F, i64* pidx, const T* px,  \
-                                                         int pH, int pW, int ppt, int ppl, T* wpart) {               \
+                                                         int pH, int pW, int ppt, int ppl, T* wpart,                 \
+                                                         const i64* sidx, const T* sy, const T* sb, int sact) {      \
         tile_conv<T, KS, TO, EPI>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS,           \
                                   transposed, into, act, lw, lb, lout, lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, \
-                                  wpart);                                                                            \
+                                  wpart, sidx, sy, sb, sact);                                                        \
     }
 #define ST_TILE(T, S, KS, TO)                                                                                      \
     ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
