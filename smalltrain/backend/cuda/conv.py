@@ -527,7 +527,7 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     maxima, [O, N*Ho*Wo], for pooled_wgrad. wgrad
     (with into_nchw, _into_wgrad): (the producer's x [N, 1, H, W], H, W, its top and left padding, partial rows
     [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's epilogue; with pool_idx and compact too (_unpool_wgrad), for
-    tile_conv_unpool_wgrad's, out then None (no g is written). staged (with pool_idx, _tile_dx's pooled): (this
+    tile_conv_unpool_wgrad's, out then None (no g is written). staged (with pool_idx, _tile_dx's dpool): (this
     convolution's pooling indices, y or None, bias or None, activation code), `inp` then the pooled output's gradient
     [N, O, Ho/2, Wo/2] from which the kernel stages g (conv.cu, sidx)."""
     to, th, threads, blocks, smem, cs = plan
@@ -1043,8 +1043,9 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
     be None where no input gradient is needed. wgrad_beside: dw and db may be made beside the rest of the backward
     pass, joined by the pass (autograd.engine.takes_plainly said so; with WGRAD_BESIDE_DEFER). dpool (dout, g and
     wpartial None): the gradient of the output pooled in the epilogue (saved.pool), [N, O, PH, PW]; g is made from
-    it by the pooling's backward (pool.max_pool2d_backward_act), where DX_FROM_POOLED takes the input gradient from
-    dpool itself (_tile_dx's dpool) only for the weight gradient, beside it.
+    it by the pooling's backward (pool.max_pool2d_backward_act). With DX_FROM_POOLED, where tile_conv writes the
+    input gradient into a producer that pooled too, that kernel stages g from dpool itself (_tile_dx's dpool), and
+    the pooling's backward makes g for the weight gradient only, beside it.
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -1131,20 +1132,24 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
         def input_grad():
             if not need_x:
                 return None
-            if staged is not None:   # (_tile_dx_plan took it above)
-                return _tile_dx(None, saved, into, dpool=staged)
-            if INTO_PRODUCER and _into_ok(saved, into, dtype):
-                dx = _tile_dx(g, saved, into)
+            gi = g if staged is None else None   # (never the weight gradient's g: the side stream writes it)
+            if staged is not None:
+                dx = _tile_dx(None, saved, into, dpool=staged)
                 if dx is not None:
                     return dx
-            dx = _tile_dx(g, saved)
+                gi = max_pool2d_backward_act(staged, saved.pool, saved.y, saved.bias, saved.activation)
+            if INTO_PRODUCER and _into_ok(saved, into, dtype):
+                dx = _tile_dx(gi, saved, into)
+                if dx is not None:
+                    return dx
+            dx = _tile_dx(gi, saved)
             if dx is None:
-                dx = _direct_dx(g, saved)
+                dx = _direct_dx(gi, saved)
             if dx is None:
                 if g_ == 1:
-                    dcols = gemm(w.reshape(o, k).T, g)
+                    dcols = gemm(w.reshape(o, k).T, gi)
                 else:
-                    dcols = gemm(w.reshape(g_, o // g_, k).transpose(0, 2, 1), g.reshape(g_, o // g_, n * p))
+                    dcols = gemm(w.reshape(g_, o // g_, k).transpose(0, 2, 1), gi.reshape(g_, o // g_, n * p))
                 dx = col2im(dcols.reshape(c * kh * kw, n * p), (n, c, h, wd), (kh, kw), saved.stride, saved.pads,
                             saved.dilation, saved.out_hw)
             return dx
