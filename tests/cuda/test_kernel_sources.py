@@ -552,3 +552,28 @@ def test_tile_pool_epilogue_choice(monkeypatch):
     assert conv._tile_plan(64, 6, (12, 12), 16, (8, 8), 5, 4, even_rows=True)[1] == 8
     monkeypatch.setattr(conv, "TILE_POOL", False)
     assert not conv._tile_pool_ok(pool, (24, 24))
+
+
+def test_tile_plans_key_their_cache_on_every_knob_they_read():
+    """On the CPU: tile_conv's and tile_wgrad's plans are cached per _tile_knobs(); every module setting a plan
+    function reads (its nested helpers included) is in that tuple, but for the kernels' compile-time constants (the
+    kernel sizes and columns a thread the kernels are compiled for, the 32-bit index limit). A knob added to a plan
+    and not to _tile_knobs would let a test's or benchmark's change of it reuse a stale plan."""
+    import re
+    import types
+
+    from smalltrain.backend.cuda import conv
+
+    def names(code):   # the globals a function and its nested functions read
+        out = set(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                out |= names(const)
+        return out
+    setting = re.compile(r"^_?[A-Z][A-Z0-9_]*$")
+    keyed = names(conv._tile_knobs.__code__)
+    constants = {"_FITS32", "_TILE_KS", "_TILE_TW"}
+    for plan in (conv._tile_conv_plan, conv._tile_wgrad_plan_for):
+        read = {n for n in names(plan.__wrapped__.__code__) if setting.match(n) and hasattr(conv, n)}
+        assert read & keyed, plan.__name__   # (it reads knobs at all: the walk found them)
+        assert read - keyed <= constants, (plan.__name__, sorted(read - keyed - constants))
