@@ -1190,6 +1190,39 @@ def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, prod
         ops.conv2d_backward(None, s2, g=cp.zeros((w2s[0], 1), dtype), dpool=dpool)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_shape, w_shape, pad, vectors", [
+    ((4, 6, 12, 12), (16, 6, 5, 5), 0, True),     # LeNet-5's second layer: forward and input gradient
+    ((2, 3, 12, 16), (4, 3, 5, 5), 2, None),      # left padding 2: 16-byte copies in float64 only
+    ((2, 16, 26, 26), (32, 16, 3, 3), 0, None),   # MnistCnn's second layer: 26-wide rows, float64 only
+    ((2, 3, 9, 25), (4, 3, 3, 3), 0, False),      # 25-wide rows: element copies
+])
+def test_tile_conv_stages_16_bytes_a_copy_where_aligned(x_shape, w_shape, pad, vectors, dtype, rng, monkeypatch):
+    """TILE_VEC_STAGE: tile_conv's input rows staged 16 bytes a copy where the strides, row width and left padding
+    allow it (_tile_vec_stage), else an element a copy: the forward and the input gradient bit-equal to the knob
+    off."""
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    x = g(rng.standard_normal(x_shape).astype(dtype))
+    w = g((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype))
+    b = g(rng.standard_normal(w_shape[0]).astype(dtype))
+    taken = []
+    real = conv_kernels._tile_vec_stage
+    monkeypatch.setattr(conv_kernels, "_tile_vec_stage", lambda *a: taken.append(real(*a)) or taken[-1])
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(conv_kernels, "TILE_VEC_STAGE", on)
+        taken.clear()
+        out, saved = ops.conv2d_forward(x, w, b, 1, pad, 1, 1, "gelu")
+        dout = g(np.random.default_rng(1).standard_normal(out.shape).astype(dtype))
+        results[on] = (out,) + tuple(ops.conv2d_backward(dout, saved))
+        assert taken and not (any(taken) and not on), taken   # the forward, and the input gradient where tile_conv
+                                                                # takes it
+    want = vectors if vectors is not None else dtype == np.float64
+    assert taken[0] == want, taken   # the forward (the input gradient's left padding is KS - 1 - pad)
+    for got, off in zip(results[True], results[False]):
+        assert bool(cp.array_equal(got, off))
+
+
 def test_tile_conv_pool_declines_other_poolings():
     """3x3 windows, stride 1, padding, odd output sizes: no pooling epilogue (the caller pools)."""
     x, w = cp.ones((2, 3, 11, 11), cp.float32), cp.ones((4, 3, 3, 3), cp.float32)

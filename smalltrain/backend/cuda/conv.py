@@ -86,6 +86,10 @@ _TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this 
 # (16.2 at 6 channels + 14.8) against 34.4. Tests set the threshold to 0 to run the 6-channel kernels on small cases
 TILE_TO6 = True
 _TILE_TO6_THREADS_PER_SM = 512
+# tile_conv stages its input rows 16 bytes a copy where the input's image and channel strides, its row width and the
+# left padding are multiples of 16 bytes' elements and it starts 16-byte aligned (_tile_vec_stage; LeNet-5's and
+# MnistCnn's layers but MnistCnn's 26-wide second-layer input), else an element a copy. Off until timed
+TILE_VEC_STAGE = False
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -558,8 +562,18 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
         + (ptr(pool_idx),) + wgrad_args
-        + ((ptr(None),) * 3 + (i32(0),) if staged is None else tuple(ptr(a) for a in staged[:3]) + (i32(staged[3]),)),
-        shared_mem=smem)
+        + ((ptr(None),) * 3 + (i32(0),) if staged is None else tuple(ptr(a) for a in staged[:3]) + (i32(staged[3]),))
+        + (i32(int(staged is None and _tile_vec_stage(inp, in_chw, in_strides, pads))),), shared_mem=smem)
+
+
+def _tile_vec_stage(inp, in_chw, in_strides, pads):
+    """Whether tile_conv stages `inp` (read as [N, C, H, W] with image and channel strides in_strides, the
+    correlation's pads (top, bottom, left, right)) 16 bytes a copy: TILE_VEC_STAGE on, inp 16-byte aligned, and its
+    strides, row width and left padding multiples of 16 bytes' elements (a copy then lies wholly inside a row or
+    wholly in the padding; the shared rows' width is a multiple of 4 elements)."""
+    v = 16 // inp.dtype.itemsize
+    return (TILE_VEC_STAGE and inp.data.ptr % 16 == 0 and in_chw[2] % v == 0 and pads[2] % v == 0
+            and in_strides[0] % v == 0 and in_strides[1] % v == 0)
 
 
 def _wgrad_epilogue_smem(plan, ks, itemsize):

@@ -53,6 +53,19 @@ __device__ __forceinline__ void st_async_copy(T* dst, const T* src, bool valid) 
     *dst = valid ? *src : T(0);
 #endif
 }
+// 16 bytes src -> dst by cp.async, both 16-byte aligned (the caller's guarantee; the emulator checks it)
+template <typename T>
+__device__ __forceinline__ void st_async_copy16(T* dst, const T* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+#elif defined(ST_EMULATOR)
+    if (reinterpret_cast<size_t>(dst) % 16 || reinterpret_cast<size_t>(src) % 16) __builtin_trap();
+    st_emu::async_copy(dst, src, 16);
+#else
+    for (int v = 0; v < int(16 / sizeof(T)); ++v) dst[v] = src[v];
+#endif
+}
 __device__ __forceinline__ void st_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_all;\n" ::: "memory");

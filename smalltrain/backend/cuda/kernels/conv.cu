@@ -647,7 +647,9 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // gradient [N, O, Ho/2, Wo/2] (in this kernel's names C, Hi, Wi; in_sn, in_sc its image and channel strides), sidx
 // its pooling's indices, sy [C, N, Hi*Wi] and sb its y and bias, sact its activation: g is staged from them as the
 // pooling's backward computes it (common.cuh pooled_act_grad, the same values), so that the input gradient need not
-// wait for that kernel (which still makes g for the weight gradient, beside). A block
+// wait for that kernel (which still makes g for the weight gradient, beside). vstage (conv.py _tile_vec_stage): the
+// input's rows are staged 16 bytes a copy (its strides, the left padding and the row width multiples of 16 bytes'
+// elements) instead of an element a copy. A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
 // where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
@@ -786,7 +788,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                           T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx,
                           const T* __restrict__ px, int pH, int pW, int ppt, int ppl, T* __restrict__ wpart,
                           const i64* __restrict__ sidx, const T* __restrict__ sy, const T* __restrict__ sb,
-                          int sact) {
+                          int sact, int vstage) {
     static_assert(KS >= 1 && KS <= 5 && (TO % 4 == 0 || TO == 6),
                   "tile_conv: KS <= 5 (8 x values per row cover TW + KS - 1), TO a multiple of 4 or 6");
     // TS: the shared-memory slots a thread's TO weights of one tap take, a multiple of 4 for aligned vector loads.
@@ -834,6 +836,19 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                 v = pooled_act_grad(h * Wi + wc, target, gw, exact, zp, bc, sact);
             }
             xs[e] = v;
+        }
+    } else if (vstage) {   // 16 bytes a copy: each slot of V columns wholly inside a row or wholly padding
+        constexpr int V = 16 / sizeof(T);
+        st_walk3 xv(RP, WP / V);   // (c, row, slot)
+        for (int e = threadIdx.x; e < C * RP * (WP / V); e += blockDim.x, xv.next()) {
+            const int h = r0 + xv.b - pt, wc = xv.c * V - pl;
+            T* dst = xs + (xv.a * RP + xv.b) * WP + xv.c * V;
+            if (h >= 0 && h < Hi && wc >= 0 && wc < Wi) {
+                st_async_copy16(dst, inn + xv.a * in_sc + h * Wi + wc);
+            } else {
+#pragma unroll
+                for (int v = 0; v < V; ++v) dst[v] = T(0);
+            }
         }
     } else {
         for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x, xw.next()) {
@@ -1454,10 +1469,11 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
                                                          int into, int act, const T* lw, const T* lb, T* lout,       \
                                                          T* lpart, unsigned* lcount, int F, i64* pidx, const T* px,  \
                                                          int pH, int pW, int ppt, int ppl, T* wpart,                 \
-                                                         const i64* sidx, const T* sy, const T* sb, int sact) {      \
+                                                         const i64* sidx, const T* sy, const T* sb, int sact,        \
+                                                         int vstage) {                                               \
         tile_conv<T, KS, TO, EPI>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS,           \
                                   transposed, into, act, lw, lb, lout, lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, \
-                                  wpart, sidx, sy, sb, sact);                                                        \
+                                  wpart, sidx, sy, sb, sact, vstage);                                                \
     }
 #define ST_TILE(T, S, KS, TO)                                                                                      \
     ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
