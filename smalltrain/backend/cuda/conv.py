@@ -1111,18 +1111,21 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
         if dpool is not None:
             from .pool import max_pool2d_backward_act   # (pool.py imports this module)
             dpool = contiguous(dpool)
+
+            def pooled_g():   # g from dpool by the pooling's backward, on the stream current when called
+                return max_pool2d_backward_act(dpool, saved.pool, saved.y, saved.bias, saved.activation)
             if (DX_FROM_POOLED and need_x and INTO_PRODUCER and into is not None and into.pool is not None
                     and _into_ok(saved, into, dtype) and _tile_dx_plan(saved, dpool) is not None):
                 staged = dpool
             else:
-                g = max_pool2d_backward_act(dpool, saved.pool, saved.y, saved.bias, saved.activation)
+                g = pooled_g()
         want_b = need_b and saved.bias is not None
         wgrad = "given" if wpartial is not None else _wgrad_kernel(saved, dtype.itemsize) if need_w else None
 
         def weight_grads():
             nonlocal g
             if staged is not None and (need_w or want_b):   # g for these only, beside the input gradient
-                g = max_pool2d_backward_act(staged, saved.pool, saved.y, saved.bias, saved.activation)
+                g = pooled_g()
             if wgrad == "given":
                 return _reduce_partials(wpartial, w.shape, want_b)
             if wgrad == "tile":   # dw and db from x in one kernel and its reduction
@@ -1151,7 +1154,7 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
                 dx = _tile_dx(None, saved, into, dpool=staged)
                 if dx is not None:
                     return dx
-                gi = max_pool2d_backward_act(staged, saved.pool, saved.y, saved.bias, saved.activation)
+                gi = pooled_g()
             if INTO_PRODUCER and _into_ok(saved, into, dtype):
                 dx = _tile_dx(gi, saved, into)
                 if dx is not None:

@@ -821,9 +821,9 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         st_async_copy(ws + e, w + (on ? src : 0), on);
     }
     const T* inn = in + n * in_sn;
-    st_walk3 xw(RP, WP);   // (c, row, column)
     if (UNPOOL && sidx != nullptr) {   // g made here from the pooled output's gradient (see above)
         const int SW = Wi / 2;
+        st_walk3 xw(RP, WP);   // (c, row, column)
         for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x, xw.next()) {
             const int h = r0 + xw.b - pt, wc = xw.c - pl;
             T v = T(0);
@@ -851,6 +851,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             }
         }
     } else {
+        st_walk3 xw(RP, WP);   // (c, row, column)
         for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x, xw.next()) {
             const int h = r0 + xw.b - pt, wc = xw.c - pl;
             const bool inside = h >= 0 && h < Hi && wc >= 0 && wc < Wi;
