@@ -53,6 +53,18 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {call.excinfo.value}")
 
 
+@pytest.fixture
+def record_kernels(monkeypatch):
+    """record(module, attr): the kernel names that module.attr (a launcher or kernel getter taking (family, name,
+    ...)) is called with from then on, in a list (a test clears it between runs)."""
+    def record(module, attr):
+        names, real = [], getattr(module, attr)
+        monkeypatch.setattr(module, attr,
+                            lambda family, name, *a, **k: names.append(name) or real(family, name, *a, **k))
+        return names
+    return record
+
+
 @pytest.fixture(autouse=True)
 def _emulator_reset():
     yield

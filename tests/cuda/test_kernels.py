@@ -80,7 +80,7 @@ def _pair(v):
 @pytest.mark.parametrize("path", ["direct", "im2col", "direct_bwd", "igemm", "igemm_dw", "tiled_dw"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv2d(case, dtype, path, rng, monkeypatch):
+def test_conv2d(case, dtype, path, rng, record_kernels, monkeypatch):
     """direct: every kernel of the direct path where it fits, the implicit-GEMM forward where not; im2col: none of
     them; direct_bwd: the forward through im2col + GEMM, dx by the direct gather kernel (larger convolutions than
     the direct forward takes), dw by cuBLAS; igemm: the forward by the implicit GEMM, the backward as direct_bwd
@@ -98,10 +98,7 @@ def test_conv2d(case, dtype, path, rng, monkeypatch):
         monkeypatch.setattr(conv_kernels, "DIRECT_MAX_K", 0)
     if path in ("im2col", "direct_bwd"):
         monkeypatch.setattr(conv_kernels, "IGEMM_MAX_K", 0)
-    launched = []
-    real_get = conv_kernels.get
-    monkeypatch.setattr(conv_kernels, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
-                                                                                                        *a))
+    launched = record_kernels(conv_kernels, "get")
     took_dx = []
     if path in ("direct_bwd", "igemm"):
         monkeypatch.setattr(conv_kernels, "DIRECT_MAX_MACS", 0)
@@ -223,17 +220,14 @@ def _force_tile_plan(monkeypatch, plan):
                                   "2 channel splits", "3 channel splits"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES)
-def test_tile_conv(case, dtype, plan, rng, monkeypatch):
+def test_tile_conv(case, dtype, plan, rng, record_kernels, monkeypatch):
     """tile_conv takes the forward and dx of stride-1, undilated 3x3 and 5x5 convolutions (whatever the padding),
     against the float64 reference, on its own choices and with each forced: 4, 8 or 6 channels per thread, blocks
     of few rows (several row tiles per image, the last one partial), the input channels split over 2 or 3 thread
     groups (uneven where C is not a multiple; one group where C is 1). dw by the implicit GEMM from the kept x."""
     shape, o, ks, padding, activation, bias = case
     _force_tile_plan(monkeypatch, plan)
-    launched = []
-    real_get = conv_kernels.get
-    monkeypatch.setattr(conv_kernels, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
-                                                                                                        *a))
+    launched = record_kernels(conv_kernels, "get")
     x = rng.standard_normal(shape).astype(dtype)
     w = (rng.standard_normal((o, shape[1], ks, ks)) * 0.5).astype(dtype)
     b = rng.standard_normal(o).astype(dtype) if bias else None
@@ -453,13 +447,10 @@ def test_weight_grad_beside_input_grad_gives_the_same_bits(x_shape, w_shape, str
         assert all(bool(cp.array_equal(a, b)) for a, b in zip(got, want))
 
 
-def test_tile_conv_leaves_other_geometries_to_the_other_kernels(rng, monkeypatch):
+def test_tile_conv_leaves_other_geometries_to_the_other_kernels(rng, record_kernels, monkeypatch):
     """Strided, dilated, grouped and non-square convolutions do not launch tile_conv (nor do kernel sizes it is not
     compiled for), and its forward writes y (the sum before bias) exactly where an activation needs it."""
-    launched = []
-    real_get = conv_kernels.get
-    monkeypatch.setattr(conv_kernels, "get", lambda family, name, *a: launched.append(name) or real_get(family, name,
-                                                                                                        *a))
+    launched = record_kernels(conv_kernels, "get")
     for kwargs, w_shape in [({"stride": 2}, (4, 3, 3, 3)), ({"dilation": 2}, (4, 3, 3, 3)),
                             ({"groups": 3}, (6, 1, 3, 3)), ({}, (4, 3, 3, 2)), ({}, (4, 3, 2, 2)), ({}, (4, 3, 7, 7))]:
         x = cp.asarray(rng.standard_normal((2, 3, 9, 9)), dtype=cp.float32)
@@ -1080,7 +1071,7 @@ POOLED_WGRAD_CASES = [  # first layer's x, its weight, padding, activation; the 
 @pytest.mark.parametrize("to6", [False, True], ids=["to4", "to6"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", POOLED_WGRAD_CASES)
-def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, monkeypatch):
+def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, record_kernels, monkeypatch):
     """A first layer that pooled in its epilogue: its weight and bias gradients from its g at the windows' maxima
     only, where the layers' kernels are the same size in tile_conv_unpool_wgrad's epilogue (UNPOOL_WGRAD: no g
     written), else the second layer's input gradient writes that g (tile_conv_unpool, compact) and pooled_wgrad sums
@@ -1098,10 +1089,7 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, monkeypatch):
         x[1, 0, 4, 6] = np.inf
         s1.x[1, 0, 4, 6] = np.inf
     fused = case[4][2:] == case[1][2:]
-    launched = []
-    real_get = conv_kernels.get
-    monkeypatch.setattr(conv_kernels, "get",
-                        lambda family, name, *a: launched.append(name) or real_get(family, name, *a))
+    launched = record_kernels(conv_kernels, "get")
     grads = {}
     for setting in ("fused", "pooled_wgrad", "dense"):
         monkeypatch.setattr(conv_kernels, "POOLED_WGRAD", setting != "dense")
@@ -1142,7 +1130,8 @@ DX_FROM_POOLED_CASES = [  # producer x, its weight, padding, activation; consume
 @pytest.mark.parametrize("unpool_wgrad", [False, True], ids=["pooled_wgrad", "unpool_wgrad"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", DX_FROM_POOLED_CASES)
-def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, producer_needs_dx, rng, monkeypatch):
+def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, producer_needs_dx, rng, record_kernels,
+                                                 monkeypatch):
     """A convolution that pooled in its epilogue, reading a producer that pooled too: conv2d_backward from its pooled
     output's gradient (dpool) with DX_FROM_POOLED stages g in the input gradient's kernel (tile_conv_unpool or
     tile_conv_unpool_wgrad) while the pooling's backward still makes g for the weight gradient: every result bit-equal
@@ -1163,10 +1152,8 @@ def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, prod
     out2, s2 = ops.conv2d_forward(out1, g(w2), b2, 1, p2, 1, 1, act2, pool=POOL_2X2)
     assert s1.pool is not None and s2.pool is not None
     dpool = g(rng.standard_normal(out2.shape).astype(dtype))
-    launched, staged = [], []
-    real_get, real_tile_dx = conv_kernels.get, conv_kernels._tile_dx
-    monkeypatch.setattr(conv_kernels, "get",
-                        lambda family, name, *a: launched.append(name) or real_get(family, name, *a))
+    launched, staged = record_kernels(conv_kernels, "get"), []
+    real_tile_dx = conv_kernels._tile_dx
     monkeypatch.setattr(conv_kernels, "_tile_dx",
                         lambda *a, **k: staged.append(k.get("dpool") is not None) or real_tile_dx(*a, **k))
     results = {}
@@ -1239,7 +1226,8 @@ def test_tile_conv_pool_declines_other_poolings():
 @pytest.mark.parametrize("shape,pool", [((4, 6, 24, 24), (2, 2, 0)), ((3, 16, 8, 8), (2, 2, 0)),   # LeNet-5's
                                         ((2, 3, 9, 12), (3, 3, 0)), ((2, 3, 9, 10), (2, 2, 0)),    # 9 rows: gather
                                         ((2, 3, 8, 8), (3, 2, 1))])                                 # overlapping
-def test_pool_backward_act_by_windows_equals_the_gather(shape, pool, activation, dtype, rng, monkeypatch):
+def test_pool_backward_act_by_windows_equals_the_gather(shape, pool, activation, dtype, rng, record_kernels,
+                                                        monkeypatch):
     """Where the windows tile the input, max_pool2d_backward_act runs a thread per window (the tiled kernel):
     bit-equal to the gather kernel on the same inputs (ties and the activation's derivative included); elsewhere
     the gather runs."""
@@ -1258,10 +1246,7 @@ def test_pool_backward_act_by_windows_equals_the_gather(shape, pool, activation,
     k, s, p = pool
     pooled, _, saved = ops.max_pool2d_forward(g(x), k, s, p)
     dpool = g(rng.standard_normal(pooled.shape).astype(dtype))
-    launched = []
-    real_launch = pool_kernels.launch
-    monkeypatch.setattr(pool_kernels, "launch", lambda fam, name, *a: launched.append(name) or real_launch(fam, name,
-                                                                                                        *a))
+    launched = record_kernels(pool_kernels, "launch")
     tiled = ops.max_pool2d_backward_act(dpool, saved, y if activation else None, bias, activation)
     monkeypatch.setattr(pool_kernels, "POOL_TILED", False)
     gathered = ops.max_pool2d_backward_act(dpool, saved, y if activation else None, bias, activation)

@@ -31,14 +31,6 @@ def _grads(layer, x, fn):
     return [out.detach().cpu().numpy(), x.grad.cpu().numpy()] + [p.grad.cpu().numpy() for p in layer.parameters()]
 
 
-def _record_kernels(monkeypatch, module, attr):
-    """The kernel names that module.attr (a launcher or kernel getter taking (family, name, ...)) is called with
-    from now on, in a list (the test clears it between runs)."""
-    names, real = [], getattr(module, attr)
-    monkeypatch.setattr(module, attr, lambda family, name, *a, **k: names.append(name) or real(family, name, *a, **k))
-    return names
-
-
 def _layers():
     st.manual_seed(0)
     return [(nn.Linear(7, 5), (4, 3, 7)), (nn.Conv2d(3, 4, 3, padding=1), (2, 3, 6, 5))]
@@ -341,7 +333,7 @@ def test_linear_fusable():
 
 @cuda
 @pytest.mark.parametrize("act1", ["relu", "gelu", None])
-def test_cuda_convolution_hands_the_previous_one_its_g(act1, monkeypatch):
+def test_cuda_convolution_hands_the_previous_one_its_g(act1, record_kernels, monkeypatch):
     """MnistCnn's layout: Conv2d + act, then Conv2d + ReLU + Flatten + Linear. Where nothing else reads the first
     layer's output, the second layer's backward writes the first's g (autograd.engine.Prepared "conv_g": its input
     gradient times the first activation's derivative, in the first layer's kernels' layout), so no
@@ -351,7 +343,7 @@ def test_cuda_convolution_hands_the_previous_one_its_g(act1, monkeypatch):
     the plain path."""
     from smalltrain.backend.cuda import conv as cuda_conv
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
-    launched = _record_kernels(monkeypatch, cuda_conv, "get")
+    launched = record_kernels(cuda_conv, "get")
     st.manual_seed(0)
     c1, c2, fc = nn.Conv2d(1, 16, 3).to("cuda"), nn.Conv2d(16, 32, 3).to("cuda"), nn.Linear(32 * 10 * 10, 10)
     fc, flatten = fc.to("cuda"), nn.Flatten()
@@ -412,7 +404,7 @@ def _lenet_layers():
 
 @cuda
 @pytest.mark.parametrize("act1", ["relu", "gelu", None])
-def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeypatch):
+def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_kernels, monkeypatch):
     """LeNet-5's layout: Conv2d + act + MaxPool2d(2) twice, then Flatten and three Linear layers (one chain). Where
     each convolution pooled in its epilogue (tile_conv_pool) and nothing else reads its pooled output, the next
     layer's backward writes its g through the pooling's backward (Prepared "conv_g": the second convolution's
@@ -430,8 +422,8 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
     monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)   # first the dense weight gradients, then pooled_wgrad's
     monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", False)
-    pooled_bwd = _record_kernels(monkeypatch, cuda_pool, "launch")
-    launched = _record_kernels(monkeypatch, cuda_conv, "get")
+    pooled_bwd = record_kernels(cuda_pool, "launch")
+    launched = record_kernels(cuda_conv, "get")
     c1, c2, fcs, pool, params, x = _lenet_layers()
 
     def grads(mode, fused=True):
@@ -501,7 +493,7 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, monkeyp
 
 @cuda
 @pytest.mark.parametrize("act1", ["gelu", None])
-def test_cuda_input_gradient_from_the_pooled_gradient(act1, monkeypatch):
+def test_cuda_input_gradient_from_the_pooled_gradient(act1, record_kernels, monkeypatch):
     """LeNet-5's layout with the chain's hand-off off (as at b512): the second convolution gets its pooled output's
     gradient, and with conv.DX_FROM_POOLED its input-gradient kernel stages g from it while the pooling's backward
     makes g for its weight gradient beside: every parameter's gradient bit-equal to the knob off."""
@@ -511,7 +503,7 @@ def test_cuda_input_gradient_from_the_pooled_gradient(act1, monkeypatch):
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
     monkeypatch.setattr(cuda_linear, "CHAIN_INTO_POOLED", False)
-    pooled_bwd = _record_kernels(monkeypatch, cuda_pool, "launch")
+    pooled_bwd = record_kernels(cuda_pool, "launch")
     staged = []
     real_tile_dx = cuda_conv._tile_dx
     monkeypatch.setattr(cuda_conv, "_tile_dx",
@@ -579,7 +571,7 @@ def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypat
 
 
 @cuda
-def test_sequential_flattens_inside_the_chain_so_the_pooled_convolution_takes_its_g(monkeypatch):
+def test_sequential_flattens_inside_the_chain_so_the_pooled_convolution_takes_its_g(record_kernels, monkeypatch):
     """nn.Sequential's LeNet-5 (the benchmark's form: MaxPool2d, Flatten, Linear, GELU, ...): the Flatten module is
     done inside the chain op, so the chain's backward writes the second convolution's g through its pooling (no
     pooling backward kernel), as chain_act(..., flatten=True) does; the gradients bit-equal that functional form.
@@ -587,7 +579,7 @@ def test_sequential_flattens_inside_the_chain_so_the_pooled_convolution_takes_it
     from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import pool as cuda_pool
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # the first layer's hand-off at this batch too
-    pooled_bwd = _record_kernels(monkeypatch, cuda_pool, "launch")
+    pooled_bwd = record_kernels(cuda_pool, "launch")
     st.manual_seed(0)
     seq = nn.Sequential(nn.Conv2d(1, 6, 5), nn.GELU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.GELU(),
                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(256, 120), nn.GELU(), nn.Linear(120, 84),
@@ -622,14 +614,14 @@ def test_sequential_flattens_inside_the_chain_so_the_pooled_convolution_takes_it
 
 
 @cuda
-def test_cuda_pooled_convolution_hands_a_plain_one_its_g(monkeypatch):
+def test_cuda_pooled_convolution_hands_a_plain_one_its_g(record_kernels, monkeypatch):
     """Conv2d + ReLU, then Conv2d + GELU + MaxPool2d(2): the pooled layer's backward writes the first layer's g (the
     plain 'into' hand-off, as Conv2dActLinear's), so no transpose-and-derivative kernel runs; gradients bit-equal to
     the hand-off switched off."""
     from smalltrain.backend.cuda import conv as cuda_conv
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
-    launched = _record_kernels(monkeypatch, cuda_conv, "get")
+    launched = record_kernels(cuda_conv, "get")
     st.manual_seed(0)
     c1, c2, pool = nn.Conv2d(2, 6, 3).to("cuda"), nn.Conv2d(6, 8, 3).to("cuda"), nn.MaxPool2d(2)
     params = list(c1.parameters()) + list(c2.parameters())
