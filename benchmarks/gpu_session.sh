@@ -13,7 +13,8 @@
 # (default 8), NCU_CONFIGS the ncu stage's model:batch list.
 # The variants stage (not in the default STAGES): benchmarks/conv_variants.py with VARIANT_ARGS (default --pooled).
 # The detail stage (not in the default STAGES): ncu's sections per kernel of NCU_DETAIL_CONFIGS' steps (only the
-# kernels whose names match the regex NCU_DETAIL_KERNELS, where set).
+# kernels whose names match the regex NCU_DETAIL_KERNELS, where set); the source stage: those kernels' SASS with
+# each instruction's warp-stall samples.
 # The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
 # settings of comma-separated MODULE.NAME=VALUE knobs (e.g. AB="$K.INTO_POOLED=False $K.INTO_POOLED=True" with
 # K=smalltrain.backend.cuda.conv), two rounds alternating, on AB_CONFIGS (default lenet5:64 lenet5:512 cnn:64);
@@ -86,6 +87,19 @@ stage detail && for config in ${NCU_DETAIL_CONFIGS:-lenet5:512}; do
     --section SchedulerStats python3 benchmarks/kernel_times.py --config $config > "$OUT/ncu_detail_${config/:/_}.txt" 2>&1
   grep -E "^  [a-z_0-9]+ \(|Duration|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp Per Scheduler" \
     "$OUT/ncu_detail_${config/:/_}.txt" | head -80
+done
+# the SASS of the kernels matching NCU_DETAIL_KERNELS (required) in one step of each NCU_DETAIL_CONFIGS, each
+# instruction with its executions and warp-stall samples (ncu's source page as CSV), to find where a kernel's time
+# goes; not in the default STAGES
+stage source && for config in ${NCU_DETAIL_CONFIGS:-lenet5:512}; do
+  rep=/tmp/source_${config/:/_}
+  timeout ${T_DETAIL:-120} ncu --clock-control none --cache-control none --profile-from-start off -f -o $rep \
+    -k regex:${NCU_DETAIL_KERNELS:?the source stage needs NCU_DETAIL_KERNELS} --section SourceCounters \
+    --section WarpStateStats --section SpeedOfLight python3 benchmarks/kernel_times.py --config $config \
+    > "$OUT/ncu_source_${config/:/_}.log" 2>&1
+  ncu --import $rep.ncu-rep --page source --csv --print-source sass > "$OUT/sass_${config/:/_}.csv" 2>&1
+  ncu --import $rep.ncu-rep --page details > "$OUT/source_details_${config/:/_}.txt" 2>&1
+  wc -l "$OUT/sass_${config/:/_}.csv"; head -3 "$OUT/sass_${config/:/_}.csv" | cut -c1-400
 done
 # kernels against each other on one layer (benchmarks/conv_variants.py; not in the default STAGES): VARIANT_ARGS, by
 # default the pooled layer's gradients two ways each on LeNet-5's second layer (--pooled)
