@@ -62,17 +62,6 @@ def test_cu_files_start_with_a_header_and_inline_their_includes(name):
     assert '#include "' not in src and "block_sum" in src
 
 
-@pytest.mark.parametrize("name", sorted(n for n in os.listdir(loader.KERNEL_DIR) if n.endswith(".cu")))
-def test_every_kernel_starts_with_its_dependent_entry(name):
-    """launch.py may launch any of our kernels dependent (its blocks scheduled before the kernel ahead finished):
-    safe only where the kernel's first statement is st_dependent_entry(), which waits for that kernel."""
-    src = loader.read_source(os.path.join(loader.KERNEL_DIR, name))
-    bodies = re.findall(r'extern "C" __global__[^{;]*\{([^;]*;)', src)
-    assert bodies and len(bodies) == src.count('extern "C" __global__'), name
-    late = [b for b in bodies if b.replace("\\", " ").split() != ["st_dependent_entry();"]]
-    assert not late, f"{name}: kernels whose first statement is not st_dependent_entry(): {late}"
-
-
 def test_launchers_import_without_cupy_and_are_documented():
     code = "import sys, smalltrain.backend.cuda.ops; assert 'cupy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})

@@ -1341,15 +1341,6 @@ def test_softmax_nan_row_and_dim_error():
         ops.softmax_forward(x, 2)
 
 
-@pytest.fixture(params=["grid", "one block"])
-def ce_path(request, monkeypatch):
-    """The reduced cross-entropy's two forwards: a warp per row over a grid (cross_entropy_fwd_reduce) and, for few
-    rows and classes, one block of a thread per row (cross_entropy_fwd_block, loss.py CE_BLOCK_ROWS)."""
-    from smalltrain.backend.cuda import loss as loss_kernels
-    monkeypatch.setattr(loss_kernels, "CE_BLOCK_ROWS", 0 if request.param == "grid" else 1024)
-    return request.param
-
-
 CE_CASES = [  # logits shape, weighted, some ignored, label_smoothing, reduction
     ((9, 10), False, False, 0.0, "mean"),
     ((9, 10), True, True, 0.1, "mean"),
@@ -1364,7 +1355,7 @@ CE_CASES = [  # logits shape, weighted, some ignored, label_smoothing, reduction
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CE_CASES)
-def test_cross_entropy(case, dtype, rng, ce_path):
+def test_cross_entropy(case, dtype, rng):
     torch = pytest.importorskip("torch")
     shape, weighted, ignored, ls, reduction = case
     c = shape[0] if len(shape) == 1 else shape[1]
@@ -1385,7 +1376,7 @@ def test_cross_entropy(case, dtype, rng, ce_path):
     assert_close(dx, tx.grad, ref.tol(dtype), name="cross_entropy dx")
 
 
-def test_cross_entropy_all_ignored_is_nan_and_unchecked_targets_do_not_crash(ce_path):
+def test_cross_entropy_all_ignored_is_nan_and_unchecked_targets_do_not_crash():
     x = cp.asarray(np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32))
     for ls in (0.0, 0.2):   # torch: the loss is 0/0, the gradient exactly 0
         loss, saved = ops.cross_entropy_forward(x, cp.full(3, -100, dtype=cp.int64), label_smoothing=ls)
@@ -1402,7 +1393,7 @@ def test_cross_entropy_all_ignored_is_nan_and_unchecked_targets_do_not_crash(ce_
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_cross_entropy_bad_target_flag_is_cleared_after_the_error(reduction, ce_path):
+def test_cross_entropy_bad_target_flag_is_cleared_after_the_error(reduction):
     """The forward kernel flags a bad target; the launcher raises and clears the flag, so the next call with good
     targets (ignored ones included, which must not set it) returns values, for every reduction."""
     x = cp.asarray(np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32))
@@ -1415,7 +1406,7 @@ def test_cross_entropy_bad_target_flag_is_cleared_after_the_error(reduction, ce_
 
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 1000, 70_000])   # one block; partly and fully used; many blocks
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_cross_entropy_forward_and_reduction_in_one_launch(rows, reduction, rng, ce_path):
+def test_cross_entropy_forward_and_reduction_in_one_launch(rows, reduction, rng):
     """The last block adds the blocks' sums (a ticket counter, reset after each launch); the loss matches the
     float64 reference and the separate-reduction path up to rounding, and repeats bit for bit."""
     x = rng.standard_normal((rows, 10)).astype(np.float32)
@@ -1430,30 +1421,11 @@ def test_cross_entropy_forward_and_reduction_in_one_launch(rows, reduction, rng,
     assert int(_common.device_counters("cross_entropy", 1)[0]) == 0
 
 
-@pytest.mark.parametrize("shape, reduction, kernel", [
-    ((512, 10), "mean", "cross_entropy_fwd_block"), ((1, 3), "sum", "cross_entropy_fwd_block"),
-    ((1024, 32), "mean", "cross_entropy_fwd_block"), ((1025, 10), "mean", "cross_entropy_fwd_reduce"),
-    ((64, 33), "mean", "cross_entropy_fwd_reduce"), ((64, 10), "none", "cross_entropy_fwd")])
-def test_cross_entropy_takes_one_block_for_few_rows_of_few_classes(shape, reduction, kernel, rng, monkeypatch,
-                                                                  record_kernels):
-    """With CE_BLOCK_ROWS = 1024: a thread per row in one block up to 1024 rows of 32 classes, the grid beyond."""
-    from smalltrain.backend.cuda import _common, loss as loss_kernels
-    monkeypatch.setattr(loss_kernels, "CE_BLOCK_ROWS", 1024)
-    launched = record_kernels(loss_kernels, "get")
-    rows_launched = record_kernels(loss_kernels, "launch_rows")
-    x = rng.standard_normal(shape).astype(np.float32)
-    t = rng.integers(0, shape[1], shape[0])
-    loss, _ = ops.cross_entropy_forward(g(x), g(t), reduction=reduction)
-    assert launched + rows_launched == [kernel]
-    assert_close(loss, ref.cross_entropy(x, t, None, -100, 0.0, reduction), 1e-5, name="loss")
-    assert int(_common.device_counters("cross_entropy", 1)[0]) == 0
-
-
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("shape,weighted,smoothing", [((64, 10), False, 0.0), ((7, 5, 3), True, 0.1),
                                                       ((3, 4), True, 0.0), ((512, 10), True, 0.0)])
 def test_cross_entropy_writes_the_unit_gradient_for_small_inputs(shape, weighted, smoothing, reduction, rng,
-                                                                 monkeypatch, ce_path):
+                                                                 monkeypatch):
     """Up to CE_UNIT_MAX elements the forward's last block also writes backward's dx for a loss gradient of 1:
     bit-equal to cross_entropy_backward with ones (ignored rows exactly 0); larger inputs and 'none' write none."""
     from smalltrain.backend.cuda import loss as loss_kernels
@@ -1493,7 +1465,7 @@ def test_loss_backward_without_a_gradient_runs_no_kernel_after_cross_entropy(rng
     assert np.array_equal(grads[0], grads[1])
 
 
-def test_cross_entropy_replays_as_a_cuda_graph(rng, ce_path):
+def test_cross_entropy_replays_as_a_cuda_graph(rng):
     """Forward + backward captured once (the host-side target check must skip itself while capturing), then
     replayed on new logits written into the same buffer."""
     x = g(rng.standard_normal((33, 10)).astype(np.float32))

@@ -9,7 +9,6 @@ import os
 import re
 
 from . import cupy
-from .launch import Kernel
 
 KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
 _OPTIONS = ("-std=c++17",)
@@ -41,14 +40,13 @@ def compile_module(source_or_path, options=()):
 
 
 def kernel(family, name):
-    """The kernel `name` from smalltrain/backend/cuda/kernels/<family>.cu on the current device (a launch.Kernel:
-    called as CuPy's RawKernel, launched dependent inside captures where launch.DEPENDENT_LAUNCH is on)."""
+    """The kernel `name` from smalltrain/backend/cuda/kernels/<family>.cu on the current device."""
     return _kernel(family, name, cupy().cuda.Device().id)
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(family, name, device_id):
-    return Kernel(compile_module(family_source(family, dtypes_of(name))).get_function(name))
+    return compile_module(family_source(family, dtypes_of(name))).get_function(name)
 
 
 def dtypes_of(name):

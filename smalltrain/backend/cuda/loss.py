@@ -120,12 +120,6 @@ def _ce_validate(x, target, weight, reduction, label_smoothing):
 
 # cross_entropy_forward also writes the gradient for a loss gradient of 1 (in its last block) up to this many elements
 CE_UNIT_MAX = 1 << 14
-# 'mean' / 'sum' over at most CE_BLOCK_ROWS rows of at most CE_BLOCK_MAX_CLASSES classes: one block, a thread per row
-# (cross_entropy_fwd_block), instead of a warp per row over a grid whose last block adds the blocks' sums: a
-# classifier head's loss (LeNet-5: 512 rows of 10) is a chain of latencies (the targets' weights, the rows, the
-# blocks' ticket, the sums), two of which this drops. 0: off. Off until timed
-CE_BLOCK_ROWS = 0
-CE_BLOCK_MAX_CLASSES = 32
 
 
 def _bad_flag():
@@ -177,15 +171,10 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
             loss = cp.empty((), dtype=x.dtype)
             mean = reduction == "mean"
             wsum = cp.empty((), dtype=x.dtype) if mean else None
-            one_block = 0 < rows <= CE_BLOCK_ROWS and c <= CE_BLOCK_MAX_CLASSES
-            unit = cp.empty_like(grad) if ((one_block or counter is not None) and grad is not None
-                                           and grad.size <= CE_UNIT_MAX) else None
-            if one_block:   # one block, a thread per row
-                get("loss", "cross_entropy_fwd_block", x.dtype)((1,), (-(-rows // 32) * 32,), args + (
-                    i32(mean), loss, ptr(wsum), ptr(unit)))
-            elif counter is not None:   # one launch: the last block adds the blocks' sums
+            if counter is not None:   # one launch: the last block adds the blocks' sums
                 grid = rows_grid(rows)
                 partial = cp.empty(2 * grid, dtype=x.dtype)
+                unit = cp.empty_like(grad) if grad is not None and grad.size <= CE_UNIT_MAX else None
                 get("loss", "cross_entropy_fwd_reduce", x.dtype)((grid,), (BLOCK,), args + (
                     partial, counter, i32(mean), loss, ptr(wsum), ptr(unit)))
             else:   # no rows, or a capture before the counter exists

@@ -36,20 +36,6 @@ typedef unsigned int u32;
 // below 2^30, so that a grid-stride step (at most 65536 blocks x 1024 threads) never overflows an int either
 __device__ __forceinline__ bool st_fits32(i64 a, i64 b = 0) { return a < (1LL << 30) && b < (1LL << 30); }
 
-// Dependent launch (loader.py DEPENDENT_LAUNCH): every kernel of ours starts with st_dependent_entry(). Launched
-// with CUDA's programmatic stream serialization, a kernel's blocks may be scheduled before the kernel ahead of it in
-// the stream has finished; griddepcontrol.wait holds them until that kernel has completed and its writes are
-// visible, so nothing is read early. Only then does it let its own successor be scheduled (launch_dependents), so
-// that at most one kernel waits ahead: a successor never runs beside anything but this kernel. Launched the usual
-// way, both instructions do nothing. What it saves is the gap between two kernels of a graph (the successor's
-// launch and its blocks' start), not work.
-__device__ __forceinline__ void st_dependent_entry() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 // Staging global -> shared memory with every copy in flight at once: cp.async (sm_80 and later) copies without a
 // register round trip, so a thread issues all its copies before waiting once (st_async_wait, then the
 // __syncthreads that publishes them), instead of paying a memory latency per element as a load-then-store loop does

@@ -18,7 +18,6 @@
 //     unit (the launcher's choice for small inputs), every block also writes its rows' cross_entropy_bwd dx for a
 //     loss gradient of 1, so that `loss.backward()` needs no kernel: each block first adds all the targets' weights
 //     itself (the same order in every block), which the mean then divides by.
-//   cross_entropy_fwd_block: the same in one block of at most 1024 rows, a thread per row (loss.py CE_BLOCK_ROWS).
 //   cross_entropy_bwd: dx = grad * scale[r * scale_stride] / (*wsum if wsum else 1) (scale_stride 0: dout), and
 //     exactly 0 in rows whose target is ignore_index, as torch, even where the scale is inf or NaN ('mean' with
 //     every target ignored divides by a zero total weight).
@@ -65,88 +64,75 @@ __device__ void softmax_backward(const T* __restrict__ dy, const T* __restrict__
     }
 }
 
-// One row r of cross_entropy_fwd by LANES threads (32: a warp, lane its lane; 1: one thread, lane 0), as described
-// above. loss_sum, wt_sum: lane 0 adds the row's loss and weight (the other lanes add nothing); unit (with grad): also
-// grad * unit_scale, 0 where the target is ignored (cross_entropy_bwd's dx for a gradient of 1).
-template <typename T, int LANES>
-__device__ __forceinline__ void ce_row(const T* __restrict__ x, const i64* __restrict__ target,
-                                       const T* __restrict__ w, T* __restrict__ loss, T* __restrict__ wt,
-                                       T* __restrict__ grad, i64 r, int lane, i64 C, i64 inner, i64 ignore_index,
-                                       T ls, int* __restrict__ bad, T& loss_sum, T& wt_sum, T* __restrict__ unit,
-                                       T unit_scale) {
-    const i64 base = (r / inner) * C * inner + r % inner;
-    const i64 t = target[r];
-    const bool ignored = t == ignore_index, valid = !ignored && t >= 0 && t < C;
-    if (!valid) {  // uniform over the row's lanes: t is the same for each
-        const T fill = ignored ? T(0) : st_nan<T>();
-        if (lane == 0) {
-            loss[r] = fill;
-            wt[r] = fill;
-            loss_sum += fill;
-            wt_sum += fill;
-            if (!ignored && bad != nullptr) *bad = 1;  // every writer stores the same value: no atomic needed
-        }
-        if (grad != nullptr)
-            for (i64 c = lane; c < C; c += LANES) {
-                grad[base + c * inner] = fill;
-                if (unit != nullptr) unit[base + c * inner] = ignored ? T(0) : fill * unit_scale;
-            }
-        return;
-    }
-    T m = st_neg_inf<T>();
-    for (i64 c = lane; c < C; c += LANES) m = st_max_nan(m, x[base + c * inner]);
-    if (LANES == 32) m = warp_max(m);
-    T s = T(0), wsum = T(0);
-    for (i64 c = lane; c < C; c += LANES) {
-        s += st_exp(x[base + c * inner] - m);
-        wsum += w != nullptr ? w[c] : T(1);
-    }
-    if (LANES == 32) {
-        s = warp_sum(s);
-        wsum = warp_sum(wsum);
-    }
-    const T log_s = st_log(s);
-    const T w_t = w != nullptr ? w[t] : T(1);
-    // third pass: the smoothing term sum_c w[c] * logp[c] (summed once log-sum-exp is known) and the gradient
-    T smooth = T(0);
-    if (ls != T(0) || grad != nullptr) {
-        for (i64 c = lane; c < C; c += LANES) {
-            const i64 k = base + c * inner;
-            const T wc = w != nullptr ? w[c] : T(1);
-            const T logp = (x[k] - m) - log_s;
-            smooth += wc * logp;
-            if (grad != nullptr) {
-                const T p = st_exp(logp);
-                T g = (T(1) - ls) * w_t * (p - (c == t ? T(1) : T(0)));
-                if (ls != T(0)) g += (ls / T(C)) * (p * wsum - wc);
-                grad[k] = g;
-                if (unit != nullptr) unit[k] = g * unit_scale;
-            }
-        }
-        if (LANES == 32) smooth = warp_sum(smooth);
-    }
-    if (lane == 0) {
-        const T nll = -w_t * ((x[base + t * inner] - m) - log_s);
-        T val = (T(1) - ls) * nll;
-        if (ls != T(0)) val += (ls / T(C)) * (-smooth);  // guarded: 0 * -inf would be NaN
-        loss[r] = val;
-        wt[r] = w_t;
-        loss_sum += val;
-        wt_sum += w_t;
-    }
-}
-
-// cross_entropy_fwd's rows, a warp each (loss_sum, wt_sum: lane 0 of each warp adds its rows', see ce_row)
 template <typename T>
 __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
                            T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C, i64 inner,
                            i64 ignore_index, T ls, int* __restrict__ bad, T& loss_sum, T& wt_sum,
                            T* __restrict__ unit = nullptr, T unit_scale = T(0)) {
+    // loss_sum, wt_sum: lane 0 of each warp adds up the loss and weight of its rows (0 on the other lanes); unit
+    // (with grad): also grad * unit_scale, 0 where the target is ignored (cross_entropy_bwd's dx for a gradient of 1)
     const int lane = threadIdx.x & 31;
     const i64 warps = blockDim.x >> 5;
-    for (i64 r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps)
-        ce_row<T, 32>(x, target, w, loss, wt, grad, r, lane, C, inner, ignore_index, ls, bad, loss_sum, wt_sum, unit,
-                      unit_scale);
+    for (i64 r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
+        const i64 base = (r / inner) * C * inner + r % inner;
+        const i64 t = target[r];
+        const bool ignored = t == ignore_index, valid = !ignored && t >= 0 && t < C;
+        if (!valid) {  // warp-uniform branch: t is the same for every lane
+            const T fill = ignored ? T(0) : st_nan<T>();
+            if (lane == 0) {
+                loss[r] = fill;
+                wt[r] = fill;
+                loss_sum += fill;
+                wt_sum += fill;
+                if (!ignored && bad != nullptr) *bad = 1;  // every writer stores the same value: no atomic needed
+            }
+            if (grad != nullptr)
+                for (i64 c = lane; c < C; c += 32) {
+                    grad[base + c * inner] = fill;
+                    if (unit != nullptr) unit[base + c * inner] = ignored ? T(0) : fill * unit_scale;
+                }
+            continue;
+        }
+        T m = st_neg_inf<T>();
+        for (i64 c = lane; c < C; c += 32) m = st_max_nan(m, x[base + c * inner]);
+        m = warp_max(m);
+        T s = T(0), wsum = T(0);
+        for (i64 c = lane; c < C; c += 32) {
+            s += st_exp(x[base + c * inner] - m);
+            wsum += w != nullptr ? w[c] : T(1);
+        }
+        s = warp_sum(s);
+        wsum = warp_sum(wsum);
+        const T log_s = st_log(s);
+        const T w_t = w != nullptr ? w[t] : T(1);
+        // third pass: the smoothing term sum_c w[c] * logp[c] (summed once log-sum-exp is known) and the gradient
+        T smooth = T(0);
+        if (ls != T(0) || grad != nullptr) {
+            for (i64 c = lane; c < C; c += 32) {
+                const i64 k = base + c * inner;
+                const T wc = w != nullptr ? w[c] : T(1);
+                const T logp = (x[k] - m) - log_s;
+                smooth += wc * logp;
+                if (grad != nullptr) {
+                    const T p = st_exp(logp);
+                    T g = (T(1) - ls) * w_t * (p - (c == t ? T(1) : T(0)));
+                    if (ls != T(0)) g += (ls / T(C)) * (p * wsum - wc);
+                    grad[k] = g;
+                    if (unit != nullptr) unit[k] = g * unit_scale;
+                }
+            }
+            smooth = warp_sum(smooth);
+        }
+        if (lane == 0) {
+            const T nll = -w_t * ((x[base + t * inner] - m) - log_s);
+            T val = (T(1) - ls) * nll;
+            if (ls != T(0)) val += (ls / T(C)) * (-smooth);  // guarded: 0 * -inf would be NaN
+            loss[r] = val;
+            wt[r] = w_t;
+            loss_sum += val;
+            wt_sum += w_t;
+        }
+    }
 }
 
 template <typename T>
@@ -178,12 +164,6 @@ __device__ void ce_reduce(const T* __restrict__ loss, const T* __restrict__ wt, 
     }
 }
 
-// A target's weight in the 'mean' divisor: 0 where ignored, NaN where outside [0, C)
-template <typename T>
-__device__ __forceinline__ T ce_target_weight(i64 t, const T* __restrict__ w, i64 C, i64 ignore_index) {
-    return t == ignore_index ? T(0) : t < 0 || t >= C ? st_nan<T>() : w != nullptr ? w[t] : T(1);
-}
-
 template <typename T>
 __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
                                   T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C,
@@ -194,7 +174,10 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
     // block), so that each writes its rows' unit gradient while it computes them; the mean then divides by this sum.
     T all_w = T(0);
     if (unit != nullptr && mean) {
-        for (i64 r = threadIdx.x; r < rows; r += blockDim.x) all_w += ce_target_weight(target[r], w, C, ignore_index);
+        for (i64 r = threadIdx.x; r < rows; r += blockDim.x) {
+            const i64 t = target[r];
+            all_w += t == ignore_index ? T(0) : t < 0 || t >= C ? st_nan<T>() : w != nullptr ? w[t] : T(1);
+        }
         all_w = block_sum(all_w);
     }
     T l = T(0), wv = T(0);
@@ -223,80 +206,38 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
     }
 }
 
-// cross_entropy_fwd_block: cross_entropy_fwd_reduce for at most 1024 rows in one block, a thread per row (few
-// classes: a row's C values in one thread's loop, no warp reductions) and no ticket: the block's sums are the
-// loss. The unit gradient's divisor first, when it is written (a block sum of the targets' weights).
-template <typename T>
-__device__ void ce_forward_block(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
-                                 T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C,
-                                 i64 inner, i64 ignore_index, T ls, int* __restrict__ bad, int mean,
-                                 T* __restrict__ out, T* __restrict__ wsum, T* __restrict__ unit) {
-    const i64 r = threadIdx.x;
-    T all_w = T(0);
-    if (unit != nullptr && mean) {
-        if (r < rows) all_w = ce_target_weight(target[r], w, C, ignore_index);
-        all_w = block_sum(all_w);
-    }
-    T l = T(0), wv = T(0);
-    if (r < rows)
-        ce_row<T, 1>(x, target, w, loss, wt, grad, r, 0, C, inner, ignore_index, ls, bad, l, wv, unit,
-                     T(1) / (mean ? all_w : T(1)));
-    l = block_sum(l);
-    wv = block_sum(wv);
-    if (unit != nullptr) wv = all_w;   // the divisor the unit gradient used: the backward's too
-    if (threadIdx.x == 0) {
-        out[0] = mean ? l / wv : l;
-        if (mean) wsum[0] = wv;
-    }
-}
-
 #define ST_LOSS(T, S)                                                                                               \
     extern "C" __global__ void softmax_fwd_##S(const T* x, T* y, i64 rows, i64 C, i64 inner) {                      \
-        st_dependent_entry();                                                                                       \
         softmax_forward<T, false>(x, y, rows, C, inner);                                                            \
     }                                                                                                               \
     extern "C" __global__ void log_softmax_fwd_##S(const T* x, T* y, i64 rows, i64 C, i64 inner) {                  \
-        st_dependent_entry();                                                                                       \
         softmax_forward<T, true>(x, y, rows, C, inner);                                                             \
     }                                                                                                               \
     extern "C" __global__ void softmax_bwd_##S(const T* dy, const T* y, T* dx, i64 rows, i64 C, i64 inner) {        \
-        st_dependent_entry();                                                                                       \
         softmax_backward<T, false>(dy, y, dx, rows, C, inner);                                                      \
     }                                                                                                               \
     extern "C" __global__ void log_softmax_bwd_##S(const T* dy, const T* y, T* dx, i64 rows, i64 C, i64 inner) {    \
-        st_dependent_entry();                                                                                       \
         softmax_backward<T, true>(dy, y, dx, rows, C, inner);                                                       \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_fwd_##S(const T* x, const i64* target, const T* w, T* loss, T* wt,     \
                                                      T* grad, i64 rows, i64 C, i64 inner, i64 ignore_index, T ls,   \
                                                      int* bad) {                                                    \
-        st_dependent_entry();                                                                                       \
         T l = T(0), wv = T(0);                                                                                      \
         ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv);                  \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_fwd_reduce_##S(                                                        \
         const T* x, const i64* target, const T* w, T* loss, T* wt, T* grad, i64 rows, i64 C, i64 inner,             \
         i64 ignore_index, T ls, int* bad, T* partial, unsigned* counter, int mean, T* out, T* wsum, T* unit) {      \
-        st_dependent_entry();                                                                                       \
         ce_forward_reduce<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, partial, counter, \
                              mean, out, wsum, unit);                                                                \
-    }                                                                                                               \
-    extern "C" __global__ void cross_entropy_fwd_block_##S(                                                         \
-        const T* x, const i64* target, const T* w, T* loss, T* wt, T* grad, i64 rows, i64 C, i64 inner,             \
-        i64 ignore_index, T ls, int* bad, int mean, T* out, T* wsum, T* unit) {                                     \
-        st_dependent_entry();                                                                                       \
-        ce_forward_block<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, mean, out, wsum,   \
-                            unit);                                                                                  \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_bwd_##S(const T* grad, const i64* target, i64 ignore_index,            \
                                                      const T* scale, i64 scale_stride, const T* wsum, T* dx,        \
                                                      i64 outer, i64 C, i64 inner) {                                 \
-        st_dependent_entry();                                                                                       \
         ce_backward<T>(grad, target, ignore_index, scale, scale_stride, wsum, dx, outer, C, inner);                 \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_reduce_##S(const T* loss, const T* wt, i64 rows, int mean, T* out,     \
                                                         T* wsum) {                                                  \
-        st_dependent_entry();                                                                                       \
         ce_reduce<T>(loss, wt, rows, mean, out, wsum);                                                              \
     }
 ST_INSTANTIATE(ST_LOSS)
