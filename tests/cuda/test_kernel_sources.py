@@ -246,8 +246,7 @@ def test_unpool_wgrad_takes_a_pooled_first_layer_of_one_input_channel(monkeypatc
 
 def test_pooled_wgrad_plan(monkeypatch):
     """On the CPU: pooled_wgrad takes a convolution (tile_conv's geometry) that pooled in its epilogue, with
-    POOLED_WGRAD on, where it needs no input gradient (a first layer) or its full g is written too
-    (with_input_grad: the linear chain's hand-off, LeNet-5's second layer): threads a multiple of its channels, about
+    POOLED_WGRAD on, where it needs no input gradient (a first layer): threads a multiple of its channels, about
     two blocks per SM, the staged images, one input channel's sums and the NaN flags within the default shared
     memory; conv2d_backward takes g None only with the partial rows and no input gradient."""
     from types import SimpleNamespace
@@ -272,11 +271,12 @@ def test_pooled_wgrad_plan(monkeypatch):
     assert conv._pooled_wgrad_plan(producer(), f32) == (252, 2, 256, (2 * 784 + 252 * 26) * 4 + 6 * 25)
     assert conv._pooled_wgrad_plan(producer(64), f32) == (252, 1, 64, (784 + 252 * 26) * 4 + 150)
     assert conv._pooled_wgrad_plan(producer(64), f64) == (126, 1, 64, (784 + 126 * 26) * 8 + 150)
-    second = producer(x_shape=(512, 6, 12, 12), weight=SimpleNamespace(shape=(16, 6, 5, 5)), needs=(True,) * 3,
-                      pool=(np.zeros((512, 16, 4, 4), np.int64),))   # LeNet-5's second layer
-    assert conv._pooled_wgrad_plan(second, f32) is None   # needs its input gradient
-    assert conv._pooled_wgrad_plan(second, f32, with_input_grad=True) == (256, 2, 256,
-                                                                         (2 * 864 + 256 * 26) * 4 + 16 * 150)
+    # LeNet-5's second layer's shapes as a first layer (six input channels), then as the second (its input gradient)
+    six = producer(x_shape=(512, 6, 12, 12), weight=SimpleNamespace(shape=(16, 6, 5, 5)),
+                   pool=(np.zeros((512, 16, 4, 4), np.int64),))
+    assert conv._pooled_wgrad_plan(six, f32) == (256, 2, 256, (2 * 864 + 256 * 26) * 4 + 16 * 150)
+    six.needs = (True,) * 3
+    assert conv._pooled_wgrad_plan(six, f32) is None
     for over in ({"pool": None}, {"needs": (True, True, True)}, {"needs": (False, False, True)}, {"x": None},
                  {"stride": (2, 2)}, {"weight": SimpleNamespace(shape=(300, 1, 5, 5))}):
         assert conv._pooled_wgrad_plan(producer(**over), f32) is None, over

@@ -412,11 +412,9 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_
     gradients are bit-equal to the hand-offs switched off (INTO_PRODUCER) and within float32 rounding of the
     unfused layers. With POOLED_WGRAD the first layer's weight gradient comes from its g at the maxima (pooled_wgrad
     instead of a dense weight-gradient kernel), within rounding; with UNPOOL_WGRAD from those maxima in the second
-    layer's input-gradient kernel (tile_conv_unpool_wgrad, no pooled_wgrad); with linear.CHAIN_POOLED_WGRAD too, the
-    second layer's from the chain's. A second consumer of the first pooled output, or a
-    hook on it, keeps that hand-off's plain path."""
+    layer's input-gradient kernel (tile_conv_unpool_wgrad, no pooled_wgrad). A second consumer of the first pooled
+    output, or a hook on it, keeps that hand-off's plain path."""
     from smalltrain.backend.cuda import conv as cuda_conv
-    from smalltrain.backend.cuda import linear as cuda_linear
     from smalltrain.backend.cuda import pool as cuda_pool
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
@@ -465,15 +463,6 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_
         else:
             assert np.array_equal(u, v), i
     monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", False)
-    monkeypatch.setattr(cuda_linear, "CHAIN_POOLED_WGRAD", True)   # the second layer's from the chain's maxima
-    both = grads(None)
-    assert launched.count("pooled_wgrad_k5") == 2 and weight_kernels() == dense - 2, launched
-    for i, (u, v) in enumerate(zip(both, compact)):   # the second layer's dw and db summed in another order
-        if i in (2, 3):
-            assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
-        else:
-            assert np.array_equal(u, v), i
-    monkeypatch.setattr(cuda_linear, "CHAIN_POOLED_WGRAD", False)
     monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)
     monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", False)
     plain = grads(None)

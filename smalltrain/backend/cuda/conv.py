@@ -129,8 +129,7 @@ INTO_POOLED = True
 # ... and where that pooled producer needs no input gradient (a first layer), only its g at the pooling windows'
 # maxima is written (tile_conv_unpool's compact form), and its weight and bias gradients come from that by
 # pooled_wgrad: a quarter of tile_wgrad's products, no full-resolution g (LeNet-5's first layer). With INTO_POOLED
-# (which it needs), against both off (H100, two rounds): b64 90.0 / 84.4 us, b512 164.1 / 165.0. (The linear
-# chain's hand-off uses it too with linear.CHAIN_POOLED_WGRAD.)
+# (which it needs), against both off (H100, two rounds): b64 90.0 / 84.4 us, b512 164.1 / 165.0.
 POOLED_WGRAD = True
 # ... and where that first layer has one input channel and the same KS x KS kernel, tile_conv_unpool_wgrad's epilogue
 # sums its weight and bias gradients' partial rows from those maxima itself (kernels/conv.cu UNPOOL_WGRAD), so that
@@ -688,13 +687,12 @@ def _tile_dx(g, saved, into=None, dpool=None):
     return dx
 
 
-def _pooled_wgrad_plan(into, dtype, with_input_grad=False):
+def _pooled_wgrad_plan(into, dtype):
     """(threads, images per block, blocks, shared memory) for pooled_wgrad on `into`'s compact g, or None where it
-    does not take `into`: POOLED_WGRAD off, `into` not pooled in its epilogue, needing its input gradient (unless
-    with_input_grad: its full g is written too, the linear chain's case) or not its weight gradient, without its x,
-    not tile_conv's geometry, over 256 channels, or the images or sums over the default shared memory. About two
-    blocks per SM; threads a multiple of the channels."""
-    if (not POOLED_WGRAD or into.pool is None or (into.needs[0] and not with_input_grad) or not into.needs[1]
+    does not take `into`: POOLED_WGRAD off, `into` not pooled in its epilogue, needing its input gradient or not its
+    weight gradient, without its x, not tile_conv's geometry, over 256 channels, or the images or sums over the
+    default shared memory. About two blocks per SM; threads a multiple of the channels."""
+    if (not POOLED_WGRAD or into.pool is None or into.needs[0] or not into.needs[1]
             or into.x is None or not _tile_geometry(into.stride, into.dilation, into.groups, into.weight.shape)
             or into.weight.shape[0] > 256):
         return None

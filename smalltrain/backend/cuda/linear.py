@@ -68,10 +68,6 @@ CHAIN_INTO_POOLED = True
 # 169.9 / 171.2 against 165.4 / 165.8 and 166.4 / 162.5 against 160.0 / 158.5 (ncu: chain_bwd_staged 15.2 -> 22.8
 # us, the pooling backward kernel it saves 5.4). Tests raise it for the 4-row case
 CHAIN_INTO_POOLED_MAX_ROWS = 1
-# With the hand-off, also that g at the pooling windows' maxima, from which pooled_wgrad sums the convolution's
-# weight and bias gradients (conv._pooled_wgrad_plan, with conv.POOLED_WGRAD): a quarter of tile_wgrad's products
-# (LeNet-5's second layer). Off: it loses (H100, twentieth session: LeNet-5 b64 98.4 / 98.3 us against 85.3 / 85.2)
-CHAIN_POOLED_WGRAD = False
 # chain_wgrad on the side stream, joined at the end of the backward pass (_common.run_beside's defer), where the
 # engine allows it (linear_chain_backward's wgrad_beside): beside the convolutions' backward after it. H100,
 # twenty-first session, LeNet-5's captured step, two rounds, us (both deferred joins against neither): b64 83.2 /
@@ -404,7 +400,7 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None, wgrad
     all), a gradient is None where its flag is off or the layer has no bias. into: the Conv2dSaved of the
     convolution whose pooled output is x flattened; where chain_into_pooled_ok, dx is returned as a ProducerGrad
     instead, that convolution's g [C, M*4*P] through its pooling's and activation's backward (linear.cu
-    chain_dx_unpooled), with CHAIN_POOLED_WGRAD also its weight gradient's partial rows (pooled_wgrad).
+    chain_dx_unpooled).
     wgrad_beside: the weight gradients may be made beside the rest of the backward pass, joined by the pass
     (autograd.engine.takes_plainly said so; with CHAIN_WGRAD_BESIDE): chain_wgrad goes on the side stream."""
     op = "linear_chain_backward"
@@ -419,10 +415,7 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None, wgrad
     cp = cupy()
     rows = chain_rows(m, widths, x.dtype.itemsize)
     pooled = need_x and chain_into_pooled_ok(saved, into)
-    # and that convolution's weight gradient from its g at the maxima (pooled_wgrad), its full g written as well
-    compact = conv_kernels._pooled_wgrad_plan(into, x.dtype, with_input_grad=True) \
-        if pooled and CHAIN_POOLED_WGRAD else None
-    pool_args = (ptr(None),) * 3 + i32s((0, 0, 0)) + (ptr(None),)
+    pool_args = (ptr(None),) * 3 + i32s((0, 0, 0))
     with dout.device:
         dout = contiguous(dout)
         dx = cp.empty((m, widths[0]), dtype=x.dtype) if need_x and not pooled else None
@@ -430,9 +423,8 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None, wgrad
             _, c, ph, pw = into.pool[0].shape
             act = ACTIVATIONS[into.activation]
             dx = cp.empty((c, m * 4 * ph * pw), dtype=x.dtype)
-            gc = cp.empty((c, m * ph * pw), dtype=x.dtype) if compact else None
             pool_args = (into.pool[0], ptr(into.y if act else None), ptr(into.bias if act else None)) + i32s(
-                (act, c, pw)) + (ptr(gc),)
+                (act, c, pw))
         gs = [cp.empty((m, widths[i + 1]), dtype=x.dtype) for i in range(layers)]
         name, smem = _chain_bwd_kernel(rows, widths, x.dtype.itemsize, need_x, smem_optin_bytes())
         with_smem(get("linear", name, x.dtype), smem)(
@@ -459,6 +451,4 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None, wgrad
                     + _width_args(widths) + i32s(tuple(starts)) + (i32(m),))
 
             run_beside(weight_grads, lambda: None, beside, defer=True)
-    if compact:
-        return ProducerGrad(dx, conv_kernels._pooled_wgrad(gc, into, compact)), grads
     return (ProducerGrad(dx) if pooled else dx), grads

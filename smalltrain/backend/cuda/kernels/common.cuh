@@ -381,16 +381,15 @@ __device__ __forceinline__ T pooled_act_grad(int p, int target, T gw, bool exact
     if (p == target) return gw;
     return exact ? act_bwd(T(0), zplane[p] + bias, act) : T(0);
 }
-// A 2x2 window's four values, its first position p in a plane fw wide: v = {p, p + 1, p + fw, p + fw + 1}'s; returns
-// the value at the maximum (the compact g's). A target < 0 (no window: past a row) gives zeros without reading.
+// A 2x2 window's four values, its first position p in a plane fw wide: v = {p, p + 1, p + fw, p + fw + 1}'s. A
+// target < 0 (no window: past a row) gives zeros without reading.
 template <typename T>
-__device__ __forceinline__ T pooled_act_grads_2x2(T d, int target, int p, int fw, const T* zplane, T bias, int act,
-                                                  T (&v)[4]) {
+__device__ __forceinline__ void pooled_act_grads_2x2(T d, int target, int p, int fw, const T* zplane, T bias,
+                                                     int act, T (&v)[4]) {
     bool exact = false;
     const T gw = target >= 0 ? pooled_act_max_grad(d, target, zplane, bias, act, exact) : T(0);
     v[0] = pooled_act_grad(p, target, gw, exact, zplane, bias, act);
     v[1] = pooled_act_grad(p + 1, target, gw, exact, zplane, bias, act);
     v[2] = pooled_act_grad(p + fw, target, gw, exact, zplane, bias, act);
     v[3] = pooled_act_grad(p + fw + 1, target, gw, exact, zplane, bias, act);
-    return gw;
 }

@@ -317,31 +317,28 @@ __device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, in
 // is the chain's input: through that pooling's and its activation's backward as its g [pc, M, 4P] (P = d0 / pc
 // pooled positions per channel, pw per row; pidx [M, d0] the pooling's indices, py [pc, M, 4P] the convolution's
 // output before its bias pb, pact its activation), as conv.cu's tile_conv writes a pooled producer's g: the
-// pooling's backward kernel does not run. With gc, also its g at the windows' maxima only, [pc, M, P], for its
-// weight gradient by pooled_wgrad (conv.cu).
+// pooling's backward kernel does not run.
 template <typename T>
 __device__ __forceinline__ void chain_dx_unpooled(T d, int row, int k, int K, int M, const i64* __restrict__ pidx,
                                                   const T* __restrict__ py, const T* __restrict__ pb, int pact,
-                                                  int pc, int pw, T* __restrict__ g, T* __restrict__ gc) {
+                                                  int pc, int pw, T* __restrict__ g) {
     const int P = K / pc, ch = k / P, q = k - ch * P, qh = q / pw, fw = 2 * pw;
     const size_t plane = ((size_t)ch * M + row) * 4 * P;
     const T* zp = py != nullptr ? py + plane : nullptr;
     const T bc = pb != nullptr ? pb[ch] : T(0);
     const int at = (int)pidx[(size_t)row * K + k], p = 2 * qh * fw + 2 * (q - qh * pw);
     T win[4];
-    const T at_max = pooled_act_grads_2x2(d, at, p, fw, zp, bc, pact, win);
+    pooled_act_grads_2x2(d, at, p, fw, zp, bc, pact, win);
     g[plane + p] = win[0];
     g[plane + p + 1] = win[1];
     g[plane + p + fw] = win[2];
     g[plane + p + fw + 1] = win[3];
-    if (gc != nullptr) gc[((size_t)ch * M + row) * P + q] = at_max;
 }
 
 template <typename T, int R, bool STAGE>
 __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3,
                                T* __restrict__ dx, int M, int L, int WMAX, const i64* __restrict__ pidx,
-                               const T* __restrict__ py, const T* __restrict__ pb, int pact, int pc, int pw,
-                               T* __restrict__ pgc) {
+                               const T* __restrict__ py, const T* __restrict__ pb, int pact, int pc, int pw) {
     ST_CHAIN_LAYERS(T);
     T* const gs[ST_CMAX] = {g0, g1, g2, g3};
     extern __shared__ unsigned char st_smem[];
@@ -407,7 +404,7 @@ __device__ void chain_bwd_rows(const T* __restrict__ dout, ST_CHAIN_PARAMS(T), T
                 if (r >= nr) break;
                 const int row = r0 + r;
                 if (l == 0) {
-                    if (pidx != nullptr) chain_dx_unpooled(acc[r], row, k, c.k, M, pidx, py, pb, pact, pc, pw, dx, pgc);
+                    if (pidx != nullptr) chain_dx_unpooled(acc[r], row, k, c.k, M, pidx, py, pb, pact, pc, pw, dx);
                     else dx[row * c.k + k] = acc[r];
                 } else {
                     const T v = prev.act != ST_ACT_NONE ? act_bwd(acc[r], prev.z[row * c.k + k], prev.act) : acc[r];
@@ -693,17 +690,16 @@ ST_INSTANTIATE(ST_LINEAR)
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_bwd_rows_r##R##_##S(const T* dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3, T* dx, int M, int L,  \
-                              int WMAX, const i64* pidx, const T* py, const T* pb, int pact, int pc, int pw,       \
-                              T* pgc) {                                                                            \
+                              int WMAX, const i64* pidx, const T* py, const T* pb, int pact, int pc, int pw) {     \
         chain_bwd_rows<T, R, false>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX, pidx, py, pb, pact, pc,   \
-                                    pw, pgc);                                                                      \
+                                    pw);                                                                           \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_bwd_staged_r##R##_##S(const T* dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3, T* dx, int M,       \
                                 int L, int WMAX, const i64* pidx, const T* py, const T* pb, int pact, int pc,      \
-                                int pw, T* pgc) {                                                                  \
+                                int pw) {                                                                          \
         chain_bwd_rows<T, R, true>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX, pidx, py, pb, pact, pc,    \
-                                   pw, pgc);                                                                       \
+                                   pw);                                                                            \
     }
 #define ST_CHAINS(T, S) ST_CHAIN(T, S, 1) ST_CHAIN(T, S, 2) ST_CHAIN(T, S, 4) ST_CHAIN(T, S, 8)
 ST_INSTANTIATE(ST_CHAINS)
