@@ -8,10 +8,10 @@ Each figure: GPU microseconds per call from 100 calls captured in one CUDA graph
 forward = conv2d_forward (with the activation fused), backward = conv2d_backward (its activation derivative, dx,
 dw, db). --pooled: for a layer whose output a 2x2 max pooling reads (its g a quarter nonzero): its input gradient
 into its pooled first layer (LeNet-5's) with that layer's weight and bias gradients, by tile_conv_unpool's compact
-g and pooled_wgrad against tile_conv_unpool_wgrad (conv.UNPOOL_WGRAD); its own weight and bias gradients by
-tile_wgrad from the full g against pooled_wgrad from the maxima; each pair compared. (The twenty-first session's
-pooled_dx, the input gradient from the maxima, lost to tile_conv's dense one and was removed; the numbers are in
-RESULTS.md.)
+g and pooled_wgrad against tile_conv_unpool_wgrad (conv.UNPOOL_WGRAD), then that kernel's gather form against its
+scatter form (conv.TILE_DX_SCATTER); each pair compared. (The twenty-first session's pooled_dx, the input gradient
+from the maxima, lost to tile_conv's dense one and was removed, and the twenty-third removed pooled_wgrad for a
+layer that needs its input gradient, the chain's CHAIN_POOLED_WGRAD; the numbers are in RESULTS.md.)
 """
 import argparse
 import contextlib
@@ -91,8 +91,8 @@ PRODUCERS = {"lenet2": "lenet1"}               # the pooled layer whose output a
 
 def pooled_paths(cp, conv, specs, rng):
     """Per layer whose output a 2x2 max pooling reads: its input gradient into its pooled first layer with that
-    layer's weight gradient, pooled_wgrad's way against tile_conv_unpool_wgrad's, and its own weight gradient,
-    tile_wgrad's way against pooled_wgrad's (see the header)."""
+    layer's weight gradient, pooled_wgrad's way against tile_conv_unpool_wgrad's, then that kernel's gather form
+    against its scatter form (see the header)."""
     for spec in specs:
         name, batch = spec.split(":")
         shape, w_shape, act = LAYERS[name]
@@ -116,25 +116,16 @@ def pooled_paths(cp, conv, specs, rng):
             _, into = conv.conv2d_forward(px, pw_, pb, activation=p_act, pool=POOL_2X2,
                                           needs_input_grad=(False, True, True))
 
-            def into_grads(fused):
+            def into_grads(fused, scatter=False):
                 def run():
-                    with limits(conv, {"UNPOOL_WGRAD": fused}):
+                    with limits(conv, {"UNPOOL_WGRAD": fused, "TILE_DX_SCATTER": scatter}):
                         handed = conv._tile_dx(full, saved, into)   # (None where tile_conv does not take it)
                     return None if handed is None else conv._reduce_partials(handed.wpartial, into.weight.shape, True)
                 return run
             pairs.append(("dx into layer 1, its dw, db", "tile_conv_unpool + pooled_wgrad", into_grads(False),
                           "tile_conv_unpool_wgrad", into_grads(True)))
-        # the layer's own weight and bias gradients from its full g or from the maxima
-        wplan, pplan = conv._tile_wgrad_plan(saved, 4), conv._pooled_wgrad_plan(saved, cp.dtype(cp.float32), True)
-        if wplan is not None and pplan is not None:
-            def dense_w():
-                return conv._tile_weight_grad(saved.x, full, saved, True, wplan)
-
-            def sparse_w():
-                return conv._reduce_partials(conv._pooled_wgrad(gc, saved, pplan), w.shape, True)
-            pairs.append(("dw, db", "tile_wgrad (full g)", dense_w, "pooled_wgrad (maxima)", sparse_w))
-        else:
-            print(f"{spec:<14} dw, db: not taken (tile_wgrad {wplan is not None}, pooled_wgrad {pplan is not None})")
+            pairs.append(("dx into layer 1, its dw, db", "tile_conv_unpool_wgrad gather", into_grads(True),
+                          "scatter", into_grads(True, True)))
         for label, one_name, one, other_name, other in pairs:
             a, b = one(), other()
             if a is None or b is None:

@@ -417,6 +417,7 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_
     from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import pool as cuda_pool
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
+    monkeypatch.setattr(cuda_conv, "TILE_DX_SCATTER", False)   # bit-equal to the plain path's gather form
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
     monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)   # first the dense weight gradients, then pooled_wgrad's
     monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", False)

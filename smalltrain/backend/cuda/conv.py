@@ -90,6 +90,14 @@ _TILE_TO6_THREADS_PER_SM = 512
 # left padding are multiples of 16 bytes' elements and it starts 16-byte aligned (_tile_vec_stage; LeNet-5's and
 # MnistCnn's layers but MnistCnn's 26-wide second-layer input), else an element a copy. Off until timed
 TILE_VEC_STAGE = False
+# tile_conv computes an input gradient into a pooled producer (tile_conv_unpool*, LeNet-5's second layer's) in
+# scatter form where it fits the default shared memory (_tile_scatter):
+# each input position's products with every tap (a GEMM over the channels, [positions] x [taps x channels]) into
+# shared memory, then each output sums the taps that reach it. The gather form multiplies the zero padding too:
+# LeNet-5's second layer's input gradient (8 x 8 g, 5 x 5 kernel, 12 x 12 dx) does 460.8k products an image
+# at 4 channels a thread (8 for its 6), the scatter form 204.8k. Off until timed
+TILE_DX_SCATTER = False
+_TILE_SCATTER_MAX_PASSES = 4  # ... in at most this many passes over the taps (each two block-wide barriers)
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -555,6 +563,9 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
         smem = max(smem, _wgrad_epilogue_smem(plan, w.shape[3], inp.dtype.itemsize))
     wgrad_args = (ptr(None),) + i32s((0, 0, 0, 0)) + (ptr(None),) if wgrad is None else \
         (wgrad[0],) + i32s(wgrad[1:5]) + (wgrad[5],)
+    scatter, scatter_smem = _tile_scatter(plan, in_chw, o, w.shape[3], inp.dtype.itemsize) \
+        if name.startswith("tile_conv_unpool") else (0, 0)   # (conv.cu: those kernels only)
+    smem = max(smem, scatter_smem)
     get("conv", f"{name}_k{w.shape[3]}_to{to}", inp.dtype)(
         (blocks,), (threads,), (inp, w, ptr(b), ptr(out), ptr(y)) + i32s(
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
@@ -562,7 +573,28 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
                                                         act)) + lin_args
         + (ptr(pool_idx),) + wgrad_args
         + ((ptr(None),) * 3 + (i32(0),) if staged is None else tuple(ptr(a) for a in staged[:3]) + (i32(staged[3]),))
-        + (i32(int(staged is None and _tile_vec_stage(inp, in_chw, in_strides, pads))),), shared_mem=smem)
+        + i32s((int(staged is None and _tile_vec_stage(inp, in_chw, in_strides, pads)), scatter)), shared_mem=smem)
+
+
+def _tile_scatter(plan, in_chw, o, ks, itemsize):
+    """(taps per pass, shared memory) for tile_conv's scatter form of an input gradient (conv.cu, SK), or (0, 0)
+    where TILE_DX_SCATTER is off or it does not fit the default shared memory: the weights [C*KS*KS][OP] and the
+    block's input rows unpadded [C][HR][WP4] (HR the rows under its outputs, WP4 the row width rounded up to 4),
+    then the products of this pass's taps [HR][W][taps][O]; the taps split over as few passes as fit, evenly, at
+    most _TILE_SCATTER_MAX_PASSES."""
+    if not TILE_DX_SCATTER:
+        return 0, 0
+    to, th = plan[0], plan[1]
+    c, h, wd = in_chw
+    kk, ts = ks * ks, -(-to // 4) * 4
+    rows, wp4 = min(h, th + ks - 1), -(-wd // 4) * 4
+    base = (c * kk * -(-o // to) * ts + c * rows * wp4) * itemsize
+    per_tap = rows * wd * o * itemsize
+    most = (_SMEM_BYTES - base) // per_tap if per_tap else 0
+    if most < 1 or -(-kk // most) > _TILE_SCATTER_MAX_PASSES:
+        return 0, 0
+    taps = -(-kk // -(-kk // min(most, kk)))
+    return taps, base + taps * per_tap
 
 
 def _tile_vec_stage(inp, in_chw, in_strides, pads):
