@@ -649,7 +649,11 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // pooling's backward computes it (common.cuh pooled_act_grad, the same values), so that the input gradient need not
 // wait for that kernel (which still makes g for the weight gradient, beside). vstage (conv.py _tile_vec_stage): the
 // input's rows are staged 16 bytes a copy (its strides, the left padding and the row width multiples of 16 bytes'
-// elements) instead of an element a copy. A block
+// elements) instead of an element a copy. SK > 0 (the UNPOOL kernels, conv.py TILE_DX_SCATTER): the input gradient
+// in scatter form, SK taps a pass: the block's input rows staged unpadded, each position's products with the pass's
+// taps and every output channel (a GEMM over the input channels, 4 columns x 4 weight slots a thread) into shared
+// memory, then each output adds the taps that reach it, split cs taking the taps cs, cs + CS, ... (no products of
+// the zero padding). A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
 // where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
@@ -915,19 +919,19 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                 }
             }
             __syncthreads();
-            if (cs == 0) {   // this pass's taps of split 0's outputs, in tap order
-                for (int k = 0; k < nk; ++k) {
-                    const int i = (k0 + k) / KS, j = (k0 + k) % KS, h = r + i - pt - hs;
-                    if (h < 0 || h >= HR) continue;
+            // this pass's taps of the thread's outputs, split cs taking the taps k0 + k = cs, cs + CS, ... (the
+            // splits' sums added in split order below, as the gather form's channel splits)
+            for (int k = (cs - k0 % CS + CS) % CS; k < nk; k += CS) {
+                const int i = (k0 + k) / KS, j = (k0 + k) % KS, h = r + i - pt - hs;
+                if (h < 0 || h >= HR) continue;
 #pragma unroll
-                    for (int v = 0; v < ST_TW; ++v) {
-                        const int wc = cg * ST_TW + v + j - pl;
-                        if (wc < 0 || wc >= Wi) continue;
-                        const T* yp = ys + ((h * Wi + wc) * SK + k) * O + og * TO;
+                for (int v = 0; v < ST_TW; ++v) {
+                    const int wc = cg * ST_TW + v + j - pl;
+                    if (wc < 0 || wc >= Wi) continue;
+                    const T* yp = ys + ((h * Wi + wc) * SK + k) * O + og * TO;
 #pragma unroll
-                        for (int u = 0; u < TO; ++u)
-                            if (og * TO + u < O) acc[u][v] += yp[u];
-                    }
+                    for (int u = 0; u < TO; ++u)
+                        if (og * TO + u < O) acc[u][v] += yp[u];
                 }
             }
             __syncthreads();   // Y read before the next pass writes it
@@ -956,8 +960,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             }
         }
     }
-    if (SCATTER && SK > 0 && !KEEP && cs > 0) return;   // scatter: split 0 gathered the whole sums
-    if (CS > 1 && !(SCATTER && SK > 0)) {   // the other groups' sums through shared memory (the tiles are read)
+    if (CS > 1) {   // the other groups' sums through shared memory (the staged tiles are read by now)
         __syncthreads();
         T* red = reinterpret_cast<T*>(st_smem);   // [CS - 1][G][TO * ST_TW]
         if (cs > 0) {
