@@ -91,12 +91,11 @@ _TILE_TO6_THREADS_PER_SM = 512
 # MnistCnn's layers but MnistCnn's 26-wide second-layer input), else an element a copy. Off until timed
 TILE_VEC_STAGE = False
 # tile_conv computes an input gradient into a pooled producer (tile_conv_unpool*, LeNet-5's second layer's) in
-# scatter form where it fits the default shared memory (_tile_scatter):
-# each input position's products with every tap (a GEMM over the channels, [positions] x [taps x channels]) into
-# shared memory, then each output sums the taps that reach it (the taps spread over the channel splits' threads).
-# The gather form multiplies the zero padding too:
-# LeNet-5's second layer's input gradient (8 x 8 g, 5 x 5 kernel, 12 x 12 dx) does 460.8k products an image
-# at 4 channels a thread (8 for its 6), the scatter form 204.8k. Off until timed
+# scatter form where it fits the default shared memory (_tile_scatter): each input position's products with every
+# tap (a GEMM over the channels, [positions] x [taps x channels]) into shared memory, then each output sums the taps
+# that reach it (the taps spread over the channel splits' threads). The gather form multiplies the zero padding
+# too: LeNet-5's second layer's input gradient (8 x 8 g, 5 x 5 kernel, 12 x 12 dx) does 460.8k products an image at
+# 4 channels a thread (8 for its 6), the scatter form 204.8k. Off until timed
 TILE_DX_SCATTER = False
 _TILE_SCATTER_MAX_PASSES = 4  # ... in at most this many passes over the taps (each two block-wide barriers)
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
