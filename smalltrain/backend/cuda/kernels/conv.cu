@@ -814,10 +814,15 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     T* xs = ws + K * OP;                     // [C][RP][WP]: rows r0 - pt .. r0 - pt + RP - 1, columns -pl ..
     // staged by cp.async (common.cuh): the weights in shared memory's order (consecutive threads write consecutive
     // words; their strided reads of w hit L1 after the first), x by rows; coordinates by st_walk3
+    // the output channel a weight slot holds, or -1 for a zero slot (past TO in its group, or past O)
+    auto slot_channel = [&](int slot) {
+        const int o = TS == TO ? slot : slot / TS * TO + slot % TS;
+        return (TS == TO || slot % TS < TO) && o < O ? o : -1;
+    };
     st_walk3 wk(1 << 30, OP);   // (0, k, slot)
     for (int e = threadIdx.x; e < K * OP; e += blockDim.x, wk.next()) {
-        const int k = wk.b, o = TS == TO ? wk.c : wk.c / TS * TO + wk.c % TS;   // slots past TO: zeros, as o >= O
-        const bool on = (TS == TO || wk.c % TS < TO) && o < O;
+        const int k = wk.b, o = slot_channel(wk.c);
+        const bool on = o >= 0;
         int src;
         if (transposed) {   // w [C][O][KS][KS] in this kernel's names, the taps flipped
             const int c = k / KK;   // KK: a compile-time constant
@@ -910,9 +915,9 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                         for (int d = 0; d < 4; ++d) part[a][d] += xv[a] * wv[d];
                 }
 #pragma unroll
-                for (int d = 0; d < 4; ++d) {   // slot 4q + d is channel o (slots past TO in a group hold zeros)
-                    const int slot = 4 * q + d, o = slot / TS * TO + slot % TS;
-                    if (slot % TS >= TO || o >= O) continue;
+                for (int d = 0; d < 4; ++d) {   // slot 4q + d is channel o (zero slots hold no channel)
+                    const int o = slot_channel(4 * q + d);
+                    if (o < 0) continue;
 #pragma unroll
                     for (int a = 0; a < 4; ++a)
                         if (4 * cq + a < Wi) ys[((h * Wi + 4 * cq + a) * SK + k) * O + o] = part[a][d];
