@@ -427,6 +427,12 @@ def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize, even_rows=False):
     return _tile_conv_plan(n, c, tuple(in_hw), o, tuple(out_hw), ks, itemsize, _tile_knobs(), even_rows)
 
 
+def _tile_weight_bytes(c, ks, o, to, itemsize):
+    """tile_conv's staged weights in shared memory, [C*KS*KS][OP]: a tap's channels of a group of TO in TS slots
+    (TO rounded up to 4, conv.cu), OP = groups * TS."""
+    return c * ks * ks * -(-o // to) * (-(-to // 4) * 4) * itemsize
+
+
 @metadata_cache
 def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs, even_rows=False):
     """(TO, TH, threads, blocks, shared memory, CS) of tile_conv over n images of c input channels in_hw to o output
@@ -450,7 +456,7 @@ def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs, even_rows=False
         to = 6
     og = -(-o // to)
     per_row = og * cg
-    weights = c * ks * ks * og * (-(-to // 4) * 4) * itemsize   # a tap's channels of a group in TS slots (conv.cu)
+    weights = _tile_weight_bytes(c, ks, o, to, itemsize)
     row_bytes = c * (cg * _TILE_TW + 4) * itemsize
     fits = [t for t in range(1, min(ho, max(1, _TILE_THREADS // per_row)) + 1)
             if weights + (t + ks - 1) * row_bytes <= _SMEM_BYTES and per_row * t <= 1024]
@@ -586,9 +592,8 @@ def _tile_scatter(plan, in_chw, o, ks, itemsize):
         return 0, 0
     to, th = plan[0], plan[1]
     c, h, wd = in_chw
-    kk, ts = ks * ks, -(-to // 4) * 4
-    rows, wp4 = min(h, th + ks - 1), -(-wd // 4) * 4
-    base = (c * kk * -(-o // to) * ts + c * rows * wp4) * itemsize
+    kk, rows, wp4 = ks * ks, min(h, th + ks - 1), -(-wd // 4) * 4
+    base = _tile_weight_bytes(c, ks, o, to, itemsize) + c * rows * wp4 * itemsize
     per_tap = rows * wd * o * itemsize
     most = (_SMEM_BYTES - base) // per_tap if per_tap else 0
     if most < 1 or -(-kk // most) > _TILE_SCATTER_MAX_PASSES:
