@@ -28,8 +28,7 @@
 //            tiles of g and x staged into two buffers (the next tile's copies in flight during this one's products).
 //   pooled_wgrad: dw and db of a convolution whose output a 2x2 max pooling read, from its g at the windows'
 //            maxima only (the rest of its g is 0): a quarter of tile_wgrad's products (tile_conv's compact "into"
-//            for a first layer, whose full-resolution g is then never written; the linear chain's for the
-//            convolution it reads).
+//            for a first layer, whose full-resolution g is then never written).
 //   direct_dx: the input gradient without a dcols matrix, for the same convolutions: one thread per input position
 //            and block of CB (8, or 2 for small batches) input channels, dx[n, c, h, w] = sum over (o, i, j) of
 //            g[o, n, oh, ow] * w[o, c, i, j] where oh*sh = h + ph - i*dh and ow*sw = w + pw - j*dw land on an output;
