@@ -8,10 +8,10 @@ Each figure: GPU microseconds per call from 100 calls captured in one CUDA graph
 forward = conv2d_forward (with the activation fused), backward = conv2d_backward (its activation derivative, dx,
 dw, db). --pooled: for a layer whose output a 2x2 max pooling reads (its g a quarter nonzero): its input gradient
 into its pooled first layer (LeNet-5's) with that layer's weight and bias gradients, by tile_conv_unpool's compact
-g and pooled_wgrad against tile_conv_unpool_wgrad (conv.UNPOOL_WGRAD), then that kernel's gather form against its
-scatter form (conv.TILE_DX_SCATTER); each pair compared. (The twenty-first session's pooled_dx, the input gradient
-from the maxima, lost to tile_conv's dense one and was removed, and the twenty-third removed pooled_wgrad for a
-layer that needs its input gradient, the chain's CHAIN_POOLED_WGRAD; the numbers are in RESULTS.md.)
+g and pooled_wgrad against tile_conv_unpool_wgrad (conv.UNPOOL_WGRAD), compared. (The twenty-first session's
+pooled_dx, the input gradient from the maxima, lost to tile_conv's dense one and was removed, the twenty-third
+removed pooled_wgrad for a layer that needs its input gradient, the chain's CHAIN_POOLED_WGRAD, and the
+twenty-fourth the scatter form of tile_conv's input gradient, TILE_DX_SCATTER; the numbers are in RESULTS.md.)
 """
 import argparse
 import contextlib
@@ -116,16 +116,14 @@ def pooled_paths(cp, conv, specs, rng):
             _, into = conv.conv2d_forward(px, pw_, pb, activation=p_act, pool=POOL_2X2,
                                           needs_input_grad=(False, True, True))
 
-            def into_grads(fused, scatter=False):
+            def into_grads(fused):
                 def run():
-                    with limits(conv, {"UNPOOL_WGRAD": fused, "TILE_DX_SCATTER": scatter}):
+                    with limits(conv, {"UNPOOL_WGRAD": fused}):
                         handed = conv._tile_dx(full, saved, into)   # (None where tile_conv does not take it)
                     return None if handed is None else conv._reduce_partials(handed.wpartial, into.weight.shape, True)
                 return run
             pairs.append(("dx into layer 1, its dw, db", "tile_conv_unpool + pooled_wgrad", into_grads(False),
                           "tile_conv_unpool_wgrad", into_grads(True)))
-            pairs.append(("dx into layer 1, its dw, db", "tile_conv_unpool_wgrad gather", into_grads(True),
-                          "scatter", into_grads(True, True)))
         for label, one_name, one, other_name, other in pairs:
             a, b = one(), other()
             if a is None or b is None:

@@ -244,25 +244,6 @@ def test_unpool_wgrad_takes_a_pooled_first_layer_of_one_input_channel(monkeypatc
     assert not conv._unpool_wgrad_ok(plan, first, 5, 4, 12)
 
 
-def test_tile_scatter_plan(monkeypatch):
-    """On the CPU: TILE_DX_SCATTER's taps per pass and shared memory (conv._tile_scatter): LeNet-5's second layer's
-    input gradient in float32 in two passes of 13 taps (the weights [16*25][8], the rows [16][8][8], then [8][8][13]
-    [6] products), not in float64 (5 passes, over _TILE_SCATTER_MAX_PASSES) nor MnistCnn's (its products do not
-    fit) nor with the knob off."""
-    from smalltrain.backend.cuda import conv
-    monkeypatch.setattr(conv, "_sm_count", lambda: 132)
-    monkeypatch.setattr(conv, "TILE_DX_SCATTER", True)
-    lenet = conv._tile_plan(512, 16, (8, 8), 6, (12, 12), 5, 4)
-    assert conv._tile_scatter(lenet, (16, 8, 8), 6, 5, 4) == (13, (16 * 25 * 8 + 16 * 8 * 8 + 8 * 8 * 13 * 6) * 4)
-    assert conv._tile_scatter(lenet, (16, 8, 8), 6, 5, 8) == (0, 0)
-    monkeypatch.setattr(conv, "_TILE_SCATTER_MAX_PASSES", 5)
-    assert conv._tile_scatter(lenet, (16, 8, 8), 6, 5, 8) == (5, (16 * 25 * 8 + 16 * 8 * 8 + 8 * 8 * 5 * 6) * 8)
-    cnn = conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)
-    assert conv._tile_scatter(cnn, (32, 24, 24), 16, 3, 4) == (0, 0)
-    monkeypatch.setattr(conv, "TILE_DX_SCATTER", False)
-    assert conv._tile_scatter(lenet, (16, 8, 8), 6, 5, 4) == (0, 0)
-
-
 def test_pooled_wgrad_plan(monkeypatch):
     """On the CPU: pooled_wgrad takes a convolution (tile_conv's geometry) that pooled in its epilogue, with
     POOLED_WGRAD on, where it needs no input gradient (a first layer): threads a multiple of its channels, about

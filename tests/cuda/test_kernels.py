@@ -1024,8 +1024,6 @@ def test_tile_conv_into_a_pooled_producer(case, dtype, to6, rng, monkeypatch):
     reference; the producer's weight gradient is not taken in the epilogue (it pooled). to6: TILE_TO6 (LeNet-5's
     layers: both kernels with 6 channels a thread)."""
     act, nan = case[3], case[6]
-    # bit-equal to the plain dx: the gather form both (the scatter form sums in another order: its own test)
-    monkeypatch.setattr(conv_kernels, "TILE_DX_SCATTER", False)
     monkeypatch.setattr(conv_kernels, "TILE_TO6", to6)
     monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)   # on the small cases too
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
@@ -1107,54 +1105,7 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, record_kernel
     assert_close(grads["fused"][1], rdb1, tol, name="db")
 
 
-SCATTER_CASES = INTO_POOL_CASES + [   # and two LeNet-5 layouts whose weight gradient the epilogue takes
-    ((5, 1, 28, 28), (6, 1, 5, 5), 0, "gelu", (16, 6, 5, 5), 0, False),
-    ((2, 1, 12, 10), (3, 1, 5, 5), 2, "gelu", (4, 3, 5, 5), 2, True),
-]
-
-
-@pytest.mark.parametrize("rows", [None, 2], ids=["planned", "2rows"])
-@pytest.mark.parametrize("first_layer", [False, True], ids=["g", "unpool_wgrad"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", SCATTER_CASES)
-def test_scatter_input_gradient_into_a_pooled_producer(case, dtype, first_layer, rng, rows, monkeypatch,
-                                                       record_kernels):
-    """TILE_DX_SCATTER: the consumer's input gradient into a pooled producer (tile_conv_unpool: its g;
-    tile_conv_unpool_wgrad: a first layer's weight gradient) from each input position's products with every tap,
-    then each output's taps: against the gather form within rounding (another order of the same sums), NaN where
-    it has NaN, and the float64 reference; taken in float32 (float64: where its products fit the default shared
-    memory in a few passes); rows: 2-row tiles (several tiles an image, the rows under them clipped)."""
-    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
-    monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
-    monkeypatch.setattr(conv_kernels, "_TILE_ROWS", rows)
-    needs = (False, True, True) if first_layer else (True, True, True)
-    x, w1, b1, w2, s1, s2, dout = _pooled_pair(case, dtype, rng, (1, 0, 4, 6), needs=needs)
-    taken = []
-    real = conv_kernels._tile_scatter
-    monkeypatch.setattr(conv_kernels, "_tile_scatter", lambda *a: taken.append(real(*a)) or taken[-1])
-    launched = record_kernels(conv_kernels, "get")
-    grads = {}
-    for scatter in (False, True):
-        monkeypatch.setattr(conv_kernels, "TILE_DX_SCATTER", scatter)
-        taken.clear()
-        launched.clear()
-        handed, _, _ = ops.conv2d_backward(dout, s2, into=s1)
-        assert isinstance(handed, conv_kernels.ProducerGrad)
-        assert any(n.startswith("tile_conv_unpool") for n in launched), launched
-        _, dw1, db1 = ops.conv2d_backward(None, s1, g=handed.g, wpartial=handed.wpartial)
-        grads[scatter] = [a.get() for a in ((handed.g,) if handed.g is not None else ()) + (dw1, db1)]
-    assert taken and (taken[0][0] > 0 or dtype == np.float64), taken   # float64: where it fits
-    tol = ref.tol(dtype)
-    for got, want in zip(grads[True], grads[False]):
-        assert np.array_equal(np.isnan(got), np.isnan(want))
-        assert_close(got[~np.isnan(got)], want[~np.isnan(want)], tol, name="scatter vs gather")
-    if not case[6]:
-        rdw1, rdb1 = _pooled_producer_grads(case, x, w1, b1, w2, dout)
-        assert_close(grads[True][-2], rdw1, tol, name="dw")
-        assert_close(grads[True][-1], rdb1, tol, name="db")
-
-
-DX_FROM_POOLED_CASES = [  # producer x, its weight, padding, activation; consumer weight, padding, activation; NaN
+POOLED_GRADIENT_CASES = [  # producer x, its weight, padding, activation; consumer weight, padding, activation; NaN
     ((5, 1, 28, 28), (6, 1, 5, 5), 0, "gelu", (16, 6, 5, 5), 0, "gelu", False),   # LeNet-5's two layers
     ((3, 1, 12, 16), (4, 1, 5, 5), 2, "relu", (5, 4, 3, 3), 1, "relu", True),     # 3 x 4 windows, a NaN
     ((2, 2, 12, 12), (3, 2, 5, 5), 2, None, (4, 3, 3, 3), 1, "gelu", True),       # two input channels
@@ -1162,20 +1113,17 @@ DX_FROM_POOLED_CASES = [  # producer x, its weight, padding, activation; consume
 ]
 
 
-@pytest.mark.parametrize("scatter", [False, True], ids=["gather", "scatter"])
 @pytest.mark.parametrize("producer_needs_dx", [False, True], ids=["first_layer", "inner_layer"])
 @pytest.mark.parametrize("unpool_wgrad", [False, True], ids=["pooled_wgrad", "unpool_wgrad"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", DX_FROM_POOLED_CASES)
-def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, producer_needs_dx, scatter, rng,
+@pytest.mark.parametrize("case", POOLED_GRADIENT_CASES)
+def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, producer_needs_dx, rng,
                                                  record_kernels, monkeypatch):
     """A convolution that pooled in its epilogue, reading a producer that pooled too: conv2d_backward from its pooled
-    output's gradient (dpool) with DX_FROM_POOLED stages g in the input gradient's kernel (tile_conv_unpool or
-    tile_conv_unpool_wgrad) while the pooling's backward still makes g for the weight gradient: every result bit-equal
-    to DX_FROM_POOLED off (g made first; NaNs and the non-finite maxima's neighbours included), in the gather form
-    and in TILE_DX_SCATTER's. A dpool of the wrong shape or with a g is refused before any kernel runs."""
+    output's gradient (dpool) bit-equal to conv2d_backward from the g that the pooling's backward makes of it (NaNs
+    and the non-finite maxima's neighbours included), the input gradient through tile_conv_unpool or
+    tile_conv_unpool_wgrad. A dpool of the wrong shape or with a g is refused before any kernel runs."""
     xs, w1s, p1, act1, w2s, p2, act2, nan = case
-    monkeypatch.setattr(conv_kernels, "TILE_DX_SCATTER", scatter)
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
     monkeypatch.setattr(conv_kernels, "UNPOOL_WGRAD", unpool_wgrad)
@@ -1190,20 +1138,18 @@ def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, prod
     out2, s2 = ops.conv2d_forward(out1, g(w2), b2, 1, p2, 1, 1, act2, pool=POOL_2X2)
     assert s1.pool is not None and s2.pool is not None
     dpool = g(rng.standard_normal(out2.shape).astype(dtype))
-    launched, staged = record_kernels(conv_kernels, "get"), []
-    real_tile_dx = conv_kernels._tile_dx
-    monkeypatch.setattr(conv_kernels, "_tile_dx",
-                        lambda *a, **k: staged.append(k.get("dpool") is not None) or real_tile_dx(*a, **k))
+    launched = record_kernels(conv_kernels, "get")
+    g2 = ops.max_pool2d_backward_act(dpool, s2.pool, s2.y, s2.bias, s2.activation)
     results = {}
-    for on in (False, True):
-        monkeypatch.setattr(conv_kernels, "DX_FROM_POOLED", on)
+    for given in ("dpool", "g"):
         launched.clear()
-        staged.clear()
-        handed, dw2, db2 = ops.conv2d_backward(None, s2, into=s1, dpool=dpool)
+        if given == "dpool":
+            handed, dw2, db2 = ops.conv2d_backward(None, s2, into=s1, dpool=dpool)
+        else:
+            handed, dw2, db2 = ops.conv2d_backward(None, s2, into=s1, g=g2)
         assert isinstance(handed, conv_kernels.ProducerGrad)
         assert any(name.startswith("tile_conv_unpool") for name in launched), launched
-        assert staged == [on], staged   # the input gradient's kernel staged g from dpool, or read the g made first
-        results[on] = [a for a in (handed.g, handed.wpartial, dw2, db2) if a is not None]
+        results[given == "dpool"] = [a for a in (handed.g, handed.wpartial, dw2, db2) if a is not None]
     assert len(results[True]) == len(results[False]) >= 3
     for got, want in zip(results[True], results[False]):
         assert got.shape == want.shape and bool(cp.array_equal(got, want, equal_nan=True))

@@ -417,7 +417,6 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_
     from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import pool as cuda_pool
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
-    monkeypatch.setattr(cuda_conv, "TILE_DX_SCATTER", False)   # bit-equal to the plain path's gather form
     monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
     monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)   # first the dense weight gradients, then pooled_wgrad's
     monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", False)
@@ -479,44 +478,6 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_
         assert pooled_bwd.count("max_pool2d_bwd_act_tiled") == 1, (mode, pooled_bwd)
         for u, v in zip(other, handed):
             assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0), mode
-
-
-@cuda
-@pytest.mark.parametrize("act1", ["gelu", None])
-def test_cuda_input_gradient_from_the_pooled_gradient(act1, record_kernels, monkeypatch):
-    """LeNet-5's layout with the chain's hand-off off (as at b512): the second convolution gets its pooled output's
-    gradient, and with conv.DX_FROM_POOLED its input-gradient kernel stages g from it while the pooling's backward
-    makes g for its weight gradient beside: every parameter's gradient bit-equal to the knob off."""
-    from smalltrain.backend.cuda import conv as cuda_conv
-    from smalltrain.backend.cuda import linear as cuda_linear
-    from smalltrain.backend.cuda import pool as cuda_pool
-    monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
-    monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
-    monkeypatch.setattr(cuda_linear, "CHAIN_INTO_POOLED", False)
-    pooled_bwd = record_kernels(cuda_pool, "launch")
-    staged = []
-    real_tile_dx = cuda_conv._tile_dx
-    monkeypatch.setattr(cuda_conv, "_tile_dx",
-                        lambda *a, **k: staged.append(k.get("dpool") is not None) or real_tile_dx(*a, **k))
-    c1, c2, fcs, pool, params, x = _lenet_layers()
-
-    def grads():
-        for p in params:
-            p.grad = None
-        pooled_bwd.clear()
-        staged.clear()
-        h = layer_act_pool(c2, layer_act_pool(c1, x, act1, pool), "gelu", pool)
-        out = chain_act(h, [(fcs[0], "gelu"), (fcs[1], "gelu"), (fcs[2], None)], flatten=True)
-        (out * out).sum().backward()
-        return [p.grad.cpu().numpy() for p in params]
-    monkeypatch.setattr(cuda_conv, "DX_FROM_POOLED", False)
-    made_first = grads()
-    assert staged == [False] and pooled_bwd == ["max_pool2d_bwd_act_tiled"], (staged, pooled_bwd)
-    monkeypatch.setattr(cuda_conv, "DX_FROM_POOLED", True)
-    from_pooled = grads()
-    assert staged == [True] and pooled_bwd == ["max_pool2d_bwd_act_tiled"], (staged, pooled_bwd)
-    for i, (u, v) in enumerate(zip(from_pooled, made_first)):
-        assert np.array_equal(u, v), i
 
 
 @cuda

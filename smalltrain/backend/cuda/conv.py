@@ -88,16 +88,10 @@ TILE_TO6 = True
 _TILE_TO6_THREADS_PER_SM = 512
 # tile_conv stages its input rows 16 bytes a copy where the input's image and channel strides, its row width and the
 # left padding are multiples of 16 bytes' elements and it starts 16-byte aligned (_tile_vec_stage; LeNet-5's and
-# MnistCnn's layers but MnistCnn's 26-wide second-layer input), else an element a copy. Off until timed
-TILE_VEC_STAGE = False
-# tile_conv computes an input gradient into a pooled producer (tile_conv_unpool*, LeNet-5's second layer's) in
-# scatter form where it fits the default shared memory (_tile_scatter): each input position's products with every
-# tap (a GEMM over the channels, [positions] x [taps x channels]) into shared memory, then each output sums the taps
-# that reach it (the taps spread over the channel splits' threads). The gather form multiplies the zero padding
-# too: LeNet-5's second layer's input gradient (8 x 8 g, 5 x 5 kernel, 12 x 12 dx) does 460.8k products an image at
-# 4 channels a thread (8 for its 6), the scatter form 204.8k. Off until timed
-TILE_DX_SCATTER = False
-_TILE_SCATTER_MAX_PASSES = 4  # ... in at most this many passes over the taps (each two block-wide barriers)
+# MnistCnn's layers but MnistCnn's 26-wide second-layer input), else an element a copy. H100, the captured step (two
+# rounds, twenty-fourth session), us off / on: LeNet-5 b64 80.5 / 80.4 against 78.9 / 78.7, b512 151.0 / 150.8
+# against 147.2 / 146.9, MnistCnn b64 129.3 / 128.1 against 127.0 / 129.6
+TILE_VEC_STAGE = True
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -147,11 +141,6 @@ POOLED_WGRAD = True
 # 149.6 off, b64 and MnistCnn within the calls' spread. Tests set it False for those
 UNPOOL_WGRAD = True
 _UNPOOL_WGRAD_SLICES = 16     # its slices of a channel's windows at most (conv.cu ST_UPW_SLICES)
-# conv2d_backward from the gradient of an output pooled in the epilogue (its dpool; ops.conv Conv2dActPool where
-# nothing handed g over ready-made, LeNet-5's second layer at b512): the input gradient's kernel, into a producer that
-# pooled too, stages g from that pooled gradient itself (kernels/conv.cu sidx), so that it does not wait for the
-# pooling's backward kernel, which makes g for the weight gradient beside it. Off until timed
-DX_FROM_POOLED = False
 _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
 # TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images
@@ -531,7 +520,7 @@ def _tile_linear_ok(plan, n, lw):
 
 
 def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None, lin=None,
-               pool_idx=None, wgrad=None, compact=False, staged=None):
+               pool_idx=None, wgrad=None, compact=False):
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
     of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped).
@@ -544,9 +533,7 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     maxima, [O, N*Ho*Wo], for pooled_wgrad. wgrad
     (with into_nchw, _into_wgrad): (the producer's x [N, 1, H, W], H, W, its top and left padding, partial rows
     [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's epilogue; with pool_idx and compact too (_unpool_wgrad), for
-    tile_conv_unpool_wgrad's, out then None (no g is written). staged (with pool_idx, _tile_dx's dpool): (this
-    convolution's pooling indices, y or None, bias or None, activation code), `inp` then the pooled output's gradient
-    [N, O, Ho/2, Wo/2] from which the kernel stages g (conv.cu, sidx)."""
+    tile_conv_unpool_wgrad's, out then None (no g is written)."""
     to, th, threads, blocks, smem, cs = plan
     n, o, ho, wo = out.shape if into_nchw is None else into_nchw
     pool_fwd = pool_idx is not None and into_nchw is None
@@ -569,37 +556,13 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
         smem = max(smem, _wgrad_epilogue_smem(plan, w.shape[3], inp.dtype.itemsize))
     wgrad_args = (ptr(None),) + i32s((0, 0, 0, 0)) + (ptr(None),) if wgrad is None else \
         (wgrad[0],) + i32s(wgrad[1:5]) + (wgrad[5],)
-    scatter, scatter_smem = _tile_scatter(plan, in_chw, o, w.shape[3], inp.dtype.itemsize) \
-        if name.startswith("tile_conv_unpool") else (0, 0)   # (conv.cu: those kernels only)
-    smem = max(smem, scatter_smem)
     get("conv", f"{name}_k{w.shape[3]}_to{to}", inp.dtype)(
         (blocks,), (threads,), (inp, w, ptr(b), ptr(out), ptr(y)) + i32s(
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
-        + (ptr(pool_idx),) + wgrad_args
-        + ((ptr(None),) * 3 + (i32(0),) if staged is None else tuple(ptr(a) for a in staged[:3]) + (i32(staged[3]),))
-        + i32s((int(staged is None and _tile_vec_stage(inp, in_chw, in_strides, pads)), scatter)), shared_mem=smem)
-
-
-def _tile_scatter(plan, in_chw, o, ks, itemsize):
-    """(taps per pass, shared memory) for tile_conv's scatter form of an input gradient (conv.cu, SK), or (0, 0)
-    where TILE_DX_SCATTER is off or it does not fit the default shared memory: the weights [C*KS*KS][OP] and the
-    block's input rows unpadded [C][HR][WP4] (HR the rows under its outputs, WP4 the row width rounded up to 4),
-    then the products of this pass's taps [HR][W][taps][O]; the taps split over as few passes as fit, evenly, at
-    most _TILE_SCATTER_MAX_PASSES."""
-    if not TILE_DX_SCATTER:
-        return 0, 0
-    to, th = plan[0], plan[1]
-    c, h, wd = in_chw
-    kk, rows, wp4 = ks * ks, min(h, th + ks - 1), -(-wd // 4) * 4
-    base = _tile_weight_bytes(c, ks, o, to, itemsize) + c * rows * wp4 * itemsize
-    per_tap = rows * wd * o * itemsize
-    most = (_SMEM_BYTES - base) // per_tap if per_tap else 0
-    if most < 1 or -(-kk // most) > _TILE_SCATTER_MAX_PASSES:
-        return 0, 0
-    taps = -(-kk // -(-kk // min(most, kk)))
-    return taps, base + taps * per_tap
+        + (ptr(pool_idx),) + wgrad_args + (i32(int(_tile_vec_stage(inp, in_chw, in_strides, pads))),),
+        shared_mem=smem)
 
 
 def _tile_vec_stage(inp, in_chw, in_strides, pads):
@@ -662,36 +625,34 @@ def _into_wgrad(plan, into, ks, dtype):
     return (into.x,) + tuple(into.x_shape[2:]) + (into.pads[0], into.pads[2], partial)
 
 
-def _tile_dx_plan(saved, src):
-    """tile_conv's plan for the input gradient of `saved` from src (g, or the pooled output's gradient), or None
+def _tile_dx_plan(saved, g):
+    """tile_conv's plan for the input gradient of `saved` from g, or None
     where it does not take it: _tile_forward_plan's rules but the taps' on the transposed geometry, 32-bit indices
     and TILE_DX_MIN_THREADS_PER_SM."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
     if not _tile_geometry(saved.stride, saved.dilation, saved.groups, saved.weight.shape):
         return None
-    plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, src.dtype.itemsize)
-    if plan is None or src.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
+    plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, g.dtype.itemsize)
+    if plan is None or g.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
         return None
     return plan
 
 
-def _tile_dx(g, saved, into=None, dpool=None):
+def _tile_dx(g, saved, into=None):
     """dx [N, C, H, W] from g [O, N*OH*OW] by tile_conv (the full correlation of g with the flipped kernel), or
     None where it does not take the convolution (_tile_dx_plan). With `into` (the Conv2dSaved of the convolution
     whose output x is, fitting _into_ok), dx is written as that convolution's g [C, N*H*W], times its activation's
     derivative, and returned as a ProducerGrad (with that convolution's weight gradient partials where _into_wgrad
     takes it); where that convolution pooled in its epilogue (into.pool), through the pooling's backward: g [C,
     N*4*H*W], or where _pooled_wgrad_plan takes it only the partial rows (g None), from the g at the windows'
-    maxima. dpool (with such an `into`, g None): this convolution pooled in its epilogue too and dpool is its pooled
-    output's gradient [N, O, OH/2, OW/2], from which the kernel stages g (conv.cu, sidx); None elsewhere."""
+    maxima."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
-    src = g if dpool is None else dpool
-    plan = _tile_dx_plan(saved, src)
-    if plan is None or (dpool is not None and (into is None or into.pool is None or saved.pool is None)):
+    plan = _tile_dx_plan(saved, g)
+    if plan is None:
         return None
-    dtype = src.dtype
+    dtype = g.dtype
     pooled = into is not None and into.pool is not None
     pooled_plan = _pooled_wgrad_plan(into, dtype) if pooled else None   # then only the maxima's g is written
     shape = (c, n * h * wd * (4 if pooled and pooled_plan is None else 1)) if into is not None \
@@ -703,21 +664,16 @@ def _tile_dx(g, saved, into=None, dpool=None):
     dx = cupy().empty(shape, dtype=dtype) if unpool_wgrad is None else None
     p = saved.out_hw[0] * saved.out_hw[1]
     pads = saved.pads
-    # g's image and channel strides: [O, N, P], or dpool's [N, O, P/4]; dpool's staging reads this convolution's
-    # pooling indices, y and bias
-    strides = (p, n * p) if dpool is None else (o * (p // 4), p // 4)
-    sact = ACTIVATIONS[saved.activation]
-    staged = None if dpool is None else (saved.pool[0], saved.y if sact else None, saved.bias if sact else None, sact)
     if into is None:
         _tile_conv(plan, g, saved.weight, None, dx, None, (o,) + tuple(saved.out_hw), (p, n * p),
                    (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0)
     else:   # y and b are the producer's, read; the output in its g layout (conv.cu, "into")
         act = ACTIVATIONS[into.activation]
         wgrad = _into_wgrad(plan, into, kh, dtype) if unpool_wgrad is None else unpool_wgrad
-        _tile_conv(plan, src, saved.weight, into.bias if act else None, dx, into.y if act else None,
-                   (o,) + tuple(saved.out_hw), strides, (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
+        _tile_conv(plan, g, saved.weight, into.bias if act else None, dx, into.y if act else None,
+                   (o,) + tuple(saved.out_hw), (p, n * p), (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
                    tuple(saved.x_shape), pool_idx=into.pool[0] if pooled else None, wgrad=wgrad,
-                   compact=pooled_plan is not None, staged=staged)
+                   compact=pooled_plan is not None)
         if pooled_plan is not None:   # the producer needs no g, only its weight and bias gradients' partial rows
             return ProducerGrad(None, wgrad[5] if unpool_wgrad is not None else _pooled_wgrad(dx, into, pooled_plan))
         return ProducerGrad(dx, None if wgrad is None else wgrad[5])
@@ -1092,9 +1048,7 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
     be None where no input gradient is needed. wgrad_beside: dw and db may be made beside the rest of the backward
     pass, joined by the pass (autograd.engine.takes_plainly said so; with WGRAD_BESIDE_DEFER). dpool (dout, g and
     wpartial None): the gradient of the output pooled in the epilogue (saved.pool), [N, O, PH, PW]; g is made from
-    it by the pooling's backward (pool.max_pool2d_backward_act). With DX_FROM_POOLED, where tile_conv writes the
-    input gradient into a producer that pooled too, that kernel stages g from dpool itself (_tile_dx's dpool), and
-    the pooling's backward makes g for the weight gradient only, beside it.
+    it by the pooling's backward (pool.max_pool2d_backward_act).
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -1142,25 +1096,13 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
             dout = contiguous(dout)
             g = cp.empty((o, n * p), dtype=dtype)
             bias_act_backward(dout, saved.y, saved.bias, g, n, o, p, ACTIVATIONS[saved.activation])
-        staged = None   # dpool where the input gradient's kernel stages g from it (DX_FROM_POOLED), else None
         if dpool is not None:
             from .pool import max_pool2d_backward_act   # (pool.py imports this module)
-            dpool = contiguous(dpool)
-
-            def pooled_g():   # g from dpool by the pooling's backward, on the stream current when called
-                return max_pool2d_backward_act(dpool, saved.pool, saved.y, saved.bias, saved.activation)
-            if (DX_FROM_POOLED and need_x and INTO_PRODUCER and into is not None and into.pool is not None
-                    and _into_ok(saved, into, dtype) and _tile_dx_plan(saved, dpool) is not None):
-                staged = dpool
-            else:
-                g = pooled_g()
+            g = max_pool2d_backward_act(contiguous(dpool), saved.pool, saved.y, saved.bias, saved.activation)
         want_b = need_b and saved.bias is not None
         wgrad = "given" if wpartial is not None else _wgrad_kernel(saved, dtype.itemsize) if need_w else None
 
         def weight_grads():
-            nonlocal g
-            if staged is not None and (need_w or want_b):   # g for these only, beside the input gradient
-                g = pooled_g()
             if wgrad == "given":
                 return _reduce_partials(wpartial, w.shape, want_b)
             if wgrad == "tile":   # dw and db from x in one kernel and its reduction
@@ -1184,24 +1126,18 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
         def input_grad():
             if not need_x:
                 return None
-            gi = g if staged is None else None   # (never the weight gradient's g: the side stream writes it)
-            if staged is not None:
-                dx = _tile_dx(None, saved, into, dpool=staged)
-                if dx is not None:
-                    return dx
-                gi = pooled_g()
             if INTO_PRODUCER and _into_ok(saved, into, dtype):
-                dx = _tile_dx(gi, saved, into)
+                dx = _tile_dx(g, saved, into)
                 if dx is not None:
                     return dx
-            dx = _tile_dx(gi, saved)
+            dx = _tile_dx(g, saved)
             if dx is None:
-                dx = _direct_dx(gi, saved)
+                dx = _direct_dx(g, saved)
             if dx is None:
                 if g_ == 1:
-                    dcols = gemm(w.reshape(o, k).T, gi)
+                    dcols = gemm(w.reshape(o, k).T, g)
                 else:
-                    dcols = gemm(w.reshape(g_, o // g_, k).transpose(0, 2, 1), gi.reshape(g_, o // g_, n * p))
+                    dcols = gemm(w.reshape(g_, o // g_, k).transpose(0, 2, 1), g.reshape(g_, o // g_, n * p))
                 dx = col2im(dcols.reshape(c * kh * kw, n * p), (n, c, h, wd), (kh, kw), saved.stride, saved.pads,
                             saved.dilation, saved.out_hw)
             return dx

@@ -641,18 +641,9 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // and pidx, the producer pooled its output in its own epilogue (POOL below; dx is the pooled output's gradient):
 // dx goes through that pooling's backward too, to its maximum's position in each 2x2 window of the producer's g
 // [O, N, 4P] (y [O, N, 4P] read there only: common.cuh pooled_act_grad, pidx [N, O, Ho, Wo] its indices) and 0
-// elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. With sidx (UNPOOL
-// kernels, conv.py DX_FROM_POOLED): this convolution pooled its own output too, and `in` is that pooled output's
-// gradient [N, O, Ho/2, Wo/2] (in this kernel's names C, Hi, Wi; in_sn, in_sc its image and channel strides), sidx
-// its pooling's indices, sy [C, N, Hi*Wi] and sb its y and bias, sact its activation: g is staged from them as the
-// pooling's backward computes it (common.cuh pooled_act_grad, the same values), so that the input gradient need not
-// wait for that kernel (which still makes g for the weight gradient, beside). vstage (conv.py _tile_vec_stage): the
-// input's rows are staged 16 bytes a copy (its strides, the left padding and the row width multiples of 16 bytes'
-// elements) instead of an element a copy. SK > 0 (the UNPOOL kernels, conv.py TILE_DX_SCATTER): the input gradient
-// in scatter form, SK taps a pass: the block's input rows staged unpadded, each position's products with the pass's
-// taps and every output channel (a GEMM over the input channels, 4 columns x 4 weight slots a thread) into shared
-// memory, then each output adds the taps that reach it, split cs taking the taps cs, cs + CS, ... (no products of
-// the zero padding). A block
+// elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. vstage (conv.py
+// _tile_vec_stage): the input's rows are staged 16 bytes a copy (its strides, the left padding and the row width
+// multiples of 16 bytes' elements) instead of an element a copy. A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
 // where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
@@ -790,8 +781,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                           int act, const T* __restrict__ lw, const T* __restrict__ lb, T* __restrict__ lout,
                           T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx,
                           const T* __restrict__ px, int pH, int pW, int ppt, int ppl, T* __restrict__ wpart,
-                          const i64* __restrict__ sidx, const T* __restrict__ sy, const T* __restrict__ sb,
-                          int sact, int vstage, int SK) {
+                          int vstage) {
     static_assert(KS >= 1 && KS <= 5 && (TO % 4 == 0 || TO == 6),
                   "tile_conv: KS <= 5 (8 x values per row cover TW + KS - 1), TO a multiple of 4 or 6");
     // TS: the shared-memory slots a thread's TO weights of one tap take, a multiple of 4 for aligned vector loads.
@@ -802,9 +792,6 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     constexpr bool LIN = EPI == ST_EPI_LINEAR, POOL = EPI == ST_EPI_POOL, WGRAD = EPI == ST_EPI_WGRAD;
     constexpr bool UNPOOL_WG = EPI == ST_EPI_UNPOOL_WGRAD, UNPOOL = EPI == ST_EPI_UNPOOL || UNPOOL_WG;
     constexpr bool KEEP = LIN || POOL || WGRAD || UNPOOL_WG;
-    // the scatter form (SK > 0) is compiled into the kernels into a pooled producer only (LeNet-5's second layer's
-    // input gradient), so that the others' registers stay as they were (the forward's pooling kernels: 72 -> 95)
-    constexpr bool SCATTER = UNPOOL;
     extern __shared__ unsigned char st_smem[];
     const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TS, KK = KS * KS, K = C * KK;
     const int WP = CG * ST_TW + 4, RP = TH + KS - 1, tiles = (Ho + TH - 1) / TH;
@@ -832,32 +819,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         st_async_copy(ws + e, w + (on ? src : 0), on);
     }
     const T* inn = in + n * in_sn;
-    // g at (c, h, wc) made from the pooled output's gradient (UNPOOL with sidx, see above), as the pooling's
-    // backward computes it
-    auto pooled_g = [&](int c, int h, int wc) {
-        const int q = c * in_sc + (h / 2) * (Wi / 2) + wc / 2, target = (int)sidx[(size_t)n * in_sn + q];
-        const T* zp = sy != nullptr ? sy + ((size_t)c * N + n) * (Hi * Wi) : nullptr;
-        const T bc = sb != nullptr ? sb[c] : T(0);
-        bool exact;
-        const T gw = pooled_act_max_grad(inn[q], target, zp, bc, sact, exact);
-        return pooled_act_grad(h * Wi + wc, target, gw, exact, zp, bc, sact);
-    };
-    // scatter (SK > 0, transposed only): the input rows under the block's outputs, unpadded, [C][HR][WP4]
-    const int hs = max(0, r0 - pt), HR = max(0, min(Hi, r0 + TH - 1 + KS - pt) - hs), WP4 = (Wi + 3) / 4 * 4;
-    if (SCATTER && SK > 0) {
-        st_walk3 sw(HR, WP4);   // (c, row, column)
-        for (int e = threadIdx.x; e < C * HR * WP4; e += blockDim.x, sw.next()) {
-            const bool inside = sw.c < Wi;
-            if (sidx != nullptr) xs[e] = inside ? pooled_g(sw.a, hs + sw.b, sw.c) : T(0);
-            else st_async_copy(xs + e, inside ? inn + sw.a * in_sc + (hs + sw.b) * Wi + sw.c : inn, inside);
-        }
-    } else if (UNPOOL && sidx != nullptr) {
-        st_walk3 xw(RP, WP);   // (c, row, column)
-        for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x, xw.next()) {
-            const int h = r0 + xw.b - pt, wc = xw.c - pl;
-            xs[e] = h >= 0 && h < Hi && wc >= 0 && wc < Wi ? pooled_g(xw.a, h, wc) : T(0);
-        }
-    } else if (vstage) {   // 16 bytes a copy: each slot of V columns wholly inside a row or wholly padding
+    if (vstage) {   // 16 bytes a copy: each slot of V columns wholly inside a row or wholly padding
         constexpr int V = 16 / sizeof(T);
         st_walk3 xv(RP, WP / V);   // (c, row, slot)
         for (int e = threadIdx.x; e < C * RP * (WP / V); e += blockDim.x, xv.next()) {
@@ -891,57 +853,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         for (int v = 0; v < ST_TW; ++v) acc[u][v] = T(0);
     const T* xrow = xs + row * WP + cg * ST_TW;
     const T* wcol = ws + og * TS;
-    if (SCATTER && SK > 0) {   // each input position's products with every tap, then each output's taps summed
-        T* ys = xs + C * HR * WP4;   // [HR][Wi][SK][O]: this pass's taps k0 .. k0 + SK - 1
-        for (int k0 = 0; k0 < KK; k0 += SK) {
-            const int nk = min(SK, KK - k0), quads = WP4 / 4, OQ = OP / 4;
-            // Y[h][w][k][o] = sum over c of in[c, hs + h, w] * wt(o, c, k): a thread's item is 4 columns x 4 weight
-            // slots of one row and tap, its 16 sums over c one vector load of each per channel
-            for (int t = threadIdx.x; t < HR * quads * nk * OQ; t += blockDim.x) {
-                const int q = t % OQ, k = (t / OQ) % nk, cq = (t / (OQ * nk)) % quads, h = t / (OQ * nk * quads);
-                T part[4][4];
-#pragma unroll
-                for (int a = 0; a < 4; ++a)
-#pragma unroll
-                    for (int d = 0; d < 4; ++d) part[a][d] = T(0);
-                for (int c = 0; c < C; ++c) {
-                    T xv[4], wv[4];
-                    load4(xs + (c * HR + h) * WP4 + 4 * cq, xv);
-                    load4(ws + (c * KK + k0 + k) * OP + 4 * q, wv);
-#pragma unroll
-                    for (int a = 0; a < 4; ++a)
-#pragma unroll
-                        for (int d = 0; d < 4; ++d) part[a][d] += xv[a] * wv[d];
-                }
-#pragma unroll
-                for (int d = 0; d < 4; ++d) {   // slot 4q + d is channel o (zero slots hold no channel)
-                    const int o = slot_channel(4 * q + d);
-                    if (o < 0) continue;
-#pragma unroll
-                    for (int a = 0; a < 4; ++a)
-                        if (4 * cq + a < Wi) ys[((h * Wi + 4 * cq + a) * SK + k) * O + o] = part[a][d];
-                }
-            }
-            __syncthreads();
-            // this pass's taps of the thread's outputs, split cs taking the taps k0 + k = cs, cs + CS, ... (the
-            // splits' sums added in split order below, as the gather form's channel splits)
-            for (int k = (cs - k0 % CS + CS) % CS; k < nk; k += CS) {
-                const int i = (k0 + k) / KS, j = (k0 + k) % KS, h = r + i - pt - hs;
-                if (h < 0 || h >= HR) continue;
-#pragma unroll
-                for (int v = 0; v < ST_TW; ++v) {
-                    const int wc = cg * ST_TW + v + j - pl;
-                    if (wc < 0 || wc >= Wi) continue;
-                    const T* yp = ys + ((h * Wi + wc) * SK + k) * O + og * TO;
-#pragma unroll
-                    for (int u = 0; u < TO; ++u)
-                        if (og * TO + u < O) acc[u][v] += yp[u];
-                }
-            }
-            __syncthreads();   // Y read before the next pass writes it
-        }
-    }
-    for (int c = cs * C / CS, c_end = SCATTER && SK > 0 ? 0 : (cs + 1) * C / CS; c < c_end; ++c) {
+    for (int c = cs * C / CS, c_end = (cs + 1) * C / CS; c < c_end; ++c) {
 #pragma unroll
         for (int i = 0; i < KS; ++i) {
             T xv[8];
@@ -1539,12 +1451,10 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
                                                          int Wo, int pt, int pl, int TH, int CS, int transposed,     \
                                                          int into, int act, const T* lw, const T* lb, T* lout,       \
                                                          T* lpart, unsigned* lcount, int F, i64* pidx, const T* px,  \
-                                                         int pH, int pW, int ppt, int ppl, T* wpart,                 \
-                                                         const i64* sidx, const T* sy, const T* sb, int sact,        \
-                                                         int vstage, int SK) {                                       \
+                                                         int pH, int pW, int ppt, int ppl, T* wpart, int vstage) {   \
         tile_conv<T, KS, TO, EPI>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS,           \
                                   transposed, into, act, lw, lb, lout, lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, \
-                                  wpart, sidx, sy, sb, sact, vstage, SK);                                            \
+                                  wpart, vstage);                                                                    \
     }
 #define ST_TILE(T, S, KS, TO)                                                                                      \
     ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
