@@ -221,27 +221,37 @@ def test_pooled_producer_choice(monkeypatch):
 def test_unpool_wgrad_takes_a_pooled_first_layer_of_one_input_channel(monkeypatch):
     """On the CPU: tile_conv_unpool_wgrad's epilogue takes the weight gradient of a producer that pooled (whose
     maxima pooled_wgrad would read) with one input channel and the consumer's kernel size, UNPOOL_WGRAD on, where its
-    shared memory fits: the g and the maxima's offsets of the block's windows, the producer's x under its rows, the
-    sums of up to 16 slices of a channel's windows, a NaN flag per (channel, tap). LeNet-5 b512's plan: 12 rows of
-    12 windows, 6 channels."""
+    shared memory fits the limit given (the device's once the kernel opts in): the maxima's indices and the
+    producer's x under the block's rows prefetched before the plan's tiles, then over the tiles the g and the
+    maxima's offsets of the block's windows, the sums of up to 16 slices of a channel's windows, a NaN flag per
+    (channel, tap). LeNet-5 b512's plan: 12 rows of 12 windows, 6 channels."""
     from types import SimpleNamespace
 
     from smalltrain.backend.cuda import conv
     first = SimpleNamespace(x_shape=(512, 1, 28, 28), weight=SimpleNamespace(shape=(6, 1, 5, 5)))
     plan = (4, 12, 216, 512, 29184, 3)
-    want = (6 * 12 * 12 + 28 * 28 + 6 * 16 * 26) * 4 + 6 * 12 * 12 * 4 + 6 * 25   # 216 threads: 16 slices
-    assert conv._unpool_wgrad_smem(plan, 6, 12, 5, 4) == want
-    assert conv._unpool_wgrad_smem((4, 12, 24, 512, 0, 1), 6, 12, 5, 4) == want - 6 * 12 * 26 * 4   # 4 slices
+    prefetch = 6 * 12 * 12 * 8 + 28 * 28 * 4   # (a multiple of 16)
+    assert conv._unpool_wgrad_smem(plan, 6, 12, 5, 4) == prefetch + 29184   # the tiles' the larger
+    epilogue = (6 * 12 * 12 + 6 * 16 * 26) * 4 + 6 * 12 * 12 * 4 + 6 * 25   # 216 threads: 16 slices
+    assert conv._unpool_wgrad_smem(plan[:4] + (0, 3), 6, 12, 5, 4) == prefetch + epilogue
+    assert conv._unpool_wgrad_smem((4, 12, 24, 512, 0, 1), 6, 12, 5, 4) == prefetch + epilogue - 6 * 12 * 26 * 4
+    # one row of 11 windows, 3 channels: the prefetch rounded up to 16 bytes (the tiles' 16-byte copies aligned)
+    assert conv._unpool_wgrad_smem((4, 1, 24, 512, 0, 1), 3, 11, 5, 4) == 3 * 11 * 8 + 6 * 26 * 4 + 8 + (
+        (3 * 11 + 3 * 8 * 26) * 4 + 3 * 11 * 4 + 3 * 25)
     monkeypatch.setattr(conv, "UNPOOL_WGRAD", True)
-    assert conv._unpool_wgrad_ok(plan, first, 5, 4, 12)
-    assert conv._unpool_wgrad_ok(plan, first, 5, 8, 12)
-    assert not conv._unpool_wgrad_ok(plan, first, 3, 4, 12)   # another kernel size than the consumer's
+    optin, default = 227 * 1024, 48 * 1024   # (the H100's and H200's limit once a kernel opts in)
+    assert conv._unpool_wgrad_ok(plan, first, 5, 4, 12, default)
+    assert conv._unpool_wgrad_ok(plan, first, 5, 8, 12, optin)
+    assert not conv._unpool_wgrad_ok(plan, first, 3, 4, 12, optin)   # another kernel size than the consumer's
     two = SimpleNamespace(x_shape=(512, 2, 28, 28), weight=SimpleNamespace(shape=(6, 2, 5, 5)))
-    assert not conv._unpool_wgrad_ok(plan, two, 5, 4, 12)      # two input channels: pooled_wgrad
-    wide = (4, 40, 216, 512, 29184, 3)   # 40 rows of 120 windows, 6 channels: ~80 KB
-    assert not conv._unpool_wgrad_ok(wide, first, 5, 4, 120)
+    assert not conv._unpool_wgrad_ok(plan, two, 5, 4, 12, optin)      # two input channels: pooled_wgrad
+    wider = (4, 12, 216, 512, 29184, 3)   # 12 rows of 40 windows, 6 channels: ~64 KB, with opting in
+    assert conv._unpool_wgrad_ok(wider, first, 5, 4, 40, optin)
+    assert not conv._unpool_wgrad_ok(wider, first, 5, 4, 40, default)
+    wide = (4, 40, 216, 512, 29184, 3)   # 40 rows of 120 windows: ~540 KB
+    assert not conv._unpool_wgrad_ok(wide, first, 5, 4, 120, optin)
     monkeypatch.setattr(conv, "UNPOOL_WGRAD", False)
-    assert not conv._unpool_wgrad_ok(plan, first, 5, 4, 12)
+    assert not conv._unpool_wgrad_ok(plan, first, 5, 4, 12, optin)
 
 
 def test_pooled_wgrad_plan(monkeypatch):

@@ -22,7 +22,7 @@ from . import cupy
 from .. import metadata_cache
 from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, check_float, check_shape, contiguous,
                       device_attribute, device_counters, get, i32, i32s, i64, launch, pair, ptr, run_beside,
-                      same_device)
+                      same_device, smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
 from .loader import MAX_BLOCKS
 
@@ -548,7 +548,7 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
         smem = max(smem, threads // cs * to * _TILE_TW * out.dtype.itemsize)
     elif pool_idx is not None and wgrad is not None:   # into a pooled producer's weight gradient (_unpool_wgrad)
         name = "tile_conv_unpool_wgrad"
-        smem = max(smem, _unpool_wgrad_smem(plan, o, wo, w.shape[3], inp.dtype.itemsize))
+        smem = _unpool_wgrad_smem(plan, o, wo, w.shape[3], inp.dtype.itemsize)
     elif pool_idx is not None:   # into a producer that pooled
         name = "tile_conv_unpool"
     elif wgrad is not None:   # split 0's sums per (channel, tap) pass through the shared memory
@@ -556,7 +556,7 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
         smem = max(smem, _wgrad_epilogue_smem(plan, w.shape[3], inp.dtype.itemsize))
     wgrad_args = (ptr(None),) + i32s((0, 0, 0, 0)) + (ptr(None),) if wgrad is None else \
         (wgrad[0],) + i32s(wgrad[1:5]) + (wgrad[5],)
-    get("conv", f"{name}_k{w.shape[3]}_to{to}", inp.dtype)(
+    with_smem(get("conv", f"{name}_k{w.shape[3]}_to{to}", inp.dtype), smem)(
         (blocks,), (threads,), (inp, w, ptr(b), ptr(out), ptr(y)) + i32s(
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,
@@ -582,29 +582,32 @@ def _wgrad_epilogue_smem(plan, ks, itemsize):
 
 
 def _unpool_wgrad_smem(plan, o, wo, ks, itemsize):
-    """tile_conv_unpool_wgrad's epilogue in shared memory: the g at the maxima [O][TH][Wo], the producer's x under
-    the block's rows [2*TH + KS - 1][2*Wo + KS - 1], the slices' sums [O][S][KS*KS + 1] (S: the block's threads per
-    channel, 1 to _UNPOOL_WGRAD_SLICES, conv.cu st_unpool_wgrad_slices), the maxima's offsets (int) [O][TH][Wo], the
-    NaN taps [O][KS*KS] (bytes)."""
+    """tile_conv_unpool_wgrad's shared memory: first what it prefetches for its epilogue (conv.cu
+    st_unpool_prefetch_bytes: the producer's pooling indices of the block's rows [O][TH][Wo] (int64) and its x under
+    them [2*TH + KS - 1][2*Wo + KS - 1], rounded up to 16 bytes), then the most of the plan's (the tiles, the splits'
+    sums) and the epilogue's: the g at the maxima [O][TH][Wo], the slices' sums [O][S][KS*KS + 1] (S: the block's
+    threads per channel, 1 to _UNPOOL_WGRAD_SLICES, conv.cu st_unpool_wgrad_slices), the maxima's offsets (int)
+    [O][TH][Wo], the NaN taps [O][KS*KS] (bytes)."""
     th, threads = plan[1], plan[2]
     slices = max(1, min(threads // o, _UNPOOL_WGRAD_SLICES))
-    return ((o * th * wo + (2 * th + ks - 1) * (2 * wo + ks - 1) + o * slices * (ks * ks + 1)) * itemsize
-            + o * th * wo * 4 + o * ks * ks)
+    prefetch = -(-(o * th * wo * 8 + (2 * th + ks - 1) * (2 * wo + ks - 1) * itemsize) // 16) * 16
+    epilogue = (o * th * wo + o * slices * (ks * ks + 1)) * itemsize + o * th * wo * 4 + o * ks * ks
+    return prefetch + max(plan[4], epilogue)
 
 
-def _unpool_wgrad_ok(plan, into, ks, itemsize, out_w):
+def _unpool_wgrad_ok(plan, into, ks, itemsize, out_w, optin):
     """Whether tile_conv_unpool_wgrad's epilogue takes the weight gradient of `into`, a producer that pooled in its
     epilogue to out_w columns and whose g pooled_wgrad would take from the maxima (_pooled_wgrad_plan, decided by
-    the caller): UNPOOL_WGRAD on, one input channel, the same KS x KS kernel as `plan`'s and the epilogue's shared
-    memory within the default limit."""
+    the caller): UNPOOL_WGRAD on, one input channel, the same KS x KS kernel as `plan`'s and the kernel's shared
+    memory with the epilogue's within `optin` bytes (the device's limit once a kernel opts in)."""
     return (UNPOOL_WGRAD and into.x_shape[1] == 1 and tuple(into.weight.shape[2:]) == (ks, ks)
-            and _unpool_wgrad_smem(plan, into.weight.shape[0], out_w, ks, itemsize) <= _SMEM_BYTES)
+            and _unpool_wgrad_smem(plan, into.weight.shape[0], out_w, ks, itemsize) <= optin)
 
 
 def _unpool_wgrad(plan, into, ks, dtype, out_w):
     """tile_conv_unpool_wgrad's arguments (_tile_conv's wgrad) where _unpool_wgrad_ok, else None; the partial rows
     [blocks, O*(KS*KS + 1)]: one per block of the plan."""
-    if not _unpool_wgrad_ok(plan, into, ks, dtype.itemsize, out_w):
+    if not _unpool_wgrad_ok(plan, into, ks, dtype.itemsize, out_w, smem_optin_bytes()):
         return None
     partial = cupy().empty((plan[3], into.weight.shape[0] * (ks * ks + 1)), dtype=dtype)
     return (into.x,) + tuple(into.x_shape[2:]) + (into.pads[0], into.pads[2], partial)

@@ -773,6 +773,13 @@ __device__ void linear_finish(T (&lsum)[ST_LF], const T* __restrict__ lb, T* __r
 __device__ __forceinline__ int st_unpool_wgrad_slices(int threads, int O) {
     return max(1, min(threads / O, ST_UPW_SLICES));
 }
+// UNPOOL_WGRAD's prefetch, at the start of the shared memory (the tiles after it, 16-byte aligned): the producer's
+// pooling indices of the block's rows [O][TH][Wo] (int64) and its x under them [2*TH + KS - 1][2*Wo + KS - 1]
+// (conv.py _unpool_prefetch_bytes)
+template <typename T>
+__device__ __forceinline__ int st_unpool_prefetch_bytes(int O, int TH, int Wo, int KS) {
+    return (O * TH * Wo * (int)sizeof(i64) + (2 * TH + KS - 1) * (2 * Wo + KS - 1) * (int)sizeof(T) + 15) / 16 * 16;
+}
 
 template <typename T, int KS, int TO, int EPI>
 __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ b,
@@ -796,7 +803,15 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     const int CG = (Wo + ST_TW - 1) / ST_TW, OG = (O + TO - 1) / TO, OP = OG * TS, KK = KS * KS, K = C * KK;
     const int WP = CG * ST_TW + 4, RP = TH + KS - 1, tiles = (Ho + TH - 1) / TH;
     const int n = blockIdx.x / tiles, r0 = (blockIdx.x - n * tiles) * TH;
-    T* ws = reinterpret_cast<T*>(st_smem);   // [K][OP]: tap k = (c*KS + i)*KS + j, group og's channels at og*TS..
+    // UNPOOL_WG: the producer's pooling indices and x that its epilogue reads (see there) are staged with the tiles
+    // and land during the main loop, instead of two global round trips after it while the other splits wait at a
+    // barrier (the ncu source page at b512: 14% of the kernel's warp samples there); at the start of the shared
+    // memory, the rest after them
+    const int XR = 2 * TH + KS - 1, XC = 2 * Wo + KS - 1;
+    i64* ps = reinterpret_cast<i64*>(st_smem);             // [O][TH][Wo]: the maxima's flat indices
+    T* xs2 = reinterpret_cast<T*>(ps + O * TH * Wo);        // [XR][XC]: x under the producer's rows 2*r0 ..
+    unsigned char* smem = st_smem + (UNPOOL_WG ? st_unpool_prefetch_bytes<T>(O, TH, Wo, KS) : 0);
+    T* ws = reinterpret_cast<T*>(smem);      // [K][OP]: tap k = (c*KS + i)*KS + j, group og's channels at og*TS..
     T* xs = ws + K * OP;                     // [C][RP][WP]: rows r0 - pt .. r0 - pt + RP - 1, columns -pl ..
     // staged by cp.async (common.cuh): the weights in shared memory's order (consecutive threads write consecutive
     // words; their strided reads of w hit L1 after the first), x by rows; coordinates by st_walk3
@@ -840,7 +855,24 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             st_async_copy(xs + e, inside ? inn + xw.a * in_sc + h * Wi + wc : inn, inside);
         }
     }
-    st_async_wait();
+    if (UNPOOL_WG) {   // the tiles' copies a group waited for now, the prefetch's another, waited for after the loop
+        st_async_commit();
+        const int rows = min(TH, Ho - r0);
+        st_walk3 pw(1 << 30, rows * Wo);   // (0, channel, position in the block's rows)
+        for (int e = threadIdx.x; e < O * rows * Wo; e += blockDim.x, pw.next())
+            st_async_copy(ps + pw.b * TH * Wo + pw.c, pidx + ((size_t)(n * O + pw.b) * Ho + r0) * Wo + pw.c, true);
+        const T* pxn = px + (size_t)n * pH * pW;
+        st_walk3 xw2(1 << 30, XC);   // x[2*r0 - ppt + row, column - ppl], 0 outside
+        for (int e = threadIdx.x; e < XR * XC; e += blockDim.x, xw2.next()) {
+            const int rr = 2 * r0 - ppt + xw2.b, cc = xw2.c - ppl;
+            const bool inside = rr >= 0 && rr < pH && cc >= 0 && cc < pW;
+            st_async_copy(xs2 + e, inside ? pxn + rr * pW + cc : pxn, inside);
+        }
+        st_async_commit();
+        st_async_wait_but_last();
+    } else {
+        st_async_wait();
+    }
     __syncthreads();
     // CS channel splits: thread group cs (whole warps where G is a multiple of 32) sums the input channels
     // [cs*C/CS, (cs+1)*C/CS); the groups' sums are added in cs order at the end
@@ -876,9 +908,10 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             }
         }
     }
+    if (UNPOOL_WG) st_async_wait();   // the prefetch, published by the barrier below
+    if (CS > 1 || UNPOOL_WG) __syncthreads();
     if (CS > 1) {   // the other groups' sums through shared memory (the staged tiles are read by now)
-        __syncthreads();
-        T* red = reinterpret_cast<T*>(st_smem);   // [CS - 1][G][TO * ST_TW]
+        T* red = reinterpret_cast<T*>(smem);   // [CS - 1][G][TO * ST_TW]
         if (cs > 0) {
 #pragma unroll
             for (int u = 0; u < TO; ++u)
@@ -905,10 +938,30 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     // columns, else one by one: a warp's scalar stores 4 columns apart use a quarter of each 32-byte sector
     const int vec = Wo % ST_TW == 0 ? 4 : Wo % 2 == 0 ? 2 : 1;
     const bool lin_vec = LIN && vec == 4 && reinterpret_cast<size_t>(lw) % (4 * sizeof(T)) == 0;
+    if (UNPOOL_WG && act != ST_ACT_NONE) {   // the producer's g at its maxima, kept in acc for its weight gradient
+        // below (not written): act_bwd(d, z + b) as pooled_act_max_grad, every maximum's z loaded before any is used
+        // (one memory latency, not one a channel)
+        T z[TO][ST_TW];
+#pragma unroll
+        for (int u = 0; u < TO; ++u)
+#pragma unroll
+            for (int v = 0; v < ST_TW; ++v) {
+                const int o = og * TO + u;
+                const bool on = live && o < O && s0 + v < Wo;
+                z[u][v] = on ? y[(size_t)(o * N + n) * 4 * P + (int)ps[(o * TH + row) * Wo + s0 + v]] : T(0);
+            }
+#pragma unroll
+        for (int u = 0; u < TO; ++u) {
+            const int o = og * TO + u;
+            const T bo = live && o < O && b != nullptr ? b[o] : T(0);
+#pragma unroll
+            for (int v = 0; v < ST_TW; ++v) acc[u][v] = act_bwd(acc[u][v], z[u][v] + bo, act);
+        }
+    }
 #pragma unroll
     for (int u = 0; u < TO; ++u) {
         const int o = og * TO + u;
-        if (!live || o >= O) break;
+        if (UNPOOL_WG || !live || o >= O) break;   // (UNPOOL_WG: above)
         T pre[ST_TW], val[ST_TW];
         const T bo = b != nullptr ? b[o] : T(0);
         T* yrow = y != nullptr ? y + (o * N + n) * P + r * Wo + s0 : nullptr;
@@ -960,12 +1013,6 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                     val[v] = act == ST_ACT_NONE || s0 + v >= Wo ? pre[v] : act_bwd(pre[v], yrow[v] + bo, act);
                 }
             }
-            if (UNPOOL_WG) {   // kept for the producer's weight gradient below, not written (the maxima's positions
-                               // are read again there rather than held in registers: 80 a thread, 3 blocks an SM)
-#pragma unroll
-                for (int v = 0; v < ST_TW; ++v) acc[u][v] = val[v];
-                continue;
-            }
             orow = out + (o * N + n) * P + r * Wo + s0;
             yrow = nullptr;
             if (WGRAD) {   // the producer's g for its weight gradient, 0 past the row
@@ -1013,23 +1060,15 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     }
     if (UNPOOL_WG) {   // the pooled producer's weight and bias gradients (see above)
         constexpr int KK = KS * KS, KB = KK + 1;
-        const int rows = min(TH, Ho - r0), E = TH * Wo, FW = 2 * Wo, XR = 2 * TH + KS - 1, XC = FW + KS - 1;
+        const int rows = min(TH, Ho - r0), E = TH * Wo, FW = 2 * Wo;
         const int S = st_unpool_wgrad_slices(blockDim.x, O);
-        T* gs = reinterpret_cast<T*>(st_smem);               // [O][TH][Wo]: the g at the maxima
-        T* xs2 = gs + O * E;                                  // [XR][XC]: x under the producer's rows 2*r0 ..
-        T* red = xs2 + XR * XC;                               // [O][S][KB]: the slices' sums
+        T* gs = reinterpret_cast<T*>(smem);                   // [O][TH][Wo]: the g at the maxima
+        T* red = gs + O * E;                                  // [O][S][KB]: the slices' sums
         int* ax = reinterpret_cast<int*>(red + O * S * KB);   // [O][TH][Wo]: a maximum's (row, column) in xs2
         unsigned char* nan_tap = reinterpret_cast<unsigned char*>(ax + O * E);   // [O][KK]
         __syncthreads();   // the staged tiles and the splits' sums are read
-        const T* pxn = px + (size_t)n * pH * pW;
-        st_walk3 xw2(1 << 30, XC);   // x[2*r0 - ppt + row, column - ppl], 0 outside: in flight during the next steps
-        for (int e = threadIdx.x; e < XR * XC; e += blockDim.x, xw2.next()) {
-            const int rr = 2 * r0 - ppt + xw2.b, cc = xw2.c - ppl;
-            const bool inside = rr >= 0 && rr < pH && cc >= 0 && cc < pW;
-            st_async_copy(xs2 + e, inside ? pxn + rr * pW + cc : pxn, inside);
-        }
         for (int e = threadIdx.x; e < O * KK; e += blockDim.x) nan_tap[e] = 0;
-        if (live) {   // the g, then the maxima's positions (acc's registers then free for those loads)
+        if (live) {   // the g and the maxima's positions in x's tile
 #pragma unroll
             for (int u = 0; u < TO; ++u)
 #pragma unroll
@@ -1037,14 +1076,12 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                     if (og * TO + u < O && s0 + v < Wo) gs[((og * TO + u) * TH + row) * Wo + s0 + v] = acc[u][v];
             for (int u = 0; u < TO && og * TO + u < O; ++u) {
                 const int q = ((og * TO + u) * TH + row) * Wo + s0;
-                const i64* ip = pidx + ((n * O + og * TO + u) * Ho + r) * Wo + s0;
                 for (int v = 0; v < ST_TW && s0 + v < Wo; ++v) {
-                    const int at = (int)ip[v], h = at / FW;   // its row in the producer's output, then xs2's offset
+                    const int at = (int)ps[q + v], h = at / FW;   // its row in the producer's output, then xs2's offset
                     ax[q + v] = (h - 2 * r0) * XC + at - h * FW;
                 }
             }
         }
-        st_async_wait();
         __syncthreads();
         // the taps pairing a non-finite x with a position of the block's rows other than its window's maximum (its g
         // 0; 0 * inf and 0 * NaN are NaN in the dense sum), as pooled_wgrad
