@@ -91,8 +91,7 @@ PRODUCERS = {"lenet2": "lenet1"}               # the pooled layer whose output a
 
 def pooled_paths(cp, conv, specs, rng):
     """Per layer whose output a 2x2 max pooling reads: its input gradient into its pooled first layer with that
-    layer's weight gradient, pooled_wgrad's way against tile_conv_unpool_wgrad's, then that kernel's gather form
-    against its scatter form (see the header)."""
+    layer's weight gradient, pooled_wgrad's way against tile_conv_unpool_wgrad's (see the header)."""
     for spec in specs:
         name, batch = spec.split(":")
         shape, w_shape, act = LAYERS[name]

@@ -1153,7 +1153,7 @@ def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, prod
     assert len(results[True]) == len(results[False]) >= 3
     for got, want in zip(results[True], results[False]):
         assert got.shape == want.shape and bool(cp.array_equal(got, want, equal_nan=True))
-    if act2 is not None:   # the NaN reaches the consumer's y: the maxima's non-finite path is staged too
+    if act2 is not None:   # the NaN reaches the consumer's y: the pooling backward takes its non-finite maxima path too
         assert bool(cp.isnan(s2.y).any()) == nan
     with pytest.raises(RuntimeError, match="expected dpool of shape"):
         ops.conv2d_backward(None, s2, into=s1, dpool=dpool[:, :, :1])

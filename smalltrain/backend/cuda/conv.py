@@ -629,9 +629,9 @@ def _into_wgrad(plan, into, ks, dtype):
 
 
 def _tile_dx_plan(saved, g):
-    """tile_conv's plan for the input gradient of `saved` from g, or None
-    where it does not take it: _tile_forward_plan's rules but the taps' on the transposed geometry, 32-bit indices
-    and TILE_DX_MIN_THREADS_PER_SM."""
+    """tile_conv's plan for the input gradient of `saved` from g, or None where it does not take it:
+    _tile_forward_plan's rules but the taps' on the transposed geometry, 32-bit indices and
+    TILE_DX_MIN_THREADS_PER_SM."""
     n, c, h, wd = saved.x_shape
     o, _, kh, kw = saved.weight.shape
     if not _tile_geometry(saved.stride, saved.dilation, saved.groups, saved.weight.shape):

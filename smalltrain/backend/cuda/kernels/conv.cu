@@ -775,7 +775,7 @@ __device__ __forceinline__ int st_unpool_wgrad_slices(int threads, int O) {
 }
 // UNPOOL_WGRAD's prefetch, at the start of the shared memory (the tiles after it, 16-byte aligned): the producer's
 // pooling indices of the block's rows [O][TH][Wo] (int64) and its x under them [2*TH + KS - 1][2*Wo + KS - 1]
-// (conv.py _unpool_prefetch_bytes)
+// (conv.py _unpool_wgrad_smem)
 template <typename T>
 __device__ __forceinline__ int st_unpool_prefetch_bytes(int O, int TH, int Wo, int KS) {
     return (O * TH * Wo * (int)sizeof(i64) + (2 * TH + KS - 1) * (2 * Wo + KS - 1) * (int)sizeof(T) + 15) / 16 * 16;
