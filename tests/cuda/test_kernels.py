@@ -1194,6 +1194,64 @@ def test_tile_conv_stages_16_bytes_a_copy_where_aligned(x_shape, w_shape, pad, v
         assert bool(cp.array_equal(got, off))
 
 
+@pytest.mark.parametrize("plan", ["as planned", "row tiles", "3 channel splits"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [c for c in TILE_CASES if c[1] != 32])   # (MnistCnn's: float64 dx by another)
+def test_tile_conv_thread_orders_agree_bit_for_bit(case, dtype, plan, rng, record_kernels, monkeypatch):
+    """TILE_FWD_ROWS_OUTER / TILE_DX_ROWS_OUTER: tile_conv's threads in the row-outermost order (a warp on one or two
+    output rows, conv.cu rows_outer) give the forward and the input gradient bit-equal to the split-outermost order:
+    each output's sum is the same thread's, over the same channels and taps; only which threads share a warp
+    changes. The skipped padding rows are checked against the reference by test_tile_conv."""
+    shape, o, ks, padding, activation, bias = case
+    _force_tile_plan(monkeypatch, plan)
+    launched = record_kernels(conv_kernels, "get")
+    x = g(rng.standard_normal(shape).astype(dtype))
+    w = g((rng.standard_normal((o, shape[1], ks, ks)) * 0.5).astype(dtype))
+    b = g(rng.standard_normal(o).astype(dtype)) if bias else None
+    results = {}
+    for outer in (False, True):
+        monkeypatch.setattr(conv_kernels, "TILE_FWD_ROWS_OUTER", outer)
+        monkeypatch.setattr(conv_kernels, "TILE_DX_ROWS_OUTER", outer)
+        launched.clear()
+        out, saved = ops.conv2d_forward(x, w, b, 1, padding, 1, 1, activation)
+        dout = g(np.random.default_rng(1).standard_normal(out.shape).astype(dtype))
+        dx = ops.conv2d_backward(dout, saved)[0]
+        assert sum(n.startswith("tile_conv") for n in launched) == 2, launched
+        results[outer] = (out, dx)
+    for got, want in zip(results[True], results[False]):
+        assert bool(cp.array_equal(got, want))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", POOLED_GRADIENT_CASES[::3])   # the same kernel size: LeNet-5's, padded 2
+def test_pooled_producer_gradients_agree_across_thread_orders(case, dtype, rng, record_kernels, monkeypatch):
+    """The same for LeNet-5's pair of pooled layers: the forwards' pooling epilogue and tile_conv_unpool_wgrad's
+    (the producer's weight-gradient partial rows from the maxima) bit-equal in both thread orders."""
+    xs, w1s, p1, act1, w2s, p2, act2, _ = case
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
+    monkeypatch.setattr(conv_kernels, "UNPOOL_WGRAD", True)
+    x = g(rng.standard_normal(xs).astype(dtype))
+    w1 = g((rng.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype))
+    w2 = g((rng.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype))
+    b1, b2 = g(rng.standard_normal(w1s[0]).astype(dtype)), g(rng.standard_normal(w2s[0]).astype(dtype))
+    launched = record_kernels(conv_kernels, "get")
+    results = {}
+    for outer in (False, True):
+        monkeypatch.setattr(conv_kernels, "TILE_FWD_ROWS_OUTER", outer)
+        monkeypatch.setattr(conv_kernels, "TILE_DX_ROWS_OUTER", outer)
+        launched.clear()
+        out1, s1 = ops.conv2d_forward(x, w1, b1, 1, p1, 1, 1, act1, needs_input_grad=(False, True, True),
+                                      pool=POOL_2X2)
+        out2, s2 = ops.conv2d_forward(out1, w2, b2, 1, p2, 1, 1, act2, pool=POOL_2X2)
+        dpool = g(np.random.default_rng(1).standard_normal(out2.shape).astype(dtype))
+        handed, dw2, db2 = ops.conv2d_backward(None, s2, into=s1, dpool=dpool)
+        assert "tile_conv_unpool_wgrad" in " ".join(launched) and handed.wpartial is not None, launched
+        results[outer] = (out1, out2, s1.pool[0], handed.wpartial, dw2, db2)
+    for got, want in zip(results[True], results[False]):
+        assert bool(cp.array_equal(got, want))
+
+
 def test_tile_conv_pool_declines_other_poolings():
     """3x3 windows, stride 1, padding, odd output sizes: no pooling epilogue (the caller pools)."""
     x, w = cp.ones((2, 3, 11, 11), cp.float32), cp.ones((4, 3, 3, 3), cp.float32)

@@ -92,6 +92,12 @@ _TILE_TO6_THREADS_PER_SM = 512
 # rounds, twenty-fourth session), us off / on: LeNet-5 b64 80.5 / 80.4 against 78.9 / 78.7, b512 151.0 / 150.8
 # against 147.2 / 146.9, MnistCnn b64 129.3 / 128.1 against 127.0 / 129.6
 TILE_VEC_STAGE = True
+# tile_conv skips the kernel rows whose input rows are all padding, per thread; with the row-outermost thread order
+# (conv.cu rows_outer) a warp's threads share one or two output rows, so that whole warps skip them. It matters for the
+# input gradient, whose correlation pads by KS - 1 - pad rows (LeNet-5's second layer: 4 of the 18 rows of g's tile,
+# 2/7 of the kernel-row passes of its 14 output rows); the order leaves each output's sum as it is (bit-equal)
+TILE_DX_ROWS_OUTER = True
+TILE_FWD_ROWS_OUTER = False
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -561,7 +567,8 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
-        + (ptr(pool_idx),) + wgrad_args + (i32(int(_tile_vec_stage(inp, in_chw, in_strides, pads))),),
+        + (ptr(pool_idx),) + wgrad_args + i32s((int(_tile_vec_stage(inp, in_chw, in_strides, pads)),
+                                                int(TILE_DX_ROWS_OUTER if transposed else TILE_FWD_ROWS_OUTER))),
         shared_mem=smem)
 
 
