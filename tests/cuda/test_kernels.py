@@ -413,6 +413,27 @@ def test_tile_wgrad_is_bit_repeatable(rng):
         assert all(bool(cp.array_equal(a, b)) for a, b in zip(first, again))
 
 
+@pytest.mark.parametrize("rows", [1, 37, 528, 1100])   # one row; a partial batch; LeNet-5's first layer; 3 batches
+def test_wgrad_reduce_sums_the_rows_in_its_fixed_order(rows, rng):
+    """wgrad_reduce's sums bit-equal to the order it promises (conv.cu): thread group r adds rows r, r + G, ... in
+    order, then the G groups' sums in group order; dw and db split at each channel's K + 1 columns."""
+    o, w_shape = 6, (6, 1, 5, 5)
+    partial = rng.standard_normal((rows, o * 26)).astype(np.float32)
+    dw, db = conv_kernels._reduce_partials(g(partial), w_shape, True)
+    groups = max(1, min(32, -(-rows // conv_kernels._WR_ROWS)))
+    sums = []
+    for r in range(groups):
+        acc = np.zeros(o * 26, np.float32)
+        for s in range(r, rows, groups):
+            acc = acc + partial[s]
+        sums.append(acc)
+    want = sums[0]
+    for extra in sums[1:]:
+        want = want + extra
+    want = want.reshape(o, 26)
+    assert np.array_equal(cp.asnumpy(dw).reshape(o, 25), want[:, :25]) and np.array_equal(cp.asnumpy(db), want[:, 25])
+
+
 @pytest.mark.parametrize("x_shape, w_shape, stride, wgrad", [
     ((8, 16, 26, 26), (32, 16, 3, 3), 1, "tile"),      # MnistCnn's second layer
     ((4, 6, 14, 14), (16, 6, 5, 5), 2, None),          # strided: another weight-gradient kernel

@@ -53,7 +53,7 @@ _WG_TILE = None               # one of _WG_TILES for every layer (benchmarks/con
 _WGQ = 16                     # positions per slice (conv.cu ST_WGQ)
 _WG_MIN_SLICES = 4            # slices per split at least: fewer partial rows where the positions are few
 _WG_THREADS_PER_SM = 1024     # splits: enough blocks for this many threads per SM (8 of 128, 16 of 64 threads)
-_WR_ROWS = 16                 # partial rows per thread of wgrad_reduce
+_WR_ROWS = 16                 # partial rows per thread of wgrad_reduce (loads in flight at once: ST_WR_BATCH)
 # the input gradient's gather kernel has no cols matrix to write and col2im to run, which costs more than the GEMM
 # it replaces: it takes the same small-C*KH*KW convolutions up to twice the work (MnistCnn's second layer at b64)
 # where it has at least DIRECT_DX_MIN_THREADS_PER_SM threads per SM. With fewer it waits on latency: H200, LeNet-5's

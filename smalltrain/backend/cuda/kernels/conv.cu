@@ -494,7 +494,9 @@ __device__ void pooled_wgrad(const T* __restrict__ gw, const i64* __restrict__ p
 // wgrad_reduce: out[m] = sum over the S rows of partial[s, m], for m = o*(K+1) + k (k == K: db). Blocks of 32
 // outputs x G row groups (G = blockDim.x / 32, up to 32; the launcher gives many rows more groups): thread (m, r)
 // sums rows r, r + G, ... in order (a warp reads 32 consecutive outputs of a row: coalesced), then the G sums
-// are added in group order (deterministic, no atomics).
+// are added in group order (deterministic, no atomics). ST_WR_BATCH rows' loads are in flight at once, so that a
+// thread's rows (conv.py _WR_ROWS, 16) cost one L2 round trip, not one per 4.
+#define ST_WR_BATCH 16
 template <typename T>
 __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db, int S, int O,
                              int K) {
@@ -503,13 +505,14 @@ __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, 
     const int m = blockIdx.x * 32 + lane;
     T acc = T(0);
     if (m < M) {
-        int s = r;
-        for (; s + 3 * G < S; s += 4 * G) {   // 4 loads in flight, added in row order
-            const T a = partial[s * M + m], b = partial[(s + G) * M + m];
-            const T c = partial[(s + 2 * G) * M + m], d = partial[(s + 3 * G) * M + m];
-            acc = (((acc + a) + b) + c) + d;
+        for (int s = r; s < S; s += ST_WR_BATCH * G) {   // added in row order
+            T v[ST_WR_BATCH];
+#pragma unroll
+            for (int u = 0; u < ST_WR_BATCH; ++u) v[u] = s + u * G < S ? partial[(s + u * G) * M + m] : T(0);
+#pragma unroll
+            for (int u = 0; u < ST_WR_BATCH; ++u)
+                if (s + u * G < S) acc += v[u];
         }
-        for (; s < S; s += G) acc += partial[s * M + m];
     }
     sums[r][lane] = acc;
     __syncthreads();
