@@ -378,4 +378,17 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int wi
     return r;
 }
 
+template <class T> inline T __shfl_sync(unsigned, T v, int src_lane, int width = 32) {
+    static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
+    const unsigned t = st_emu::linear_tid(), lane = t % 32, base = t - lane;
+    memcpy(&st_emu::exchange[t], &v, sizeof(T));
+    st_emu::wait(st_emu::AT_WARP_BARRIER);
+    // lane src_lane of this lane's segment of `width` lanes (CUDA: src_lane modulo width)
+    const unsigned src = base + lane / width * width + (unsigned)src_lane % (unsigned)width;
+    T r;
+    memcpy(&r, &st_emu::exchange[src], sizeof(T));
+    st_emu::wait(st_emu::AT_WARP_BARRIER);   // every lane has read before the slots are written again
+    return r;
+}
+
 extern "C" const char* st_emu_error() { return st_emu::error.c_str(); }

@@ -46,6 +46,10 @@ extern "C" __global__ void warp_sums(const double* x, double* warp_out, double* 
         atomicAdd(total, v);
     }
 }
+// out[t] = lane src (modulo width) of t's segment of `width` lanes: __shfl_sync's broadcast
+extern "C" __global__ void broadcast(float* out, int src, int width) {
+    out[threadIdx.x] = __shfl_sync(0xffffffffu, (float)threadIdx.x, src, width);
+}
 // threads 0..31 wait at one barrier, the rest at another: a deadlock on a GPU
 extern "C" __global__ void divergent(float* out) {
     if (threadIdx.x < 32) {
@@ -96,6 +100,15 @@ def test_warp_shuffles_and_atomics(module):
     module.get_function("warp_sums")((3,), (128,), (x, warp_out, total))
     np.testing.assert_allclose(warp_out, x.reshape(12, 32).sum(1), rtol=1e-12)
     np.testing.assert_allclose(total[0], x.sum(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("src, width", [(5, 32), (37, 32), (3, 8)])
+def test_shuffle_from_a_lane(module, src, width):
+    """__shfl_sync as on the GPU: every lane gets lane src % width of its own segment of width lanes."""
+    out = np.full(64, -1, np.float32)
+    module.get_function("broadcast")((1,), (64,), (out, np.int32(src), np.int32(width)))
+    t = np.arange(64)
+    assert out.tolist() == (t - t % width + src % width).astype(np.float32).tolist()
 
 
 def test_threads_at_different_barriers_are_a_deadlock(module):
