@@ -200,7 +200,8 @@ TILE_CASES = [  # x shape, out channels, kernel size, padding, activation, bias
 def _force_tile_plan(monkeypatch, plan):
     """tile_conv on every case (the kernel's values, not where it pays), its plan as planned or with one choice
     forced: "4 channels" / "8 channels" per thread, "6 channels" where that leaves no dead channel (TILE_TO6),
-    "row tiles" (3 rows per block: 9 of 12, 26 of 28 ... the last partial), "K channel splits"."""
+    "row tiles" (3 rows per block: 9 of 12, 26 of 28 ... the last partial), "K channel splits", "rows outer" (the
+    row-outermost thread order, padding rows skipped: TILE_FWD_ROWS_OUTER, TILE_DX_ROWS_OUTER)."""
     monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     if plan == "4 channels":
@@ -214,17 +215,21 @@ def _force_tile_plan(monkeypatch, plan):
         monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 3)
     if plan.endswith("channel splits"):
         monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", int(plan[0]))
+    if plan == "rows outer":
+        monkeypatch.setattr(conv_kernels, "TILE_FWD_ROWS_OUTER", True)
+        monkeypatch.setattr(conv_kernels, "TILE_DX_ROWS_OUTER", True)
 
 
 @pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "6 channels", "row tiles",
-                                  "2 channel splits", "3 channel splits"])
+                                  "2 channel splits", "3 channel splits", "rows outer"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES)
 def test_tile_conv(case, dtype, plan, rng, record_kernels, monkeypatch):
     """tile_conv takes the forward and dx of stride-1, undilated 3x3 and 5x5 convolutions (whatever the padding),
     against the float64 reference, on its own choices and with each forced: 4, 8 or 6 channels per thread, blocks
     of few rows (several row tiles per image, the last one partial), the input channels split over 2 or 3 thread
-    groups (uneven where C is not a multiple; one group where C is 1). dw by the implicit GEMM from the kept x."""
+    groups (uneven where C is not a multiple; one group where C is 1), the row-outermost thread order with the
+    padding rows skipped. dw by the implicit GEMM from the kept x."""
     shape, o, ks, padding, activation, bias = case
     _force_tile_plan(monkeypatch, plan)
     launched = record_kernels(conv_kernels, "get")

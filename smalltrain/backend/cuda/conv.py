@@ -93,11 +93,13 @@ _TILE_DX_TO6_THREADS_PER_SM = None   # the same threshold for input gradients, i
 # rounds, twenty-fourth session), us off / on: LeNet-5 b64 80.5 / 80.4 against 78.9 / 78.7, b512 151.0 / 150.8
 # against 147.2 / 146.9, MnistCnn b64 129.3 / 128.1 against 127.0 / 129.6
 TILE_VEC_STAGE = True
-# tile_conv skips the kernel rows whose input rows are all padding, per thread; with the row-outermost thread order
-# (conv.cu rows_outer) a warp's threads share one or two output rows, so that whole warps skip them. It matters for the
+# tile_conv's row-outermost thread order (conv.cu rows_outer): a warp's threads on one or two output rows, and each
+# thread skipping the kernel rows whose input rows are all padding, so that whole warps skip them. It matters for the
 # input gradient, whose correlation pads by KS - 1 - pad rows (LeNet-5's second layer: 4 of the 18 rows of g's tile,
-# 2/7 of the kernel-row passes of its 14 output rows); the order leaves each output's sum as it is (bit-equal)
-TILE_DX_ROWS_OUTER = True
+# 2/7 of the kernel-row passes of its 14 output rows, ~23% with two rows a warp at b512). Each output's sum is the
+# same either way (bit-equal). Written in the twenty-fifth session without a GPU to time it: off until an A/B says
+# it pays (benchmarks/RESULTS.md)
+TILE_DX_ROWS_OUTER = False
 TILE_FWD_ROWS_OUTER = False
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than

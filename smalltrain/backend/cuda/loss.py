@@ -122,8 +122,9 @@ def _ce_validate(x, target, weight, reduction, label_smoothing):
 CE_UNIT_MAX = 1 << 14
 # cross_entropy_fwd_reduce loads each warp's row (target and logits, C <= 32, inner == 1, a warp per row at most)
 # before the targets' weights it sums first, so that the two are one round trip, not two after each other (loss.cu
-# ce_forward's ROW); off: the general row loop (the same values either way)
-CE_ROW_LOADS_FIRST = True
+# ce_forward's ROW); off: the general row loop (the same values either way). Written without a GPU to time it: off
+# until an A/B says it pays (benchmarks/RESULTS.md, twenty-fifth session)
+CE_ROW_LOADS_FIRST = False
 
 
 def _bad_flag():

@@ -907,8 +907,9 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         og = rt / TH;
     }
     const int tid = cg + CG * (row + TH * og), r = r0 + row;
-    // the kernel rows i whose input row r + i - pt lies in the padding (zeros in the tile) add nothing: skipped
-    const int i_lo = max(0, pt - r), i_hi = min(KS, Hi + pt - r);
+    // with rows_outer, the kernel rows i whose input row r + i - pt lies in the padding (zeros in the tile) are
+    // skipped: they add nothing (in the other order a warp spans up to 8 output rows and would skip almost none)
+    const int i_lo = rows_outer ? max(0, pt - r) : 0, i_hi = rows_outer ? min(KS, Hi + pt - r) : KS;
     T acc[TO][ST_TW];
 #pragma unroll
     for (int u = 0; u < TO; ++u)
