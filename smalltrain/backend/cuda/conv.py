@@ -438,13 +438,13 @@ def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs, even_rows=False
     channels out_hw with a ks x ks kernel, or None where it does not take the convolution (TILE_CONV off, ks not
     compiled, nothing to do, indices past 32 bits, a row of tiles over 1024 threads or one row's input and the weights
     over the shared memory). TO: 8 channels per thread where that leaves _TILE_TO8_THREADS_PER_SM threads per SM,
-    else 4; 6 instead where TILE_TO6 allows it (its weights take 8 slots a tap in shared memory; transposed: by
-    _TILE_DX_TO6_THREADS_PER_SM where set). TH, the output rows
-    per block: of the row counts whose block fits (_TILE_THREADS threads, the shared memory), those giving
-    _TILE_BLOCKS_PER_SM blocks per SM of _TILE_MIN_THREADS threads (else those of that many threads, else all), the
-    one wasting the least: lanes of partial warps, staged halo rows, rows of a partial last tile (_TILE_ROWS, if set:
-    the most rows up to it that fit); even_rows: an even TH only (the pooling epilogue's row pairs). CS: the input
-    channels' splits over thread groups."""
+    else 4; 6 instead where TILE_TO6 allows it (its weights take 8 slots a tap in shared memory; an input gradient's,
+    transposed, by _TILE_DX_TO6_THREADS_PER_SM where set). TH, the output rows per block: of the row counts whose
+    block fits (_TILE_THREADS threads, the shared memory), those giving _TILE_BLOCKS_PER_SM blocks per SM of
+    _TILE_MIN_THREADS threads (else those of that many threads, else all), the one wasting the least: lanes of
+    partial warps, staged halo rows, rows of a partial last tile (_TILE_ROWS, if set: the most rows up to it that
+    fit); even_rows: an even TH only (the pooling epilogue's row pairs). CS: the input channels' splits over thread
+    groups."""
     ho, wo = out_hw
     if (not TILE_CONV or ks not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * in_hw[0] * in_hw[1] >= _FITS32
             or n * o * ho * wo >= _FITS32):
