@@ -280,7 +280,7 @@ def _linear_reference(x, w, b, padding, activation, lw, lb):
     return flat @ lw.T + (0 if lb is None else lb)
 
 
-@pytest.mark.parametrize("plan", ["as planned", "2 channel splits", "unaligned weight"])
+@pytest.mark.parametrize("plan", ["as planned", "2 channel splits", "unaligned weight", "rows outer"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_LINEAR_CASES)
 def test_tile_conv_linear_epilogue(case, dtype, plan, rng, monkeypatch):
@@ -295,6 +295,8 @@ def test_tile_conv_linear_epilogue(case, dtype, plan, rng, monkeypatch):
         monkeypatch.setattr(conv_kernels, "_TILE_ROWS", rows)
     if plan == "2 channel splits":
         monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", 2)
+    if plan == "rows outer":   # a warp's threads over the rows' channel groups: other warp sums, the same total
+        monkeypatch.setattr(conv_kernels, "TILE_FWD_ROWS_OUTER", True)
     x = rng.standard_normal(shape).astype(dtype)
     w = (rng.standard_normal(w_shape) * 0.3).astype(dtype)
     b = rng.standard_normal(w_shape[0]).astype(dtype) if bias else None
@@ -908,7 +910,7 @@ TILE_WGRAD_CASES = [  # producer x, producer weight, its padding, its activation
 ]
 
 
-@pytest.mark.parametrize("plan", ["as planned", "row tiles", "2 channel splits", "8 channels"])
+@pytest.mark.parametrize("plan", ["as planned", "row tiles", "2 channel splits", "8 channels", "rows outer"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_WGRAD_CASES)
 def test_tile_conv_wgrad_epilogue(case, dtype, plan, rng, monkeypatch):
