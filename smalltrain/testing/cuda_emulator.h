@@ -365,30 +365,32 @@ template <class... A> inline int param_sizes(void (*)(A...), int* sizes) {
 
 #define __syncthreads() st_emu::wait(st_emu::AT_SYNCTHREADS, __LINE__)
 
-template <class T> inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+namespace st_emu {
+// A warp shuffle: every lane publishes v, then reads the value of the lane source(lane) names (a lane of the same
+// warp, 0..31), as __shfl_*_sync do on the GPU
+template <class T, class Source> inline T shuffle(T v, Source source) {
     static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
-    const unsigned t = st_emu::linear_tid(), lane = t % 32, base = t - lane;
-    memcpy(&st_emu::exchange[t], &v, sizeof(T));
-    st_emu::wait(st_emu::AT_WARP_BARRIER);
-    const unsigned other = lane ^ (unsigned)lane_mask;
-    const unsigned src = (other / width == lane / width) ? base + other : t;
+    const unsigned t = linear_tid(), lane = t % 32;
+    memcpy(&exchange[t], &v, sizeof(T));
+    wait(AT_WARP_BARRIER);
     T r;
-    memcpy(&r, &st_emu::exchange[src], sizeof(T));
-    st_emu::wait(st_emu::AT_WARP_BARRIER);   // every lane has read before the slots are written again
+    memcpy(&r, &exchange[t - lane + source(lane)], sizeof(T));
+    wait(AT_WARP_BARRIER);   // every lane has read before the slots are written again
     return r;
+}
+}  // namespace st_emu
+
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+    return st_emu::shuffle(v, [&](unsigned lane) {   // outside the lane's segment of `width` lanes: its own value
+        const unsigned other = lane ^ (unsigned)lane_mask;
+        return other / width == lane / width ? other : lane;
+    });
 }
 
 template <class T> inline T __shfl_sync(unsigned, T v, int src_lane, int width = 32) {
-    static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
-    const unsigned t = st_emu::linear_tid(), lane = t % 32, base = t - lane;
-    memcpy(&st_emu::exchange[t], &v, sizeof(T));
-    st_emu::wait(st_emu::AT_WARP_BARRIER);
-    // lane src_lane of this lane's segment of `width` lanes (CUDA: src_lane modulo width)
-    const unsigned src = base + lane / width * width + (unsigned)src_lane % (unsigned)width;
-    T r;
-    memcpy(&r, &st_emu::exchange[src], sizeof(T));
-    st_emu::wait(st_emu::AT_WARP_BARRIER);   // every lane has read before the slots are written again
-    return r;
+    return st_emu::shuffle(v, [&](unsigned lane) {   // lane src_lane (modulo width) of the lane's segment
+        return lane / width * width + (unsigned)src_lane % (unsigned)width;
+    });
 }
 
 extern "C" const char* st_emu_error() { return st_emu::error.c_str(); }
