@@ -646,14 +646,14 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // [O, N, 4P] (y [O, N, 4P] read there only: common.cuh pooled_act_grad, pidx [N, O, Ho, Wo] its indices) and 0
 // elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. vstage (conv.py
 // _tile_vec_stage): the input's rows are staged 16 bytes a copy (its strides, the left padding and the row width
-// multiples of 16 bytes' elements) instead of an element a copy. A block
-// takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
-// consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
-// where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
-// end). Per input channel and kernel row a thread
+// multiples of 16 bytes' elements) instead of an element a copy. A block takes one image and TH output rows; its
+// threads (cs, og, row, cg), cg fastest (with rows_outer (row, cs, og, cg), the padding's kernel rows skipped: see
+// the thread mapping below), each compute TO channels x ST_TW consecutive columns of one row over the input
+// channels of split cs (CS splits: more, shorter chains per output where the grid alone leaves the SMs few warps;
+// their sums added in split order through shared memory at the end). Per input channel and kernel row a thread
 // loads 8 x values (two 4-vectors: the padded row width WP is a multiple of 4) and KS x TO/4 weight vectors (a warp
-// shares og: broadcasts) for KS*TO*ST_TW FMAs (igemm_fwd: 8 shared loads per 16), and no bounds are checked inside
-// the loop: the padding is zeros in shared memory. The epilogue stores a thread's 4 columns as one vector (or two
+// shares og and cs in the first order: broadcasts) for KS*TO*ST_TW FMAs (igemm_fwd: 8 shared loads per 16), and no
+// bounds are checked inside the loop: the padding is zeros in shared memory. The epilogue stores a thread's 4 columns as one vector (or two
 // pairs) where the rows allow it. Measured on the H200 (ncu, MnistCnn's second layer at batch 64): ~50% of the issue
 // slots busy, L1 64-76% busy; rows padded so that no two threads of a quarter warp share a bank removed 3/4 of the
 // shared-load conflicts and changed nothing, the vector stores took the forward from 21.8 to 19.1 us.
