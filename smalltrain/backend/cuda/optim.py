@@ -56,8 +56,11 @@ def _check_lists(op, named):
 
 
 def _tables(buffers):
-    """(ptrs [K*T], sizes [T], chunks [n, 2], n) on the device for buffers [K][T], cached by address and size.
+    """(records [n, K+1], n) on the device for buffers [K][T], cached by address and size: one record per block of
+    CHUNK elements, [count, the K buffers' addresses at the block's first element].
 
+    A block's loads of its record are independent of each other, so it reaches its elements after one round trip
+    to memory, not three (block -> tensor index -> addresses and size -> elements).
     A new table is uploaded from pinned host memory with an asynchronous copy: no stream synchronization
     (gradients dropped by zero_grad() come back at new addresses), and legal inside a CUDA-graph capture, whose
     replays then copy from the same pinned buffer (kept alive with the entry).
@@ -69,22 +72,23 @@ def _tables(buffers):
     if hit is not None:
         _TABLES.move_to_end(key)
         keep_alive(hit)   # a graph captured now reads this table on every replay, even after the cache drops it
-        return hit[:4]
+        return hit[:2]
     counts = (sizes + CHUNK - 1) // CHUNK
     n = int(counts.sum())
     tensor = np.repeat(np.arange(len(sizes), dtype=np.int64), counts)
     first_chunk = np.repeat(np.cumsum(counts) - counts, counts)
     start = (np.arange(n, dtype=np.int64) - first_chunk) * CHUNK
-    chunks = np.stack([tensor, start], axis=1).reshape(-1)
-    host = np.concatenate([ptrs.reshape(-1).view(np.int64), sizes, chunks])
-    table, pinned = _upload(host)
-    k = ptrs.size
-    hit = (table[:k].view(np.uint64), table[k:k + sizes.size], table[k + sizes.size:], n, pinned)
+    itemsize = np.uint64(buffers[0][0].dtype.itemsize) if n else np.uint64(0)
+    records = np.empty((n, len(buffers) + 1), dtype=np.int64)
+    records[:, 0] = np.minimum(sizes[tensor] - start, CHUNK)
+    records[:, 1:] = (ptrs[:, tensor].T + start.astype(np.uint64)[:, None] * itemsize).view(np.int64)
+    table, pinned = _upload(records.reshape(-1))
+    hit = (table, n, pinned)
     _TABLES[key] = hit
     keep_alive(hit)
     if len(_TABLES) > _MAX_TABLES:
         _TABLES.popitem(last=False)
-    return hit[:4]
+    return hit[:2]
 
 
 class _Staging:
@@ -193,10 +197,10 @@ def sgd_step(params, grads, momentum_buffers=None, *, lr, momentum=0.0, dampenin
     hyper = _hyper(op, hyper, SGD_HYPER, device)
     with cupy().cuda.Device(device):
         for dtype, idx in _by_dtype(params):
-            ptrs, sizes, chunks, n = _tables([[lst[i] for i in idx] for _, lst in named])
+            records, n = _tables([[lst[i] for i in idx] for _, lst in named])
             if n:
                 get("optim", "sgd_step", dtype)((n,), (_BLOCK,), (
-                    chunks, ptrs, sizes, i64(len(idx)), i64(CHUNK), np.float64(lr), hyper,
+                    records, i64(len(named) + 1), np.float64(lr), hyper,
                     np.float64(momentum), np.float64(dampening), np.float64(weight_decay), i32(nesterov),
                     i32(maximize), i32(first_step)))
 
@@ -231,14 +235,14 @@ def adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, *, ste
     with cupy().cuda.Device(device):
         groups = [(dtype, idx, _tables([[lst[i] for i in idx] for _, lst in named]))
                   for dtype, idx in _by_dtype(params)]
-        groups = [group for group in groups if group[2][3]]
+        groups = [group for group in groups if group[2][1]]
         # the count: every launch computes with step + 1 and the last one's last block stores it (a ticket)
         counter = device_counters("adam_step", 1) if increment_step and groups else None
         if increment_step and counter is None:
             get("optim", "increment_step", step.dtype)((1,), (1,), (step,))
-        for k, (dtype, idx, (ptrs, sizes, chunks, n)) in enumerate(groups):
+        for k, (dtype, idx, (records, n)) in enumerate(groups):
             get("optim", "adam_step", dtype)((n,), (_BLOCK,), (
-                chunks, ptrs, sizes, i64(len(idx)), i64(CHUNK), np.float64(lr), hyper, np.float64(beta1),
+                records, i64(len(named) + 1), np.float64(lr), hyper, np.float64(beta1),
                 np.float64(beta2), np.float64(eps), np.float64(weight_decay), step, i32(step.dtype == np.float64),
                 i32(counter is not None), ptr(counter if k == len(groups) - 1 else None), i32(amsgrad),
                 i32(maximize), i32(decoupled_weight_decay)))

@@ -1,8 +1,8 @@
 // optim.cu: fused multi-tensor optimizer steps (SGD, Adam/AdamW), float32 (_f32) and float64 (_f64): one launch
 // updates every parameter of a list in place, in the operation order of torch's single-tensor implementations.
-// Layout: `ptrs` is a device uint64 array [K, n_tensors] of buffer addresses (K buffers per parameter, below);
-// `sizes` [n_tensors] their element counts; `chunks` [n_chunks, 2] = (tensor, first element) pairs, one block per
-// chunk of `chunk` elements (grid = n_chunks). Buffers are contiguous and all of one dtype.
+// Layout: `records` is a device int64 array [n_blocks, stride = K + 1], one record per block (grid = n_blocks):
+// [element count, the addresses of the K buffers below at the block's first element]. A block reads its whole
+// record in one round trip and goes straight to its elements. Buffers are contiguous and all of one dtype.
 //   sgd_step:  buffers (param, grad[, momentum_buffer]). g = grad (negated if maximize) + wd * param;
 //              with momentum: buf = first ? g : momentum * buf + (1 - dampening) * g; g = nesterov ? g + momentum *
 //              buf : buf; param -= lr * g.
@@ -19,9 +19,8 @@
 #include "common.cuh"
 
 template <typename T>
-__device__ void sgd_step(const i64* __restrict__ chunks, const u64* __restrict__ ptrs, const i64* __restrict__ sizes,
-                         i64 ntensors, i64 chunk, double lr, const double* __restrict__ hyper, double momentum,
-                         double dampening, double wd, int nesterov, int maximize, int first) {
+__device__ void sgd_step(const i64* __restrict__ records, i64 stride, double lr, const double* __restrict__ hyper,
+                         double momentum, double dampening, double wd, int nesterov, int maximize, int first) {
     const bool use_wd = wd != 0.0, use_momentum = momentum != 0.0;
     if (hyper != nullptr) {
         lr = hyper[0];
@@ -29,14 +28,14 @@ __device__ void sgd_step(const i64* __restrict__ chunks, const u64* __restrict__
         dampening = hyper[2];
         wd = hyper[3];
     }
-    const i64 tensor = chunks[2 * blockIdx.x], start = chunks[2 * blockIdx.x + 1];
-    const i64 end = min(start + chunk, sizes[tensor]);
-    T* p = (T*)ptrs[tensor];
-    const T* g = (const T*)ptrs[ntensors + tensor];
-    T* buf = use_momentum ? (T*)ptrs[2 * ntensors + tensor] : nullptr;
+    const i64* rec = records + blockIdx.x * stride;
+    const i64 end = rec[0];
+    T* p = (T*)rec[1];
+    const T* g = (const T*)rec[2];
+    T* buf = use_momentum ? (T*)rec[3] : nullptr;
     const T lr_t = (T)lr, mom = (T)momentum, damp = (T)(1.0 - dampening);
     const T wd_t = (T)wd;
-    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+    for (i64 i = threadIdx.x; i < end; i += blockDim.x) {
         T gi = maximize ? -g[i] : g[i];
         const T pi = p[i];
         if (use_wd) gi = gi + wd_t * pi;
@@ -50,10 +49,9 @@ __device__ void sgd_step(const i64* __restrict__ chunks, const u64* __restrict__
 }
 
 template <typename T>
-__device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict__ ptrs, const i64* __restrict__ sizes,
-                          i64 ntensors, i64 chunk, double lr, const double* __restrict__ hyper, double beta1,
-                          double beta2, double eps, double wd, void* __restrict__ step, int step_f64, int inc,
-                          unsigned* __restrict__ counter, int amsgrad, int maximize, int decoupled) {
+__device__ void adam_step(const i64* __restrict__ records, i64 stride, double lr, const double* __restrict__ hyper,
+                          double beta1, double beta2, double eps, double wd, void* __restrict__ step, int step_f64,
+                          int inc, unsigned* __restrict__ counter, int amsgrad, int maximize, int decoupled) {
     const bool use_wd = wd != 0.0;
     if (hyper != nullptr) {
         lr = hyper[0];
@@ -62,20 +60,20 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
         eps = hyper[3];
         wd = hyper[4];
     }
-    const i64 tensor = chunks[2 * blockIdx.x], start = chunks[2 * blockIdx.x + 1];
-    const i64 end = min(start + chunk, sizes[tensor]);
-    T* p = (T*)ptrs[tensor];
-    const T* g = (const T*)ptrs[ntensors + tensor];
-    T* m = (T*)ptrs[2 * ntensors + tensor];
-    T* v = (T*)ptrs[3 * ntensors + tensor];
-    T* vmax = amsgrad ? (T*)ptrs[4 * ntensors + tensor] : nullptr;
+    const i64* rec = records + blockIdx.x * stride;
+    const i64 end = rec[0];
+    T* p = (T*)rec[1];
+    const T* g = (const T*)rec[2];
+    T* m = (T*)rec[3];
+    T* v = (T*)rec[4];
+    T* vmax = amsgrad ? (T*)rec[5] : nullptr;
     const double t = (step_f64 ? *(const double*)step : (double)*(const float*)step) + inc;
     const double lr_d = lr;
     const T step_size = (T)(lr_d / (1.0 - pow(beta1, t)));
     const T bc2_sqrt = (T)sqrt(1.0 - pow(beta2, t));
     const T decay = (T)(1.0 - lr_d * wd), wd_t = (T)wd, w1 = (T)(1.0 - beta1), b2 = (T)beta2, w2 = (T)(1.0 - beta2);
     const T eps_t = (T)eps;
-    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+    for (i64 i = threadIdx.x; i < end; i += blockDim.x) {
         T gi = maximize ? -g[i] : g[i];
         T pi = p[i];
         if (use_wd) {
@@ -104,19 +102,17 @@ __device__ void adam_step(const i64* __restrict__ chunks, const u64* __restrict_
 }
 
 #define ST_OPTIM(T, S)                                                                                             \
-    extern "C" __global__ void sgd_step_##S(const i64* chunks, const u64* ptrs, const i64* sizes, i64 ntensors,   \
-                                            i64 chunk, double lr, const double* hyper, double momentum,             \
-                                            double dampening, double wd, int nesterov, int maximize, int first) {  \
-        sgd_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, hyper, momentum, dampening, wd, nesterov, maximize, \
-                    first);                                                                                        \
+    extern "C" __global__ void sgd_step_##S(const i64* records, i64 stride, double lr, const double* hyper,        \
+                                            double momentum, double dampening, double wd, int nesterov,            \
+                                            int maximize, int first) {                                             \
+        sgd_step<T>(records, stride, lr, hyper, momentum, dampening, wd, nesterov, maximize, first);               \
     }                                                                                                              \
-    extern "C" __global__ void adam_step_##S(const i64* chunks, const u64* ptrs, const i64* sizes, i64 ntensors,  \
-                                             i64 chunk, double lr, const double* hyper, double beta1,               \
-                                             double beta2, double eps, double wd, void* step, int step_f64,        \
-                                             int inc, unsigned* counter, int amsgrad, int maximize,                \
+    extern "C" __global__ void adam_step_##S(const i64* records, i64 stride, double lr, const double* hyper,       \
+                                             double beta1, double beta2, double eps, double wd, void* step,        \
+                                             int step_f64, int inc, unsigned* counter, int amsgrad, int maximize,  \
                                              int decoupled) {                                                      \
-        adam_step<T>(chunks, ptrs, sizes, ntensors, chunk, lr, hyper, beta1, beta2, eps, wd, step, step_f64, inc, \
-                     counter, amsgrad, maximize, decoupled);                                                       \
+        adam_step<T>(records, stride, lr, hyper, beta1, beta2, eps, wd, step, step_f64, inc, counter, amsgrad,     \
+                     maximize, decoupled);                                                                         \
     }                                                                                                              \
     /* Adam's device-side step count where adam_step cannot store it (no counter yet while a graph is captured) */ \
     extern "C" __global__ void increment_step_##S(T* step) { *step += (T)1; }
