@@ -97,9 +97,11 @@ TILE_VEC_STAGE = True
 # thread skipping the kernel rows whose input rows are all padding, so that whole warps skip them. It matters for the
 # input gradient, whose correlation pads by KS - 1 - pad rows (LeNet-5's second layer: 4 of the 18 rows of g's tile,
 # 2/7 of the kernel-row passes of its 14 output rows, ~23% with two rows a warp at b512). Each output's sum is the
-# same either way (bit-equal). Written in the twenty-fifth session without a GPU to time it: off until an A/B says
-# it pays (benchmarks/RESULTS.md)
-TILE_DX_ROWS_OUTER = False
+# same either way (bit-equal). The warps away from the padding run the main loop without the skip's tests (conv.cu
+# main_loop). H100, the captured step (two rounds, twenty-sixth session, before that split), us off / on: LeNet-5
+# b512 144.3 / 145.1 against 142.5 / 143.1, b64 74.2 / 75.1 against 74.6 / 74.5, MnistCnn b64 (no padding rows in
+# its input gradient) 131.4 / 132.0 against 132.9 / 130.6. On for the input gradient; the forward's is untimed
+TILE_DX_ROWS_OUTER = True
 TILE_FWD_ROWS_OUTER = False
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
