@@ -119,12 +119,6 @@ __device__ __forceinline__ void st_async_copy_block(T* dst, const T* src, int n)
     for (int e = threadIdx.x; e < n; e += blockDim.x) st_async_copy(dst + e, src + e, true);
 }
 
-// A compile-time flag as a value, for a generic lambda compiled once per setting (NVRTC has no <type_traits>).
-template <bool B>
-struct st_bool {
-    static constexpr bool value = B;
-};
-
 // A block-strided walk e = threadIdx.x, + blockDim.x, ... over a [*][D1][D2] index space that keeps e's
 // coordinates (a, b, c) by additions and carries: a division by a runtime value costs ~20 instructions, and a
 // staging loop takes tens of steps per thread.

@@ -917,37 +917,30 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         for (int v = 0; v < ST_TW; ++v) acc[u][v] = T(0);
     const T* xrow = xs + row * WP + cg * ST_TW;
     const T* wcol = ws + og * TS;
-    // the main loop, compiled twice: with every kernel row (no test inside: the loop of the other order, and the
-    // rows away from the padding), and with the skip (a test per kernel row, which costs issue slots and stops the
-    // compiler from moving loads across rows)
-    auto main_loop = [&](auto skip) {
-        for (int c = cs * C / CS, c_end = (cs + 1) * C / CS; c < c_end; ++c) {
+    for (int c = cs * C / CS, c_end = (cs + 1) * C / CS; c < c_end; ++c) {
 #pragma unroll
-            for (int i = 0; i < KS; ++i) {
-                if (decltype(skip)::value && (i < i_lo || i >= i_hi)) continue;
-                T xv[8];
-                const T* xp = xrow + (c * RP + i) * WP;
-                load4(xp, xv);
-                if (KS > 1) load4(xp + 4, xv + 4);
+        for (int i = 0; i < KS; ++i) {
+            if (i < i_lo || i >= i_hi) continue;
+            T xv[8];
+            const T* xp = xrow + (c * RP + i) * WP;
+            load4(xp, xv);
+            if (KS > 1) load4(xp + 4, xv + 4);
 #pragma unroll
-                for (int j = 0; j < KS; ++j) {
-                    T wv[TO];
-                    const T* wk = wcol + ((c * KS + i) * KS + j) * OP;
+            for (int j = 0; j < KS; ++j) {
+                T wv[TO];
+                const T* wk = wcol + ((c * KS + i) * KS + j) * OP;
 #pragma unroll
-                    for (int u = 0; u < TO; u += 4) {
-                        if (u + 4 <= TO) load4(wk + u, wv + u);
-                        else load2(wk + u, wv + u);
-                    }
-#pragma unroll
-                    for (int u = 0; u < TO; ++u)
-#pragma unroll
-                        for (int v = 0; v < ST_TW; ++v) acc[u][v] += wv[u] * xv[v + j];
+                for (int u = 0; u < TO; u += 4) {
+                    if (u + 4 <= TO) load4(wk + u, wv + u);
+                    else load2(wk + u, wv + u);
                 }
+#pragma unroll
+                for (int u = 0; u < TO; ++u)
+#pragma unroll
+                    for (int v = 0; v < ST_TW; ++v) acc[u][v] += wv[u] * xv[v + j];
             }
         }
-    };
-    if (i_lo == 0 && i_hi == KS) main_loop(st_bool<false>());
-    else main_loop(st_bool<true>());
+    }
     if (UNPOOL_WG) st_async_wait();   // the prefetch, published by the barrier below
     if (CS > 1 || UNPOOL_WG) __syncthreads();
     if (CS > 1) {   // the other groups' sums through shared memory (the staged tiles are read by now)
