@@ -76,12 +76,16 @@ done | tee "$OUT/speedrun.txt"
 stage train && for mode in "" "--compile"; do
   timeout 60 python3 -m smalltrain train --device cuda $mode --epochs 1 --log-every 200 --out /tmp/run$mode 2>&1 | tail -3
 done | tee "$OUT/train_cuda.txt"
+# NCU_BASE=1 (with AB_BASE): the base tree's kernels too, each config right after the tree's (kernels_base_*.txt)
 stage ncu && for config in ${NCU_CONFIGS:-lenet5:64 lenet5:512 cnn:64}; do
-  # warm caches (--cache-control none), as in a replay where the step's few MB stay in L2
-  timeout 60 ncu --clock-control none --cache-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
-    python3 benchmarks/kernel_times.py --config $config > /tmp/ncu.csv 2>/dev/null
-  python3 benchmarks/kernel_times.py --summarize /tmp/ncu.csv > "$OUT/kernels_${config/:/_}.txt" 2>&1
-  head -12 "$OUT/kernels_${config/:/_}.txt"
+  for tree in . ${NCU_BASE:+$AB_BASE}; do
+    name=kernels_$([ "$tree" = . ] || echo base_)${config/:/_}.txt
+    # warm caches (--cache-control none), as in a replay where the step's few MB stay in L2
+    (cd $tree && timeout 60 ncu --clock-control none --cache-control none --profile-from-start off --csv \
+      --metrics gpu__time_duration.sum python3 benchmarks/kernel_times.py --config $config > /tmp/ncu.csv 2>/dev/null)
+    python3 benchmarks/kernel_times.py --summarize /tmp/ncu.csv > "$OUT/$name" 2>&1
+    echo "$name"; head -12 "$OUT/$name"
+  done
 done
 # ncu's sections for each kernel of one eager step (what a kernel waits on: occupancy, warp stalls, memory), for the
 # kernels' next changes; not in the default STAGES (its replays take ~10 passes a kernel)

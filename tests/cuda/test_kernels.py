@@ -200,8 +200,7 @@ TILE_CASES = [  # x shape, out channels, kernel size, padding, activation, bias
 def _force_tile_plan(monkeypatch, plan):
     """tile_conv on every case (the kernel's values, not where it pays), its plan as planned or with one choice
     forced: "4 channels" / "8 channels" per thread, "6 channels" where that leaves no dead channel (TILE_TO6),
-    "row tiles" (3 rows per block: 9 of 12, 26 of 28 ... the last partial), "K channel splits", "rows outer" (the
-    row-outermost thread order, padding rows skipped: TILE_FWD_ROWS_OUTER, TILE_DX_ROWS_OUTER)."""
+    "row tiles" (3 rows per block: 9 of 12, 26 of 28 ... the last partial), "K channel splits"."""
     monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     if plan == "4 channels":
@@ -215,21 +214,17 @@ def _force_tile_plan(monkeypatch, plan):
         monkeypatch.setattr(conv_kernels, "_TILE_ROWS", 3)
     if plan.endswith("channel splits"):
         monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", int(plan[0]))
-    if plan == "rows outer":
-        monkeypatch.setattr(conv_kernels, "TILE_FWD_ROWS_OUTER", True)
-        monkeypatch.setattr(conv_kernels, "TILE_DX_ROWS_OUTER", True)
 
 
 @pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "6 channels", "row tiles",
-                                  "2 channel splits", "3 channel splits", "rows outer"])
+                                  "2 channel splits", "3 channel splits"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES)
 def test_tile_conv(case, dtype, plan, rng, record_kernels, monkeypatch):
     """tile_conv takes the forward and dx of stride-1, undilated 3x3 and 5x5 convolutions (whatever the padding),
     against the float64 reference, on its own choices and with each forced: 4, 8 or 6 channels per thread, blocks
     of few rows (several row tiles per image, the last one partial), the input channels split over 2 or 3 thread
-    groups (uneven where C is not a multiple; one group where C is 1), the row-outermost thread order with the
-    padding rows skipped. dw by the implicit GEMM from the kept x."""
+    groups (uneven where C is not a multiple; one group where C is 1). dw by the implicit GEMM from the kept x."""
     shape, o, ks, padding, activation, bias = case
     _force_tile_plan(monkeypatch, plan)
     launched = record_kernels(conv_kernels, "get")
@@ -280,7 +275,7 @@ def _linear_reference(x, w, b, padding, activation, lw, lb):
     return flat @ lw.T + (0 if lb is None else lb)
 
 
-@pytest.mark.parametrize("plan", ["as planned", "2 channel splits", "unaligned weight", "rows outer"])
+@pytest.mark.parametrize("plan", ["as planned", "2 channel splits", "unaligned weight"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_LINEAR_CASES)
 def test_tile_conv_linear_epilogue(case, dtype, plan, rng, monkeypatch):
@@ -295,8 +290,6 @@ def test_tile_conv_linear_epilogue(case, dtype, plan, rng, monkeypatch):
         monkeypatch.setattr(conv_kernels, "_TILE_ROWS", rows)
     if plan == "2 channel splits":
         monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", 2)
-    if plan == "rows outer":   # a warp's threads over the rows' channel groups: other warp sums, the same total
-        monkeypatch.setattr(conv_kernels, "TILE_FWD_ROWS_OUTER", True)
     x = rng.standard_normal(shape).astype(dtype)
     w = (rng.standard_normal(w_shape) * 0.3).astype(dtype)
     b = rng.standard_normal(w_shape[0]).astype(dtype) if bias else None
@@ -910,7 +903,7 @@ TILE_WGRAD_CASES = [  # producer x, producer weight, its padding, its activation
 ]
 
 
-@pytest.mark.parametrize("plan", ["as planned", "row tiles", "2 channel splits", "8 channels", "rows outer"])
+@pytest.mark.parametrize("plan", ["as planned", "row tiles", "2 channel splits", "8 channels"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_WGRAD_CASES)
 def test_tile_conv_wgrad_epilogue(case, dtype, plan, rng, monkeypatch):
@@ -1221,64 +1214,6 @@ def test_tile_conv_stages_16_bytes_a_copy_where_aligned(x_shape, w_shape, pad, v
     assert taken[0] == want, taken   # the forward (the input gradient's left padding is KS - 1 - pad)
     for got, off in zip(results[True], results[False]):
         assert bool(cp.array_equal(got, off))
-
-
-@pytest.mark.parametrize("plan", ["as planned", "row tiles", "3 channel splits"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", [c for c in TILE_CASES if c[1] != 32])   # (MnistCnn's: float64 dx by another)
-def test_tile_conv_thread_orders_agree_bit_for_bit(case, dtype, plan, rng, record_kernels, monkeypatch):
-    """TILE_FWD_ROWS_OUTER / TILE_DX_ROWS_OUTER: tile_conv's threads in the row-outermost order (a warp on one or two
-    output rows, conv.cu rows_outer) give the forward and the input gradient bit-equal to the split-outermost order:
-    each output's sum is the same thread's, over the same channels and taps; only which threads share a warp
-    changes. The skipped padding rows are checked against the reference by test_tile_conv."""
-    shape, o, ks, padding, activation, bias = case
-    _force_tile_plan(monkeypatch, plan)
-    launched = record_kernels(conv_kernels, "get")
-    x = g(rng.standard_normal(shape).astype(dtype))
-    w = g((rng.standard_normal((o, shape[1], ks, ks)) * 0.5).astype(dtype))
-    b = g(rng.standard_normal(o).astype(dtype)) if bias else None
-    results = {}
-    for outer in (False, True):
-        monkeypatch.setattr(conv_kernels, "TILE_FWD_ROWS_OUTER", outer)
-        monkeypatch.setattr(conv_kernels, "TILE_DX_ROWS_OUTER", outer)
-        launched.clear()
-        out, saved = ops.conv2d_forward(x, w, b, 1, padding, 1, 1, activation)
-        dout = g(np.random.default_rng(1).standard_normal(out.shape).astype(dtype))
-        dx = ops.conv2d_backward(dout, saved)[0]
-        assert sum(n.startswith("tile_conv") for n in launched) == 2, launched
-        results[outer] = (out, dx)
-    for got, want in zip(results[True], results[False]):
-        assert bool(cp.array_equal(got, want))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", POOLED_GRADIENT_CASES[::3])   # the same kernel size: LeNet-5's, padded 2
-def test_pooled_producer_gradients_agree_across_thread_orders(case, dtype, rng, record_kernels, monkeypatch):
-    """The same for LeNet-5's pair of pooled layers: the forwards' pooling epilogue and tile_conv_unpool_wgrad's
-    (the producer's weight-gradient partial rows from the maxima) bit-equal in both thread orders."""
-    xs, w1s, p1, act1, w2s, p2, act2, _ = case
-    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
-    monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
-    monkeypatch.setattr(conv_kernels, "UNPOOL_WGRAD", True)
-    x = g(rng.standard_normal(xs).astype(dtype))
-    w1 = g((rng.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype))
-    w2 = g((rng.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype))
-    b1, b2 = g(rng.standard_normal(w1s[0]).astype(dtype)), g(rng.standard_normal(w2s[0]).astype(dtype))
-    launched = record_kernels(conv_kernels, "get")
-    results = {}
-    for outer in (False, True):
-        monkeypatch.setattr(conv_kernels, "TILE_FWD_ROWS_OUTER", outer)
-        monkeypatch.setattr(conv_kernels, "TILE_DX_ROWS_OUTER", outer)
-        launched.clear()
-        out1, s1 = ops.conv2d_forward(x, w1, b1, 1, p1, 1, 1, act1, needs_input_grad=(False, True, True),
-                                      pool=POOL_2X2)
-        out2, s2 = ops.conv2d_forward(out1, w2, b2, 1, p2, 1, 1, act2, pool=POOL_2X2)
-        dpool = g(np.random.default_rng(1).standard_normal(out2.shape).astype(dtype))
-        handed, dw2, db2 = ops.conv2d_backward(None, s2, into=s1, dpool=dpool)
-        assert "tile_conv_unpool_wgrad" in " ".join(launched) and handed.wpartial is not None, launched
-        results[outer] = (out1, out2, s1.pool[0], handed.wpartial, dw2, db2)
-    for got, want in zip(results[True], results[False]):
-        assert bool(cp.array_equal(got, want))
 
 
 def test_tile_conv_pool_declines_other_poolings():

@@ -93,16 +93,6 @@ _TILE_DX_TO6_THREADS_PER_SM = None   # the same threshold for input gradients, i
 # rounds, twenty-fourth session), us off / on: LeNet-5 b64 80.5 / 80.4 against 78.9 / 78.7, b512 151.0 / 150.8
 # against 147.2 / 146.9, MnistCnn b64 129.3 / 128.1 against 127.0 / 129.6
 TILE_VEC_STAGE = True
-# tile_conv's row-outermost thread order (conv.cu rows_outer): a warp's threads on one or two output rows, and each
-# thread skipping the kernel rows whose input rows are all padding, so that whole warps skip them. It matters for the
-# input gradient, whose correlation pads by KS - 1 - pad rows (LeNet-5's second layer: 4 of the 18 rows of g's tile,
-# 2/7 of the kernel-row passes of its 14 output rows, ~23% with two rows a warp at b512). Each output's sum is the
-# same either way (bit-equal). The warps away from the padding run the main loop without the skip's tests (conv.cu
-# main_loop). H100, the captured step (two rounds, twenty-sixth session, before that split), us off / on: LeNet-5
-# b512 144.3 / 145.1 against 142.5 / 143.1, b64 74.2 / 75.1 against 74.6 / 74.5, MnistCnn b64 (no padding rows in
-# its input gradient) 131.4 / 132.0 against 132.9 / 130.6. On for the input gradient; the forward's is untimed
-TILE_DX_ROWS_OUTER = True
-TILE_FWD_ROWS_OUTER = False
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -575,8 +565,7 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
-        + (ptr(pool_idx),) + wgrad_args + i32s((int(_tile_vec_stage(inp, in_chw, in_strides, pads)),
-                                                int(TILE_DX_ROWS_OUTER if transposed else TILE_FWD_ROWS_OUTER))),
+        + (ptr(pool_idx),) + wgrad_args + (i32(int(_tile_vec_stage(inp, in_chw, in_strides, pads))),),
         shared_mem=smem)
 
 

@@ -646,14 +646,14 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // [O, N, 4P] (y [O, N, 4P] read there only: common.cuh pooled_act_grad, pidx [N, O, Ho, Wo] its indices) and 0
 // elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. vstage (conv.py
 // _tile_vec_stage): the input's rows are staged 16 bytes a copy (its strides, the left padding and the row width
-// multiples of 16 bytes' elements) instead of an element a copy. A block takes one image and TH output rows; its
-// threads (cs, og, row, cg), cg fastest (with rows_outer (row, cs, og, cg), the padding's kernel rows skipped: see
-// the thread mapping below), each compute TO channels x ST_TW consecutive columns of one row over the input
-// channels of split cs (CS splits: more, shorter chains per output where the grid alone leaves the SMs few warps;
-// their sums added in split order through shared memory at the end). Per input channel and kernel row a thread
+// multiples of 16 bytes' elements) instead of an element a copy. A block
+// takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
+// consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
+// where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
+// end). Per input channel and kernel row a thread
 // loads 8 x values (two 4-vectors: the padded row width WP is a multiple of 4) and KS x TO/4 weight vectors (a warp
-// shares og and cs in the first order: broadcasts) for KS*TO*ST_TW FMAs (igemm_fwd: 8 shared loads per 16), and no
-// bounds are checked inside the loop: the padding is zeros in shared memory. The epilogue stores a thread's 4 columns as one vector (or two
+// shares og: broadcasts) for KS*TO*ST_TW FMAs (igemm_fwd: 8 shared loads per 16), and no bounds are checked inside
+// the loop: the padding is zeros in shared memory. The epilogue stores a thread's 4 columns as one vector (or two
 // pairs) where the rows allow it. Measured on the H200 (ncu, MnistCnn's second layer at batch 64): ~50% of the issue
 // slots busy, L1 64-76% busy; rows padded so that no two threads of a quarter warp share a bank removed 3/4 of the
 // shared-load conflicts and changed nothing, the vector stores took the forward from 21.8 to 19.1 us.
@@ -791,7 +791,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                           int act, const T* __restrict__ lw, const T* __restrict__ lb, T* __restrict__ lout,
                           T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx,
                           const T* __restrict__ px, int pH, int pW, int ppt, int ppl, T* __restrict__ wpart,
-                          int vstage, int rows_outer) {
+                          int vstage) {
     static_assert(KS >= 1 && KS <= 5 && (TO % 4 == 0 || TO == 6),
                   "tile_conv: KS <= 5 (8 x values per row cover TW + KS - 1), TO a multiple of 4 or 6");
     // TS: the shared-memory slots a thread's TO weights of one tap take, a multiple of 4 for aligned vector loads.
@@ -885,31 +885,10 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         st_async_wait();
     }
     __syncthreads();
-    // CS channel splits: thread group cs sums the input channels [cs*C/CS, (cs+1)*C/CS); the groups' sums are added
-    // in cs order at the end. A thread's (cs, column group cg, row, channel group og): cs slowest, then og, row, cg
-    // (a split's threads whole warps where G is a multiple of 32), or with rows_outer row slowest, then cs, og, cg (a
-    // warp's threads on as few output rows as the block allows, so that the kernel rows reading only padding, below,
-    // are skipped by whole warps: the input gradient's KS - 1 - pad rows of it above and below). tid: the thread's
-    // index in its split in the first order, by which the epilogues pass values through shared memory
-    const int G = CG * TH * OG;
-    int cs, cg, row, og;
-    if (rows_outer) {
-        const int t = threadIdx.x / CG, u = t / OG;
-        cg = threadIdx.x - t * CG;
-        og = t - u * OG;
-        row = u / CS;
-        cs = u - row * CS;
-    } else {
-        cs = threadIdx.x / G;
-        const int t = threadIdx.x - cs * G, rt = t / CG;
-        cg = t - rt * CG;
-        row = rt % TH;
-        og = rt / TH;
-    }
-    const int tid = cg + CG * (row + TH * og), r = r0 + row;
-    // with rows_outer, the kernel rows i whose input row r + i - pt lies in the padding (zeros in the tile) are
-    // skipped: they add nothing (in the other order a warp spans up to 8 output rows and would skip almost none)
-    const int i_lo = rows_outer ? max(0, pt - r) : 0, i_hi = rows_outer ? min(KS, Hi + pt - r) : KS;
+    // CS channel splits: thread group cs (whole warps where G is a multiple of 32) sums the input channels
+    // [cs*C/CS, (cs+1)*C/CS); the groups' sums are added in cs order at the end
+    const int G = CG * TH * OG, cs = threadIdx.x / G, tid = threadIdx.x - cs * G;
+    const int cg = tid % CG, rt = tid / CG, row = rt % TH, og = rt / TH, r = r0 + row;
     T acc[TO][ST_TW];
 #pragma unroll
     for (int u = 0; u < TO; ++u)
@@ -920,7 +899,6 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     for (int c = cs * C / CS, c_end = (cs + 1) * C / CS; c < c_end; ++c) {
 #pragma unroll
         for (int i = 0; i < KS; ++i) {
-            if (i < i_lo || i >= i_hi) continue;
             T xv[8];
             const T* xp = xrow + (c * RP + i) * WP;
             load4(xp, xv);
@@ -1521,11 +1499,10 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
                                                          int Wo, int pt, int pl, int TH, int CS, int transposed,     \
                                                          int into, int act, const T* lw, const T* lb, T* lout,       \
                                                          T* lpart, unsigned* lcount, int F, i64* pidx, const T* px,  \
-                                                         int pH, int pW, int ppt, int ppl, T* wpart, int vstage,     \
-                                                         int rows_outer) {                                           \
+                                                         int pH, int pW, int ppt, int ppl, T* wpart, int vstage) {   \
         tile_conv<T, KS, TO, EPI>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS,           \
                                   transposed, into, act, lw, lb, lout, lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, \
-                                  wpart, vstage, rows_outer);                                                        \
+                                  wpart, vstage);                                                                    \
     }
 #define ST_TILE(T, S, KS, TO)                                                                                      \
     ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
