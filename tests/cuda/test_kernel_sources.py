@@ -372,15 +372,6 @@ def test_tile_conv_plans(monkeypatch):
     assert conv._tile_plan(512, 1, (28, 28), 6, (24, 24), 5, 4)[0] == 6
     assert conv._tile_plan(512, 16, (8, 8), 6, (12, 12), 5, 4)[0] == 4
     assert conv._tile_plan(64, 1, (28, 28), 6, (24, 24), 5, 4)[0] == 4
-    # _TILE_DX_TO6_THREADS_PER_SM: the input gradients' own threshold where set, the forwards' unchanged
-    monkeypatch.setattr(conv, "_TILE_DX_TO6_THREADS_PER_SM", 0)
-    assert conv._tile_plan(512, 16, (8, 8), 6, (12, 12), 5, 4, transposed=True)[0] == 6
-    assert conv._tile_plan(512, 16, (8, 8), 6, (12, 12), 5, 4)[0] == 4
-    assert conv._tile_plan(64, 1, (28, 28), 6, (24, 24), 5, 4)[0] == 4
-    monkeypatch.setattr(conv, "_TILE_DX_TO6_THREADS_PER_SM", 1 << 20)
-    assert conv._tile_plan(512, 1, (28, 28), 6, (24, 24), 5, 4, transposed=True)[0] == 4
-    monkeypatch.setattr(conv, "_TILE_DX_TO6_THREADS_PER_SM", None)
-    assert conv._tile_plan(512, 1, (28, 28), 6, (24, 24), 5, 4, transposed=True)[0] == 6
     monkeypatch.setattr(conv, "_TILE_TO6_THREADS_PER_SM", 1024)
     assert conv._tile_plan(512, 1, (28, 28), 6, (24, 24), 5, 4)[0] == 4
     monkeypatch.setattr(conv, "TILE_TO6", False)

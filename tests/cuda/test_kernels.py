@@ -249,8 +249,7 @@ def test_tile_conv(case, dtype, plan, rng, record_kernels, monkeypatch):
     dx, dw, db = ops.conv2d_backward(g(dout), saved)
     # dx by tile_conv where its tiles fit in shared memory: all of these in float32; in float64 not the weights of
     # MnistCnn's second layer beside a row of g's 32 channels
-    dx_plan = conv_kernels._tile_plan(shape[0], o, saved.out_hw, shape[1], shape[2:], ks, np.dtype(dtype).itemsize,
-                                      transposed=True)
+    dx_plan = conv_kernels._tile_plan(shape[0], o, saved.out_hw, shape[1], shape[2:], ks, np.dtype(dtype).itemsize)
     assert dx_plan is not None or dtype == np.float64
     assert sum(n.startswith("tile_conv") for n in launched) == (dx_plan is not None), launched
     assert dx_plan is None or ("tile_conv_k5_to6" in launched) == six(shape[1]), launched

@@ -86,7 +86,6 @@ _TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this 
 # (16.2 at 6 channels + 14.8) against 34.4. Tests set the threshold to 0 to run the 6-channel kernels on small cases
 TILE_TO6 = True
 _TILE_TO6_THREADS_PER_SM = 512
-_TILE_DX_TO6_THREADS_PER_SM = None   # the same threshold for input gradients, if set (None: _TILE_TO6_THREADS_PER_SM)
 # tile_conv stages its input rows 16 bytes a copy where the input's image and channel strides, its row width and the
 # left padding are multiples of 16 bytes' elements and it starts 16-byte aligned (_tile_vec_stage; LeNet-5's and
 # MnistCnn's layers but MnistCnn's 26-wide second-layer input), else an element a copy. H100, the captured step (two
@@ -409,13 +408,12 @@ def _tile_knobs():
     return (TILE_CONV, TILE_WGRAD, _TILE_THREADS, _TILE_BLOCKS_PER_SM, _TILE_MIN_THREADS, _TILE_TO8_THREADS_PER_SM,
             _TILE_ROWS, _TILE_SPLIT_THREADS_PER_SM, _TILE_SPLIT_MAX_THREADS, _TILE_SPLITS, _TILE_WG_THREADS,
             _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_GRID, _TILE_WG_SPLIT, _SMEM_BYTES,
-            TILE_TO6, _TILE_TO6_THREADS_PER_SM, _TILE_DX_TO6_THREADS_PER_SM, _sm_count())
+            TILE_TO6, _TILE_TO6_THREADS_PER_SM, _sm_count())
 
 
-def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize, even_rows=False, transposed=False):
-    """_tile_conv_plan, cached per shapes and _tile_knobs (an eager step plans each convolution 2-3 times);
-    transposed: an input gradient's."""
-    return _tile_conv_plan(n, c, tuple(in_hw), o, tuple(out_hw), ks, itemsize, _tile_knobs(), even_rows, transposed)
+def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize, even_rows=False):
+    """_tile_conv_plan, cached per shapes and _tile_knobs (an eager step plans each convolution 2-3 times)."""
+    return _tile_conv_plan(n, c, tuple(in_hw), o, tuple(out_hw), ks, itemsize, _tile_knobs(), even_rows)
 
 
 def _tile_weight_bytes(c, ks, o, to, itemsize):
@@ -425,27 +423,25 @@ def _tile_weight_bytes(c, ks, o, to, itemsize):
 
 
 @metadata_cache
-def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs, even_rows=False, transposed=False):
+def _tile_conv_plan(n, c, in_hw, o, out_hw, ks, itemsize, knobs, even_rows=False):
     """(TO, TH, threads, blocks, shared memory, CS) of tile_conv over n images of c input channels in_hw to o output
     channels out_hw with a ks x ks kernel, or None where it does not take the convolution (TILE_CONV off, ks not
     compiled, nothing to do, indices past 32 bits, a row of tiles over 1024 threads or one row's input and the weights
     over the shared memory). TO: 8 channels per thread where that leaves _TILE_TO8_THREADS_PER_SM threads per SM,
-    else 4; 6 instead where TILE_TO6 allows it (its weights take 8 slots a tap in shared memory; an input gradient's,
-    transposed, by _TILE_DX_TO6_THREADS_PER_SM where set). TH, the output rows per block: of the row counts whose
-    block fits (_TILE_THREADS threads, the shared memory), those giving _TILE_BLOCKS_PER_SM blocks per SM of
-    _TILE_MIN_THREADS threads (else those of that many threads, else all), the one wasting the least: lanes of
-    partial warps, staged halo rows, rows of a partial last tile (_TILE_ROWS, if set: the most rows up to it that
-    fit); even_rows: an even TH only (the pooling epilogue's row pairs). CS: the input channels' splits over thread
-    groups."""
+    else 4; 6 instead where TILE_TO6 allows it (its weights take 8 slots a tap in shared memory). TH, the output rows
+    per block: of the row counts whose block fits (_TILE_THREADS threads, the shared memory), those giving
+    _TILE_BLOCKS_PER_SM blocks per SM of _TILE_MIN_THREADS threads (else those of that many threads, else all), the
+    one wasting the least: lanes of partial warps, staged halo rows, rows of a partial last tile (_TILE_ROWS, if set:
+    the most rows up to it that fit); even_rows: an even TH only (the pooling epilogue's row pairs). CS: the input
+    channels' splits over thread groups."""
     ho, wo = out_hw
     if (not TILE_CONV or ks not in _TILE_KS or min(n, c, o, ho, wo) <= 0 or n * c * in_hw[0] * in_hw[1] >= _FITS32
             or n * o * ho * wo >= _FITS32):
         return None
     cg, sms = -(-wo // _TILE_TW), knobs[-1]
     to = 8 if n * ho * cg * -(-o // 8) >= _TILE_TO8_THREADS_PER_SM * sms else 4
-    to6_threads = _TILE_DX_TO6_THREADS_PER_SM if transposed and _TILE_DX_TO6_THREADS_PER_SM is not None \
-        else _TILE_TO6_THREADS_PER_SM
-    if TILE_TO6 and ks == 5 and o % to and o % 6 == 0 and n * ho * cg * (o // 6) >= to6_threads * sms:
+    if (TILE_TO6 and ks == 5 and o % to and o % 6 == 0
+            and n * ho * cg * (o // 6) >= _TILE_TO6_THREADS_PER_SM * sms):
         to = 6
     og = -(-o // to)
     per_row = og * cg
@@ -640,7 +636,7 @@ def _tile_dx_plan(saved, g):
     o, _, kh, kw = saved.weight.shape
     if not _tile_geometry(saved.stride, saved.dilation, saved.groups, saved.weight.shape):
         return None
-    plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, g.dtype.itemsize, transposed=True)
+    plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, g.dtype.itemsize)
     if plan is None or g.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
         return None
     return plan
