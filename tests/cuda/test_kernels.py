@@ -1450,36 +1450,6 @@ def test_cross_entropy_writes_the_unit_gradient_for_small_inputs(shape, weighted
     assert ops.cross_entropy_forward(g(x), g(t), w, reduction=reduction)[1].unit is None
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("shape,weighted,smoothing", [((512, 10), False, 0.0), ((9, 32), True, 0.1),
-                                                      ((1, 3), True, 0.0), ((70_000, 10), False, 0.0),
-                                                      ((5, 40), True, 0.2), ((4, 7, 3), False, 0.0)])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cross_entropy_row_loads_first_gives_the_same_bits(shape, weighted, smoothing, reduction, dtype, rng,
-                                                            monkeypatch):
-    """CE_ROW_LOADS_FIRST: each warp's row loaded before the targets' weights (C <= 32, inner == 1, a warp per row;
-    ignored and out-of-range targets among them) gives the loss, the gradients and the divisor bit-equal to the
-    general row loop; where it does not apply (more rows than warps, 40 classes, inner > 1) nothing changes."""
-    from smalltrain.backend.cuda import loss as loss_kernels
-    x = g((rng.standard_normal(shape) * 3).astype(dtype))
-    t = rng.integers(0, shape[1], (shape[0],) + shape[2:])
-    t.reshape(-1)[::4] = -100
-    w = g(rng.uniform(0.5, 2, shape[1]).astype(dtype)) if weighted else None
-    results = {}
-    for first in (False, True):
-        monkeypatch.setattr(loss_kernels, "CE_ROW_LOADS_FIRST", first)
-        loss, saved = ops.cross_entropy_forward(x, g(t), w, reduction=reduction, label_smoothing=smoothing)
-        bad = t.copy()
-        bad.reshape(-1)[-1] = shape[1]   # out of range, unchecked: NaN in its row and the sum
-        bad_loss, bad_saved = ops.cross_entropy_forward(x, g(bad), w, reduction=reduction, check_target=False)
-        results[first] = [a for a in (loss, saved.grad, saved.unit, saved.wsum, bad_loss, bad_saved.grad)
-                          if a is not None]
-    assert bool(cp.isnan(results[True][-2]))
-    assert len(results[True]) == len(results[False])
-    for got, want in zip(results[True], results[False]):
-        assert bool(cp.array_equal(got, want, equal_nan=True))
-
-
 def test_loss_backward_without_a_gradient_runs_no_kernel_after_cross_entropy(rng):
     """F.cross_entropy(...).backward() takes the forward's unit gradient (autograd.engine.UNIT_SEED): the same
     gradients as backward with an explicit 1, and a retained graph's second pass scales again."""

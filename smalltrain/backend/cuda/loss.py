@@ -120,11 +120,6 @@ def _ce_validate(x, target, weight, reduction, label_smoothing):
 
 # cross_entropy_forward also writes the gradient for a loss gradient of 1 (in its last block) up to this many elements
 CE_UNIT_MAX = 1 << 14
-# cross_entropy_fwd_reduce loads each warp's row (target and logits, C <= 32, inner == 1, a warp per row at most)
-# before the targets' weights it sums first, so that the two are one round trip, not two after each other (loss.cu
-# ce_forward's ROW); off: the general row loop (the same values either way). Written without a GPU to time it: off
-# until an A/B says it pays (benchmarks/RESULTS.md, twenty-fifth session)
-CE_ROW_LOADS_FIRST = False
 
 
 def _bad_flag():
@@ -181,7 +176,7 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
                 partial = cp.empty(2 * grid, dtype=x.dtype)
                 unit = cp.empty_like(grad) if grad is not None and grad.size <= CE_UNIT_MAX else None
                 get("loss", "cross_entropy_fwd_reduce", x.dtype)((grid,), (BLOCK,), args + (
-                    partial, counter, i32(mean), loss, ptr(wsum), ptr(unit), i32(CE_ROW_LOADS_FIRST)))
+                    partial, counter, i32(mean), loss, ptr(wsum), ptr(unit)))
             else:   # no rows, or a capture before the counter exists
                 launch_rows("loss", "cross_entropy_fwd", x.dtype, rows, args)
                 get("loss", "cross_entropy_reduce", x.dtype)((1,), (1024,), (loss_rows, wt_rows, i64(rows),

@@ -17,8 +17,7 @@
 //     the values. (Another summation order than cross_entropy_reduce's: the same value up to rounding.) With
 //     unit (the launcher's choice for small inputs), every block also writes its rows' cross_entropy_bwd dx for a
 //     loss gradient of 1, so that `loss.backward()` needs no kernel: each block first adds all the targets' weights
-//     itself (the same order in every block), which the mean then divides by. With row_loads_first, where C <= 32,
-//     inner == 1 and every row has a warp, each warp loads its row's target and logits before those weights.
+//     itself (the same order in every block), which the mean then divides by.
 //   cross_entropy_bwd: dx = grad * scale[r * scale_stride] / (*wsum if wsum else 1) (scale_stride 0: dout), and
 //     exactly 0 in rows whose target is ignore_index, as torch, even where the scale is inf or NaN ('mean' with
 //     every target ignored divides by a zero total weight).
@@ -65,23 +64,18 @@ __device__ void softmax_backward(const T* __restrict__ dy, const T* __restrict__
     }
 }
 
-// ROW (ce_forward_reduce's small case: inner == 1, C <= 32, at most one row per warp): the warp's row's target and
-// logits were loaded before (row_t; lane c's logit in row_x), together with the loads that come before this call,
-// instead of one dependent round trip after another; the same operations on the same values otherwise.
-template <typename T, bool ROW = false>
+template <typename T>
 __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
                            T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C, i64 inner,
                            i64 ignore_index, T ls, int* __restrict__ bad, T& loss_sum, T& wt_sum,
-                           T* __restrict__ unit = nullptr, T unit_scale = T(0), i64 row_t = 0, T row_x = T(0)) {
+                           T* __restrict__ unit = nullptr, T unit_scale = T(0)) {
     // loss_sum, wt_sum: lane 0 of each warp adds up the loss and weight of its rows (0 on the other lanes); unit
     // (with grad): also grad * unit_scale, 0 where the target is ignored (cross_entropy_bwd's dx for a gradient of 1)
     const int lane = threadIdx.x & 31;
     const i64 warps = blockDim.x >> 5;
     for (i64 r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
-        const i64 base = ROW ? r * C : (r / inner) * C * inner + r % inner;
-        const i64 t = ROW ? row_t : target[r];
-        // logit c (with ROW lane c's register: c == lane there)
-        auto logit = [&](i64 c) { return ROW ? row_x : x[base + c * inner]; };
+        const i64 base = (r / inner) * C * inner + r % inner;
+        const i64 t = target[r];
         const bool ignored = t == ignore_index, valid = !ignored && t >= 0 && t < C;
         if (!valid) {  // warp-uniform branch: t is the same for every lane
             const T fill = ignored ? T(0) : st_nan<T>();
@@ -100,11 +94,11 @@ __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ targ
             continue;
         }
         T m = st_neg_inf<T>();
-        for (i64 c = lane; c < C; c += 32) m = st_max_nan(m, logit(c));
+        for (i64 c = lane; c < C; c += 32) m = st_max_nan(m, x[base + c * inner]);
         m = warp_max(m);
         T s = T(0), wsum = T(0);
         for (i64 c = lane; c < C; c += 32) {
-            s += st_exp(logit(c) - m);
+            s += st_exp(x[base + c * inner] - m);
             wsum += w != nullptr ? w[c] : T(1);
         }
         s = warp_sum(s);
@@ -117,7 +111,7 @@ __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ targ
             for (i64 c = lane; c < C; c += 32) {
                 const i64 k = base + c * inner;
                 const T wc = w != nullptr ? w[c] : T(1);
-                const T logp = (logit(c) - m) - log_s;
+                const T logp = (x[k] - m) - log_s;
                 smooth += wc * logp;
                 if (grad != nullptr) {
                     const T p = st_exp(logp);
@@ -129,9 +123,8 @@ __device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ targ
             }
             smooth = warp_sum(smooth);
         }
-        const T x_t = ROW ? __shfl_sync(0xffffffffu, row_x, (int)t) : T(0);   // (every lane: t is warp-uniform)
         if (lane == 0) {
-            const T nll = -w_t * (((ROW ? x_t : x[base + t * inner]) - m) - log_s);
+            const T nll = -w_t * ((x[base + t * inner] - m) - log_s);
             T val = (T(1) - ls) * nll;
             if (ls != T(0)) val += (ls / T(C)) * (-smooth);  // guarded: 0 * -inf would be NaN
             loss[r] = val;
@@ -176,15 +169,7 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
                                   T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C,
                                   i64 inner, i64 ignore_index, T ls, int* __restrict__ bad, T* __restrict__ partial,
                                   unsigned* __restrict__ counter, int mean, T* __restrict__ out,
-                                  T* __restrict__ wsum, T* __restrict__ unit, int row_loads_first) {
-    // The small case (a classifier's logits: inner == 1, C <= 32, a warp per row at most; row_loads_first, the
-    // launcher's): the warp's row's target and logits are loaded first, in flight with the weights' loads below
-    // (ce_forward's ROW)
-    const i64 row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    const bool small = row_loads_first && inner == 1 && C <= 32 && rows <= (i64)gridDim.x * (blockDim.x >> 5);
-    const i64 row_t = small && row < rows ? target[row] : 0;
-    const T row_x = small && row < rows && lane < C ? x[row * C + lane] : T(0);
+                                  T* __restrict__ wsum, T* __restrict__ unit) {
     // With unit, every block first adds the weights of all the targets (a few hundred loads, the same order in every
     // block), so that each writes its rows' unit gradient while it computes them; the mean then divides by this sum.
     T all_w = T(0);
@@ -196,13 +181,8 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
         all_w = block_sum(all_w);
     }
     T l = T(0), wv = T(0);
-    if (small) {
-        ce_forward<T, true>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv, unit,
-                            T(1) / (mean ? all_w : T(1)), row_t, row_x);
-    } else {
-        ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv, unit,
-                      T(1) / (mean ? all_w : T(1)));
-    }
+    ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv, unit,
+                  T(1) / (mean ? all_w : T(1)));
     l = block_sum(l);
     wv = block_sum(wv);
     if (threadIdx.x == 0) {
@@ -247,10 +227,9 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_fwd_reduce_##S(                                                        \
         const T* x, const i64* target, const T* w, T* loss, T* wt, T* grad, i64 rows, i64 C, i64 inner,             \
-        i64 ignore_index, T ls, int* bad, T* partial, unsigned* counter, int mean, T* out, T* wsum, T* unit,        \
-        int row_loads_first) {                                                                                      \
+        i64 ignore_index, T ls, int* bad, T* partial, unsigned* counter, int mean, T* out, T* wsum, T* unit) {      \
         ce_forward_reduce<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, partial, counter, \
-                             mean, out, wsum, unit, row_loads_first);                                               \
+                             mean, out, wsum, unit);                                                                \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_bwd_##S(const T* grad, const i64* target, i64 ignore_index,            \
                                                      const T* scale, i64 scale_stride, const T* wsum, T* dx,        \
