@@ -127,8 +127,8 @@ done
 # same call
 stage ab && [ -n "${AB_BASE:-}" ] && [ ! -d "$AB_BASE/smalltrain/datasets/data" ] && \
   cp -r smalltrain/datasets/data "$AB_BASE/smalltrain/datasets/"
-# the benchmarks run float32 only (compiled by the warm stage already where it ran: cache hits)
-stage ab && [ -n "${AB_BASE:-}" ] && warm_kernels "$AB_BASE" 1
+# the benchmarks run float32 only (the warm stage, where it ran, compiled the base's beside the tree's)
+stage ab && ! stage warm && [ -n "${AB_BASE:-}" ] && warm_kernels "$AB_BASE" 1
 stage ab && for round in 1 2; do for setting in ${AB_BASE:+base} ${AB:-}; do
   echo "$setting (round $round)"
   sets=(); dir=.

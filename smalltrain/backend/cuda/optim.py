@@ -78,7 +78,7 @@ def _tables(buffers):
     tensor = np.repeat(np.arange(len(sizes), dtype=np.int64), counts)
     first_chunk = np.repeat(np.cumsum(counts) - counts, counts)
     start = (np.arange(n, dtype=np.int64) - first_chunk) * CHUNK
-    itemsize = np.uint64(buffers[0][0].dtype.itemsize) if n else np.uint64(0)
+    itemsize = np.uint64(buffers[0][0].dtype.itemsize)   # one dtype per table (_by_dtype's groups)
     records = np.empty((n, len(buffers) + 1), dtype=np.int64)
     records[:, 0] = np.minimum(sizes[tensor] - start, CHUNK)
     records[:, 1:] = (ptrs[:, tensor].T + start.astype(np.uint64)[:, None] * itemsize).view(np.int64)
