@@ -65,6 +65,8 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
+        if held._held is not None:   # an op runs after the held launch (autograd/held.py)
+            held.flush()
         ctx = Node(cls)
         state = grad_mode._state
         prev = state.enabled
@@ -133,3 +135,4 @@ class Edge:
 
 
 from ..tensor import Tensor  # noqa: E402  (tensor.py imports this module first)
+from . import held  # noqa: E402  (it subclasses Tensor)

@@ -5,6 +5,7 @@ shapes that those do not cover (1-D operands, more than one batch dim) use the a
 """
 import numpy as np
 
+from ..autograd import held
 from ..autograd.engine import Prepared, takes_plainly
 from ..autograd.function import Function
 from ..backend.cuda import blas
@@ -167,9 +168,10 @@ class LinearChain(Function):
         layers = [(params[2 * i].array, None if params[2 * i + 1] is None else params[2 * i + 1].array, act)
                   for i, act in enumerate(activations)]
         rows = a.reshape(a.shape[0], -1) if flatten else a.reshape(-1, a.shape[-1])
-        out, ctx.saved = cuda_linear.linear_chain_forward(rows, layers, save=True in ctx.needs_input_grad)
+        # hold: the launch may wait for the op after it (linear_chain marks the output; autograd/held.py)
+        out, ctx.saved = cuda_linear.linear_chain_forward(rows, layers, save=True in ctx.needs_input_grad, hold=True)
         ctx.shape = a.shape
-        return out if flatten else out.reshape(a.shape[:-1] + (out.shape[-1],))
+        return out if flatten or a.ndim == 2 else out.reshape(a.shape[:-1] + (out.shape[-1],))
 
     @staticmethod
     def backward(ctx, dout):
@@ -220,8 +222,8 @@ def linear_chain(input, layers, flatten=False):  # noqa: A002
         flat = flatten and start == 0
         if len(part) > 1 and _fused_chain(x, part, flat):
             check_same_device("linear", x, *(t for w, b, _ in part for t in (w, b)))
-            x = LinearChain.apply(x, tuple(act for _, _, act in part), flat,
-                                  *(t for w, b, _ in part for t in (w, b)))
+            x = held.mark(LinearChain.apply(x, tuple(act for _, _, act in part), flat,
+                                            *(t for w, b, _ in part for t in (w, b))))
         else:
             if flat:
                 x = x.flatten(1)

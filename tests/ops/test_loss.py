@@ -334,3 +334,72 @@ GRADCHECK = [
 @pytest.mark.parametrize("name,make,fn", GRADCHECK, ids=[g[0] for g in GRADCHECK])
 def test_gradcheck(name, make, fn, rng):
     assert gradcheck(fn, make(rng))
+
+
+# ---- the chain of linear layers with the cross-entropy in its forward kernel (autograd/held.py) -----------------
+HEAD_CASES = [  # rows per block, batch, classes, reduction, weighted, ignore_index, label_smoothing, dtype
+    (1, 64, 10, "mean", False, None, 0.0, "float32"),
+    (2, 33, 10, "sum", True, 1, 0.0, "float32"),
+    (4, 300, 40, "mean", True, -100, 0.25, "float32"),
+    (8, 1100, 20, "mean", False, 3, 0.0, "float32"),   # 22,000 gradient elements: no unit gradient, a backward kernel
+    (4, 130, 10, "none", False, None, 0.0, "float32"),  # not fused: the chain runs first, then the loss's own kernel
+    (2, 50, 10, "mean", True, 2, 0.1, "float64"),
+]
+
+
+def _head(x, ws, bs, target, weight, device, dtype, **kw):
+    """The loss of a two-layer chain's logits and the gradients of x and every weight and bias, as NumPy arrays."""
+    from smalltrain.nn import functional as F
+    from smalltrain.ops.matmul import linear_chain
+    t = [st.tensor(a.astype(dtype), device=device, requires_grad=True) for a in [x] + ws + bs]
+    logits = linear_chain(t[0], [(t[1], t[3], "relu"), (t[2], t[4], None)])
+    loss = F.cross_entropy(logits, st.tensor(target, device=device),
+                           None if weight is None else st.tensor(weight.astype(dtype), device=device), **kw)
+    loss.backward(None if loss.ndim == 0 else st.ones_like(loss))
+    return [loss.detach().cpu().numpy(), logits.detach().cpu().numpy()] + [v.grad.cpu().numpy() for v in t]
+
+
+@pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("rows,m,c,reduction,weighted,ignore,smoothing,dtype", HEAD_CASES)
+def test_chain_with_the_cross_entropy_in_its_kernel(rows, m, c, reduction, weighted, ignore, smoothing, dtype, rng,
+                                                    monkeypatch, record_kernels):
+    """With the chain's launch held outside captures too (CHAIN_HOLD_EAGER), cross_entropy of its logits runs in
+    chain_fwd_ce: the loss, the logits and every gradient equal the two kernels' (chain_fwd, then the loss's) and
+    torch's in float64."""
+    from smalltrain.backend.cuda import linear as cuda_linear
+    monkeypatch.setattr(cuda_linear, "_CHAIN_ROWS", (rows,))
+    x = rng.standard_normal((m, 24))
+    ws = [rng.standard_normal((16, 24)) * 0.5, rng.standard_normal((c, 16)) * 0.5]
+    bs = [rng.standard_normal(16) * 0.1, rng.standard_normal(c) * 0.1]
+    target = rng.integers(0, c, m)
+    if ignore is not None:
+        target[::7] = ignore
+    weight = rng.random(c) + 0.2 if weighted else None
+    kw = {"reduction": reduction, "label_smoothing": smoothing}
+    if ignore is not None:
+        kw["ignore_index"] = ignore
+    two = _head(x, ws, bs, target, weight, "cuda", dtype, **kw)
+    names = record_kernels(cuda_linear, "get")
+    monkeypatch.setattr(cuda_linear, "CHAIN_HOLD_EAGER", True)
+    one = _head(x, ws, bs, target, weight, "cuda", dtype, **kw)
+    head = [n for n in names if n.startswith("chain_fwd")]
+    assert head == [f"chain_fwd_r{rows}" if reduction == "none" else f"chain_fwd_ce_r{rows}"]
+    tx = [torch.tensor(a, requires_grad=True) for a in [x] + ws + bs]
+    logits = TF.linear(TF.relu(TF.linear(tx[0], tx[1], tx[3])), tx[2], tx[4])
+    loss = TF.cross_entropy(logits, torch.tensor(target), None if weight is None else torch.tensor(weight), **kw)
+    loss.backward(None if loss.ndim == 0 else torch.ones_like(loss))
+    ref = [loss.detach().numpy(), logits.detach().numpy()] + [v.grad.numpy() for v in tx]
+    tol = 2e-6 if dtype == "float32" else 1e-12
+    for name, u, v, r in zip(["loss", "logits", "x", "w0", "w1", "b0", "b1"], one, two, ref):
+        scale = max(np.abs(r).max(), 1e-30)
+        assert np.abs(u - v).max() <= tol * scale, f"{name}: fused against two kernels"
+        assert np.abs(u - r).max() <= 50 * tol * scale, f"{name}: fused against torch"
+
+
+@pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
+def test_chain_with_the_cross_entropy_in_its_kernel_flags_a_bad_target(monkeypatch):
+    from smalltrain.backend.cuda import linear as cuda_linear
+    monkeypatch.setattr(cuda_linear, "CHAIN_HOLD_EAGER", True)
+    with pytest.raises(IndexError, match="Target 12 is out of bounds"):
+        _head(np.ones((4, 24)), [np.ones((16, 24)), np.ones((10, 16))], [np.zeros(16), np.zeros(10)],
+              np.array([1, 12, 0, 3]), None, "cuda", "float32")

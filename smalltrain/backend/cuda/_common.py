@@ -6,6 +6,7 @@ import operator
 
 import numpy as np
 
+from ...autograd import held
 from . import cupy
 from .graphs import is_current_stream_capturing
 from .loader import MAX_BLOCKS, kernel, launch_1d
@@ -124,7 +125,10 @@ def scalar(v, dtype):
 
 
 def get(family, name, dtype, op=None):
-    """The kernel `<name>_<f32|f64>` of kernels/<family>.cu for dtype, on the current device."""
+    """The kernel `<name>_<f32|f64>` of kernels/<family>.cu for dtype, on the current device. Every launch asks for
+    its kernel here first, so a launch held back (autograd/held.py) runs before it."""
+    if held._held is not None:
+        held.flush()
     return kernel(family, f"{name}_{suffix(op or name, dtype)}")
 
 

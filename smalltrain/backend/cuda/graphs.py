@@ -9,6 +9,7 @@ registers a hook with `on_replay`; every replay of that graph first runs its hoo
 """
 import contextlib
 
+from ...autograd import held
 from . import cupy
 
 _capturing = []   # the CUDAGraphs whose capture is in progress, innermost last
@@ -66,6 +67,7 @@ class CUDAGraph:
 
     def capture_end(self):
         try:
+            held.flush()   # a launch held back inside the capture belongs to it (autograd/held.py)
             self.graph = self.stream.end_capture()
             self.graph.upload(self.stream)
         finally:
@@ -73,6 +75,7 @@ class CUDAGraph:
 
     def abort(self):
         """End a capture that failed (e.g. a host sync inside it), leaving no graph."""
+        held.drop()
         try:
             if self.stream.is_capturing():
                 self.stream.end_capture()

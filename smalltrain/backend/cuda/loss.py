@@ -136,7 +136,7 @@ def _raise_bad_target(target, ignore_index, c, flag):
 
 
 def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
-                          check_target=None, compute_grad=True):
+                          check_target=None, compute_grad=True, chain=None):
     """torch's cross_entropy with class-index targets: logits x [N, C], [N, C, d1, ...] or [C]; target int64
     [N], [N, d1, ...] or []; weight [C] or None; label smoothing as torch (the smoothing term is weighted too and
     'mean' divides both terms by the sum of the targets' weights; all targets ignored gives NaN).
@@ -147,13 +147,20 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     give NaN (never an out-of-bounds read).
     compute_grad: also write the gradient (what backward scales), and for 'mean' / 'sum' over at most
     CE_UNIT_MAX elements the gradient for a loss gradient of 1 too (saved.unit: `loss.backward()` then runs no
-    kernel, ops/loss.py CrossEntropy.backward_unit). Returns (loss, CrossEntropySaved).
+    kernel, ops/loss.py CrossEntropy.backward_unit).
+    chain: the held launch (autograd/held.py) of the linear chain whose output x is [N, C] (its info a
+    linear.HeldChain): for 'mean' and 'sum' it runs with this loss in its epilogue, one kernel (chain_fwd_ce);
+    otherwise it runs first, as it was. Returns (loss, CrossEntropySaved).
     """
     c = _ce_validate(x, target, weight, reduction, float(label_smoothing))
     cp = cupy()
     shape = x.shape if x.ndim > 1 else (1,) + x.shape
     outer, inner = shape[0], math.prod(shape[2:])
     with x.device:
+        counter = device_counters("cross_entropy", 1) if reduction != "none" and outer * inner else None
+        fused = chain is not None and counter is not None and x.ndim == 2
+        if chain is not None and not fused:
+            chain.settle()   # before anything here reads x
         x, target, weight = contiguous(x), contiguous(target), contiguous(weight)
         flag = _bad_flag() if target.size and want_host_check(check_target) else None
         rows = outer * inner
@@ -163,7 +170,6 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
         args = (x, target, ptr(weight), loss_rows, wt_rows, ptr(grad), i64(rows), i64(c), i64(inner),
                 i64(ignore_index), scalar(label_smoothing, x.dtype), ptr(flag))
         wsum = unit = None
-        counter = device_counters("cross_entropy", 1) if reduction != "none" and rows else None
         if reduction == "none":
             launch_rows("loss", "cross_entropy_fwd", x.dtype, rows, args)
             loss = loss_rows.reshape(target.shape)
@@ -172,11 +178,16 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
             mean = reduction == "mean"
             wsum = cp.empty((), dtype=x.dtype) if mean else None
             if counter is not None:   # one launch: the last block adds the blocks' sums
-                grid = rows_grid(rows)
-                partial = cp.empty(2 * grid, dtype=x.dtype)
                 unit = cp.empty_like(grad) if grad is not None and grad.size <= CE_UNIT_MAX else None
-                get("loss", "cross_entropy_fwd_reduce", x.dtype)((grid,), (BLOCK,), args + (
-                    partial, counter, i32(mean), loss, ptr(wsum), ptr(unit)))
+                ends = (counter, i32(mean), loss, ptr(wsum), ptr(unit))
+                if fused:   # the chain's kernel, its rows' loss in its epilogue
+                    chain.done = True
+                    chain.info.with_cross_entropy((target, ptr(weight), ptr(grad)) + args[9:]
+                                                  + (cp.empty(2 * chain.info.blocks, dtype=x.dtype),) + ends)
+                else:
+                    grid = rows_grid(rows)
+                    get("loss", "cross_entropy_fwd_reduce", x.dtype)((grid,), (BLOCK,), args + (
+                        cp.empty(2 * grid, dtype=x.dtype),) + ends)
             else:   # no rows, or a capture before the counter exists
                 launch_rows("loss", "cross_entropy_fwd", x.dtype, rows, args)
                 get("loss", "cross_entropy_reduce", x.dtype)((1,), (1024,), (loss_rows, wt_rows, i64(rows),

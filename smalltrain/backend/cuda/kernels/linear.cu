@@ -12,6 +12,7 @@
 // Every output is summed in a fixed order: deterministic, no atomics, no split-K pass. The launcher takes this path
 // only while every operand is small (see linear.py) and all indices fit in 32 bits.
 #include "common.cuh"
+#include "cross_entropy.cuh"
 
 #define ST_LT 16        // output tile side
 #define ST_LK 32        // reduction slice
@@ -190,6 +191,7 @@ __device__ void linear_bwd(const T* __restrict__ dout, const T* __restrict__ y, 
 //              a warp computing JW outputs (ST_CJW, at most 32 / R) at a time for all R rows (lanes over the
 //              reduction, weights read coalesced, the JW * R sums over the lanes at once by warp_sum_spread), so
 //              the layers need no launch between them.
+//   chain_fwd_ce: chain_fwd with the cross-entropy of its output in its epilogue (cross_entropy.cuh; see below).
 //   chain_bwd_rows: the same blocks walk the layers backward: g_{L-1} = dout * act'(z), then for each layer
 //              dh = g @ w (one thread per input, the weights read along their rows) times the previous layer's
 //              act'; writes every layer's g_l [M, d_{l+1}] and, if asked, dx = the first layer's dh (or, where the
@@ -311,6 +313,42 @@ __device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, in
         }
         __syncthreads();
     }
+}
+
+// chain_fwd_ce: chain_fwd, then the cross-entropy of the chain's output with class-index targets [M] (as
+// cross_entropy_fwd_reduce with inner 1 and no per-row loss arrays; cw the class weights or null): each block's
+// warps take its rows from shared memory, where the last layer left them, and the block that finishes last adds
+// the loss. One launch for the head and its loss instead of two, each a chain of dependent round trips
+// (linear.py HeldChain). C, the classes, is the last layer's width.
+template <typename T, int R>
+__device__ void chain_fwd_ce(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, int L, int WMAX,
+                             const i64* __restrict__ target, const T* __restrict__ cw, T* __restrict__ grad,
+                             i64 ignore_index, T ls, int* __restrict__ bad, T* __restrict__ partial,
+                             unsigned* __restrict__ counter, int mean, T* __restrict__ out, T* __restrict__ wsum,
+                             T* __restrict__ unit) {
+    const int C = L == 1 ? d1 : L == 2 ? d2 : L == 3 ? d3 : d4;
+    const bool unit_mean = unit != nullptr && mean;
+    // the targets' weights loaded before the layers, so that the loads are in flight while they run
+    T all_w = unit_mean ? ce_weights_share<T>(target, cw, M, C, ignore_index) : T(0);
+    chain_fwd<T, R>(x, ST_CHAIN_ARGS, M, L, WMAX);   // (ends with a barrier)
+    if (unit_mean) all_w = block_sum(all_w);
+    extern __shared__ unsigned char st_smem[];
+    const T* logits = reinterpret_cast<const T*>(st_smem) + (L & 1) * R * WMAX;   // the last layer's output buffer
+    const int r0 = blockIdx.x * R, nr = min(R, M - r0), lane = threadIdx.x & 31;
+    const T unit_scale = T(1) / (mean ? all_w : T(1));
+    T l = T(0), wv = T(0);
+    for (int r = threadIdx.x >> 5; r < nr; r += blockDim.x >> 5) {
+        const i64 row = r0 + r;
+        T val, w_t;
+        ce_row<T>(logits + r * WMAX, 1, target[row], cw, C, ignore_index, ls, bad,
+                  grad != nullptr ? grad + row * C : nullptr, unit != nullptr ? unit + row * C : nullptr, unit_scale,
+                  val, w_t);
+        if (lane == 0) {
+            l += val;
+            wv += w_t;
+        }
+    }
+    ce_reduce_blocks<T>(l, wv, unit != nullptr, all_w, partial, counter, mean, out, wsum);
 }
 
 // With pidx, dx goes to the convolution whose output, 2x2 max pooled in its epilogue (conv.cu POOL) and flattened,
@@ -687,6 +725,13 @@ ST_INSTANTIATE(ST_LINEAR)
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_fwd_r##R##_##S(const T* x, ST_CHAIN_PARAMS(T), int M, int L, int WMAX) {                                 \
         chain_fwd<T, R>(x, ST_CHAIN_ARGS, M, L, WMAX);                                                             \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
+    chain_fwd_ce_r##R##_##S(const T* x, ST_CHAIN_PARAMS(T), int M, int L, int WMAX, const i64* target, const T* cw, \
+                            T* grad, i64 ignore_index, T ls, int* bad, T* partial, unsigned* counter, int mean,    \
+                            T* out, T* wsum, T* unit) {                                                            \
+        chain_fwd_ce<T, R>(x, ST_CHAIN_ARGS, M, L, WMAX, target, cw, grad, ignore_index, ls, bad, partial, counter, \
+                           mean, out, wsum, unit);                                                                 \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_bwd_rows_r##R##_##S(const T* dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3, T* dx, int M, int L,  \

@@ -22,6 +22,7 @@
 //     exactly 0 in rows whose target is ignore_index, as torch, even where the scale is inf or NaN ('mean' with
 //     every target ignored divides by a zero total weight).
 #include "common.cuh"
+#include "cross_entropy.cuh"
 
 template <typename T, bool LOG>
 __device__ void softmax_forward(const T* __restrict__ x, T* __restrict__ y, i64 rows, i64 C, i64 inner) {
@@ -65,77 +66,6 @@ __device__ void softmax_backward(const T* __restrict__ dy, const T* __restrict__
 }
 
 template <typename T>
-__device__ void ce_forward(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
-                           T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C, i64 inner,
-                           i64 ignore_index, T ls, int* __restrict__ bad, T& loss_sum, T& wt_sum,
-                           T* __restrict__ unit = nullptr, T unit_scale = T(0)) {
-    // loss_sum, wt_sum: lane 0 of each warp adds up the loss and weight of its rows (0 on the other lanes); unit
-    // (with grad): also grad * unit_scale, 0 where the target is ignored (cross_entropy_bwd's dx for a gradient of 1)
-    const int lane = threadIdx.x & 31;
-    const i64 warps = blockDim.x >> 5;
-    for (i64 r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
-        const i64 base = (r / inner) * C * inner + r % inner;
-        const i64 t = target[r];
-        const bool ignored = t == ignore_index, valid = !ignored && t >= 0 && t < C;
-        if (!valid) {  // warp-uniform branch: t is the same for every lane
-            const T fill = ignored ? T(0) : st_nan<T>();
-            if (lane == 0) {
-                loss[r] = fill;
-                wt[r] = fill;
-                loss_sum += fill;
-                wt_sum += fill;
-                if (!ignored && bad != nullptr) *bad = 1;  // every writer stores the same value: no atomic needed
-            }
-            if (grad != nullptr)
-                for (i64 c = lane; c < C; c += 32) {
-                    grad[base + c * inner] = fill;
-                    if (unit != nullptr) unit[base + c * inner] = ignored ? T(0) : fill * unit_scale;
-                }
-            continue;
-        }
-        T m = st_neg_inf<T>();
-        for (i64 c = lane; c < C; c += 32) m = st_max_nan(m, x[base + c * inner]);
-        m = warp_max(m);
-        T s = T(0), wsum = T(0);
-        for (i64 c = lane; c < C; c += 32) {
-            s += st_exp(x[base + c * inner] - m);
-            wsum += w != nullptr ? w[c] : T(1);
-        }
-        s = warp_sum(s);
-        wsum = warp_sum(wsum);
-        const T log_s = st_log(s);
-        const T w_t = w != nullptr ? w[t] : T(1);
-        // third pass: the smoothing term sum_c w[c] * logp[c] (summed once log-sum-exp is known) and the gradient
-        T smooth = T(0);
-        if (ls != T(0) || grad != nullptr) {
-            for (i64 c = lane; c < C; c += 32) {
-                const i64 k = base + c * inner;
-                const T wc = w != nullptr ? w[c] : T(1);
-                const T logp = (x[k] - m) - log_s;
-                smooth += wc * logp;
-                if (grad != nullptr) {
-                    const T p = st_exp(logp);
-                    T g = (T(1) - ls) * w_t * (p - (c == t ? T(1) : T(0)));
-                    if (ls != T(0)) g += (ls / T(C)) * (p * wsum - wc);
-                    grad[k] = g;
-                    if (unit != nullptr) unit[k] = g * unit_scale;
-                }
-            }
-            smooth = warp_sum(smooth);
-        }
-        if (lane == 0) {
-            const T nll = -w_t * ((x[base + t * inner] - m) - log_s);
-            T val = (T(1) - ls) * nll;
-            if (ls != T(0)) val += (ls / T(C)) * (-smooth);  // guarded: 0 * -inf would be NaN
-            loss[r] = val;
-            wt[r] = w_t;
-            loss_sum += val;
-            wt_sum += w_t;
-        }
-    }
-}
-
-template <typename T>
 __device__ void ce_backward(const T* __restrict__ grad, const i64* __restrict__ target, i64 ignore_index,
                             const T* __restrict__ scale, i64 scale_stride, const T* __restrict__ wsum,
                             T* __restrict__ dx, i64 outer, i64 C, i64 inner) {
@@ -161,48 +91,6 @@ __device__ void ce_reduce(const T* __restrict__ loss, const T* __restrict__ wt, 
     if (threadIdx.x == 0) {
         out[0] = mean ? l / w : l;
         if (mean) wsum[0] = w;
-    }
-}
-
-template <typename T>
-__device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict__ target, const T* __restrict__ w,
-                                  T* __restrict__ loss, T* __restrict__ wt, T* __restrict__ grad, i64 rows, i64 C,
-                                  i64 inner, i64 ignore_index, T ls, int* __restrict__ bad, T* __restrict__ partial,
-                                  unsigned* __restrict__ counter, int mean, T* __restrict__ out,
-                                  T* __restrict__ wsum, T* __restrict__ unit) {
-    // With unit, every block first adds the weights of all the targets (a few hundred loads, the same order in every
-    // block), so that each writes its rows' unit gradient while it computes them; the mean then divides by this sum.
-    T all_w = T(0);
-    if (unit != nullptr && mean) {
-        for (i64 r = threadIdx.x; r < rows; r += blockDim.x) {
-            const i64 t = target[r];
-            all_w += t == ignore_index ? T(0) : t < 0 || t >= C ? st_nan<T>() : w != nullptr ? w[t] : T(1);
-        }
-        all_w = block_sum(all_w);
-    }
-    T l = T(0), wv = T(0);
-    ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv, unit,
-                  T(1) / (mean ? all_w : T(1)));
-    l = block_sum(l);
-    wv = block_sum(wv);
-    if (threadIdx.x == 0) {
-        partial[2 * blockIdx.x] = l;
-        partial[2 * blockIdx.x + 1] = wv;
-    }
-    if (!st_last_to_arrive(counter, gridDim.x)) return;   // (its fence makes the sums visible to the last block)
-    l = T(0);
-    wv = T(0);
-    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) {   // L2 reads: other blocks wrote them
-        l += __ldcg(partial + 2 * b);
-        wv += __ldcg(partial + 2 * b + 1);
-    }
-    l = block_sum(l);
-    wv = block_sum(wv);
-    if (unit != nullptr) wv = all_w;   // the divisor the unit gradient used: the backward's too
-    if (threadIdx.x == 0) {
-        out[0] = mean ? l / wv : l;
-        if (mean) wsum[0] = wv;
-        *counter = 0u;
     }
 }
 
