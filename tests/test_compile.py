@@ -58,17 +58,22 @@ def test_decorator_form_keeps_the_name():
 @cuda
 @pytest.mark.parametrize("set_to_none", [True, False], ids=["grads_to_none", "grads_zeroed"])
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
-def test_captured_step_equals_eager_after_100_steps(opt_name, set_to_none):
+def test_captured_step_equals_eager_after_100_steps(opt_name, set_to_none, record_kernels):
     """With zero_grad() the captured gradients live in the graph's pool (new arrays on each eager step); with
-    set_to_none=False they are zeroed in place: both replay exactly the eager step."""
+    set_to_none=False they are zeroed in place: both replay exactly the eager step. The captured step runs the
+    cross-entropy in the chain's forward kernel (autograd/held.py), the eager one as a kernel of its own."""
+    from smalltrain.backend.cuda import linear as cuda_linear
     eager_model, eager_step = _setup("cuda", opt_name, set_to_none)
     graph_model, graph_step = _setup("cuda", opt_name, set_to_none)
     compiled = smalltrain.compile(graph_step)
     xs, ys = _batches(10, 64, "cuda")
+    names = record_kernels(cuda_linear, "get")
     for i in range(100):
         eager_step(xs[i % 10], ys[i % 10])
         loss = compiled(xs[i % 10], ys[i % 10])
     assert compiled.stats["captures"] == 1 and compiled.stats["replays"] == 100 - compiled.warmup
+    heads = [n for n in names if n.startswith("chain_fwd")]
+    assert heads.count("chain_fwd_ce_r1") == 1 and len(heads) == 100 + compiled.warmup + 1   # eager, capture
     worst = max(float(abs(p.detach().cpu().numpy() - q.detach().cpu().numpy()).max())
                 for p, q in zip(eager_model.parameters(), graph_model.parameters()))
     print(f"\n{opt_name}: max |captured - eager| after 100 steps = {worst:.2e}, last loss {loss.item():.4f}")
