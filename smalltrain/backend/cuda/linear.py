@@ -367,10 +367,12 @@ class HeldChain:
     def plain(self):
         self._launch("chain_fwd", ())
 
-    def with_cross_entropy(self, ce_args):
-        """ce_args: chain_fwd_ce's after the chain's (target, class weights, grad, ignore_index, label smoothing,
-        bad-target flag, partial [2 * blocks], counter, mean, loss, wsum, unit), checked by the caller."""
-        self._launch("chain_fwd_ce", ce_args)
+    def with_cross_entropy(self, ce_args, ends):
+        """The launch with the cross-entropy of the chain's output rows in its epilogue. ce_args: the loss's
+        (target, class weights, grad, ignore_index, label smoothing, bad-target flag) and ends its (counter, mean,
+        loss, wsum, unit), as loss.py's cross_entropy_fwd_reduce takes them, checked by the caller."""
+        partial = cupy().empty(2 * self.blocks, dtype=self.dtype)   # each block's sums
+        self._launch("chain_fwd_ce", ce_args + (partial,) + ends)
 
     def _launch(self, name, extra):
         with self.device, self.stream:
