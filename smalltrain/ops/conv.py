@@ -7,6 +7,7 @@ import operator
 
 import numpy as np
 
+from ..autograd import held
 from ..autograd.engine import Prepared, takes_plainly
 from ..autograd.function import Function
 from ..backend import cpu, metadata_cache
@@ -328,7 +329,8 @@ class Conv2dActLinear(Function):
         out, ctx.conv_saved, y = cuda_conv.conv2d_forward(
             x, weight.array, None if bias is None else bias.array, stride, pads, dilation, groups,
             activation=activation, needs_input_grad=need[:3],
-            keep_pre_activation=cuda_linear.into_conv_needs_pre_activation(m, k, f, activation), linear=(lw, lb))
+            keep_pre_activation=cuda_linear.into_conv_needs_pre_activation(m, k, f, activation), linear=(lw, lb),
+            hold=True)   # (conv2d_act_linear marks the output; autograd/held.py)
         if y is None:
             y, ctx.lin_saved = cuda_linear.linear_act_forward(out.reshape(m, -1), lw, lb)
         else:
@@ -362,7 +364,7 @@ def conv2d_act_linear(input, weight, bias=None, stride=1, padding=0, dilation=1,
         lw, lb = lin_weight.array, None if lin_bias is None else lin_bias.array
         if (lw.ndim == 2 and lw.shape[1] == o * oh * ow and lw.dtype == x.dtype
                 and (lb is None or (lb.shape == (lw.shape[0],) and lb.dtype == x.dtype))):
-            return Conv2dActLinear.apply(input, weight, bias, stride, pads, dilation, groups, activation,
-                                         lin_weight, lin_bias)
+            return held.mark(Conv2dActLinear.apply(input, weight, bias, stride, pads, dilation, groups, activation,
+                                                   lin_weight, lin_bias))
     out = conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation)
     return linear(out.reshape(out.shape[0], -1), lin_weight, lin_bias)   # nn.Flatten()'s start_dim 1

@@ -336,7 +336,7 @@ def test_gradcheck(name, make, fn, rng):
     assert gradcheck(fn, make(rng))
 
 
-# ---- the chain of linear layers with the cross-entropy in its forward kernel (autograd/held.py) -----------------
+# ---- the cross-entropy in the kernel that writes its logits (autograd/held.py, backend/cuda/_common.py HeldHead) ----
 HEAD_CASES = [  # rows per block, batch, classes, reduction, weighted, ignore_index, label_smoothing, dtype
     (1, 64, 10, "mean", False, None, 0.0, "float32"),
     (2, 33, 10, "sum", True, 1, 0.0, "float32"),
@@ -345,61 +345,110 @@ HEAD_CASES = [  # rows per block, batch, classes, reduction, weighted, ignore_in
     (4, 130, 10, "none", False, None, 0.0, "float32"),  # not fused: the chain runs first, then the loss's own kernel
     (2, 50, 10, "mean", True, 2, 0.1, "float64"),
 ]
+CONV_HEAD_CASES = [  # x shape, conv weight shape, padding, rows per block (None: as planned), classes, reduction,
+    #                    weighted, ignore_index, label_smoothing
+    ((64, 16, 26, 26), (32, 16, 3, 3), 0, None, 10, "mean", False, None, 0.0),   # MnistCnn's second layer, classifier
+    ((3, 4, 9, 16), (5, 4, 3, 3), 1, 4, 7, "sum", True, 2, 0.2),
+    ((5, 6, 12, 12), (16, 6, 5, 5), 0, 4, 16, "mean", True, -100, 0.0),
+    ((4, 4, 9, 13), (5, 4, 3, 3), 1, 4, 10, "none", False, None, 0.0),   # not fused
+]
 
 
-def _head(x, ws, bs, target, weight, device, dtype, **kw):
-    """The loss of a two-layer chain's logits and the gradients of x and every weight and bias, as NumPy arrays."""
+def _loss_and_grads(head, inputs, target, weight, device, dtype, **kw):
+    """head(tensors) -> logits; the cross-entropy of the logits, the logits and the gradient of every input, as
+    NumPy arrays."""
     from smalltrain.nn import functional as F
-    from smalltrain.ops.matmul import linear_chain
-    t = [st.tensor(a.astype(dtype), device=device, requires_grad=True) for a in [x] + ws + bs]
-    logits = linear_chain(t[0], [(t[1], t[3], "relu"), (t[2], t[4], None)])
+    t = [st.tensor(a.astype(dtype), device=device, requires_grad=True) for a in inputs]
+    logits = head(t)
     loss = F.cross_entropy(logits, st.tensor(target, device=device),
                            None if weight is None else st.tensor(weight.astype(dtype), device=device), **kw)
     loss.backward(None if loss.ndim == 0 else st.ones_like(loss))
     return [loss.detach().cpu().numpy(), logits.detach().cpu().numpy()] + [v.grad.cpu().numpy() for v in t]
 
 
-@pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("rows,m,c,reduction,weighted,ignore,smoothing,dtype", HEAD_CASES)
-def test_chain_with_the_cross_entropy_in_its_kernel(rows, m, c, reduction, weighted, ignore, smoothing, dtype, rng,
-                                                    monkeypatch, record_kernels):
-    """With the chain's launch held outside captures too (CHAIN_HOLD_EAGER), cross_entropy of its logits runs in
-    chain_fwd_ce: the loss, the logits and every gradient equal the two kernels' (chain_fwd, then the loss's) and
-    torch's in float64."""
-    from smalltrain.backend.cuda import linear as cuda_linear
-    monkeypatch.setattr(cuda_linear, "_CHAIN_ROWS", (rows,))
-    x = rng.standard_normal((m, 24))
-    ws = [rng.standard_normal((16, 24)) * 0.5, rng.standard_normal((c, 16)) * 0.5]
-    bs = [rng.standard_normal(16) * 0.1, rng.standard_normal(c) * 0.1]
-    target = rng.integers(0, c, m)
-    if ignore is not None:
-        target[::7] = ignore
-    weight = rng.random(c) + 0.2 if weighted else None
-    kw = {"reduction": reduction, "label_smoothing": smoothing}
-    if ignore is not None:
-        kw["ignore_index"] = ignore
-    two = _head(x, ws, bs, target, weight, "cuda", dtype, **kw)
-    names = record_kernels(cuda_linear, "get")
-    monkeypatch.setattr(cuda_linear, "CHAIN_HOLD_EAGER", True)
-    one = _head(x, ws, bs, target, weight, "cuda", dtype, **kw)
-    head = [n for n in names if n.startswith("chain_fwd")]
-    assert head == [f"chain_fwd_r{rows}" if reduction == "none" else f"chain_fwd_ce_r{rows}"]
-    tx = [torch.tensor(a, requires_grad=True) for a in [x] + ws + bs]
-    logits = TF.linear(TF.relu(TF.linear(tx[0], tx[1], tx[3])), tx[2], tx[4])
+def _fused_against_two_kernels_and_torch(ours, theirs, inputs, target, weight, dtype, kw, monkeypatch, tol_scale=1):
+    """The loss, logits and gradients with the head's launch held outside captures too (HOLD_EAGER), so that the
+    cross-entropy runs in its kernel, equal those of the two kernels (held off) and torch's in float64."""
+    from smalltrain.backend.cuda import _common as cuda_common
+    two = _loss_and_grads(ours, inputs, target, weight, "cuda", dtype, **kw)
+    monkeypatch.setattr(cuda_common, "HOLD_EAGER", True)
+    one = _loss_and_grads(ours, inputs, target, weight, "cuda", dtype, **kw)
+    tx = [torch.tensor(a, requires_grad=True) for a in inputs]
+    logits = theirs(tx)
     loss = TF.cross_entropy(logits, torch.tensor(target), None if weight is None else torch.tensor(weight), **kw)
     loss.backward(None if loss.ndim == 0 else torch.ones_like(loss))
     ref = [loss.detach().numpy(), logits.detach().numpy()] + [v.grad.numpy() for v in tx]
-    tol = 2e-6 if dtype == "float32" else 1e-12
-    for name, u, v, r in zip(["loss", "logits", "x", "w0", "w1", "b0", "b1"], one, two, ref):
+    tol = (2e-6 if dtype == "float32" else 1e-12) * tol_scale
+    for i, (u, v, r) in enumerate(zip(one, two, ref)):
+        name = ["loss", "logits"][i] if i < 2 else f"input {i - 2}"
         scale = max(np.abs(r).max(), 1e-30)
         assert np.abs(u - v).max() <= tol * scale, f"{name}: fused against two kernels"
         assert np.abs(u - r).max() <= 50 * tol * scale, f"{name}: fused against torch"
 
 
+def _targets(rng, m, c, ignore, weighted):
+    target = rng.integers(0, c, m)
+    if ignore is not None:
+        target[::7] = ignore
+    return target, (rng.random(c) + 0.2 if weighted else None)
+
+
+@pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("rows,m,c,reduction,weighted,ignore,smoothing,dtype", HEAD_CASES)
+def test_chain_with_the_cross_entropy_in_its_kernel(rows, m, c, reduction, weighted, ignore, smoothing, dtype, rng,
+                                                    monkeypatch, record_kernels):
+    """A two-layer chain's logits: chain_fwd_ce (chain_fwd and the loss's kernel where the reduction is 'none')."""
+    from smalltrain.backend.cuda import linear as cuda_linear
+    from smalltrain.ops.matmul import linear_chain
+    monkeypatch.setattr(cuda_linear, "_CHAIN_ROWS", (rows,))
+    inputs = [rng.standard_normal((m, 24)), rng.standard_normal((16, 24)) * 0.5, rng.standard_normal((c, 16)) * 0.5,
+              rng.standard_normal(16) * 0.1, rng.standard_normal(c) * 0.1]
+    target, weight = _targets(rng, m, c, ignore, weighted)
+    kw = {"reduction": reduction, "label_smoothing": smoothing} | ({} if ignore is None else {"ignore_index": ignore})
+    names = record_kernels(cuda_linear, "get")
+    _fused_against_two_kernels_and_torch(
+        lambda t: linear_chain(t[0], [(t[1], t[3], "relu"), (t[2], t[4], None)]),
+        lambda t: TF.linear(TF.relu(TF.linear(t[0], t[1], t[3])), t[2], t[4]), inputs, target, weight, dtype, kw,
+        monkeypatch)
+    heads = [n for n in names if n.startswith("chain_fwd")]
+    fused = f"chain_fwd_r{rows}" if reduction == "none" else f"chain_fwd_ce_r{rows}"
+    assert heads == [f"chain_fwd_r{rows}", fused]
+
+
+@pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("x_shape,w_shape,padding,rows,c,reduction,weighted,ignore,smoothing", CONV_HEAD_CASES)
+def test_convolution_and_linear_with_the_cross_entropy_in_their_kernel(x_shape, w_shape, padding, rows, c, reduction,
+                                                                       weighted, ignore, smoothing, rng, monkeypatch,
+                                                                       record_kernels):
+    """A convolution with the linear layer in its epilogue (Conv2dActLinear): tile_conv_lin_ce."""
+    from smalltrain.backend.cuda import conv as cuda_conv
+    from smalltrain.ops.conv import conv2d_act_linear
+    monkeypatch.setattr(cuda_conv, "TILE_MIN_K", 0)
+    monkeypatch.setattr(cuda_conv, "_TILE_TO8_THREADS_PER_SM", 1 << 30)   # 4 channels a thread: whole warps
+    if rows is not None:
+        monkeypatch.setattr(cuda_conv, "_TILE_ROWS", rows)
+    m = x_shape[0]
+    k = w_shape[0] * (x_shape[2] + 2 * padding - w_shape[2] + 1) * (x_shape[3] + 2 * padding - w_shape[3] + 1)
+    inputs = [rng.standard_normal(x_shape), rng.standard_normal(w_shape) * 0.3, rng.standard_normal(w_shape[0]),
+              rng.standard_normal((c, k)) / np.sqrt(k), rng.standard_normal(c)]
+    target, weight = _targets(rng, m, c, ignore, weighted)
+    kw = {"reduction": reduction, "label_smoothing": smoothing} | ({} if ignore is None else {"ignore_index": ignore})
+    names = record_kernels(cuda_conv, "get")
+    _fused_against_two_kernels_and_torch(
+        lambda t: conv2d_act_linear(t[0], t[1], t[2], padding=padding, activation="relu", lin_weight=t[3],
+                                    lin_bias=t[4]),
+        lambda t: TF.linear(TF.relu(TF.conv2d(t[0], t[1], t[2], padding=padding)).flatten(1), t[3], t[4]), inputs,
+        target, weight, "float32", kw, monkeypatch, tol_scale=max(1, np.sqrt(k) / 8))
+    heads = [n.split("_k")[0] for n in names if n.startswith("tile_conv_lin")]
+    assert heads == ["tile_conv_lin", "tile_conv_lin" if reduction == "none" else "tile_conv_lin_ce"]
+
+
 @pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
 def test_chain_with_the_cross_entropy_in_its_kernel_flags_a_bad_target(monkeypatch):
-    from smalltrain.backend.cuda import linear as cuda_linear
-    monkeypatch.setattr(cuda_linear, "CHAIN_HOLD_EAGER", True)
+    from smalltrain.backend.cuda import _common as cuda_common
+    from smalltrain.ops.matmul import linear_chain
+    monkeypatch.setattr(cuda_common, "HOLD_EAGER", True)
     with pytest.raises(IndexError, match="Target 12 is out of bounds"):
-        _head(np.ones((4, 24)), [np.ones((16, 24)), np.ones((10, 16))], [np.zeros(16), np.zeros(10)],
-              np.array([1, 12, 0, 3]), None, "cuda", "float32")
+        _loss_and_grads(lambda t: linear_chain(t[0], [(t[1], t[3], "relu"), (t[2], t[4], None)]),
+                        [np.ones((4, 24)), np.ones((16, 24)), np.ones((10, 16)), np.zeros(16), np.zeros(10)],
+                        np.array([1, 12, 0, 3]), None, "cuda", "float32")

@@ -245,6 +245,47 @@ def run_beside(side_work, main_work, enabled=True, defer=False):
     return first, second
 
 
+# Launches an op may hold back for the op after it (autograd/held.py): while a CUDA graph is captured, where HOLD is
+# on; HOLD_EAGER holds outside captures too (tests: the fused kernels against torch and the separate ones, eagerly).
+# Off, a captured step runs the kernels an eager one does.
+HOLD = True
+HOLD_EAGER = False
+
+
+class HeldHead:
+    """The launch of a kernel that writes logits [N, C] (linear.py's chain, conv.py's tile_conv_lin), kept so that
+    it can run later (autograd/held.py) on the device and stream it was made on: as it was (plain), or with the
+    cross-entropy of its rows in its epilogue (with_cross_entropy; loss.py cross_entropy_forward). launch(ce) makes
+    the launch, ce None or the cross-entropy's arguments; slots: the partial sums the fused reduction writes."""
+    __slots__ = ("launch", "slots", "dtype", "device", "stream")
+
+    def __init__(self, launch, slots, dtype, device):
+        self.launch, self.slots, self.dtype, self.device = launch, slots, dtype, device
+        self.stream = cupy().cuda.get_current_stream()
+
+    def plain(self):
+        self._run(None)
+
+    def with_cross_entropy(self, ce_args, ends):
+        """ce_args: the loss's (target, class weights, grad, ignore_index, label smoothing, bad-target flag), ends
+        its (counter, mean, loss, wsum, unit), as loss.py's cross_entropy_fwd_reduce takes them, checked by the
+        caller."""
+        self._run(ce_args + (cupy().empty(2 * self.slots, dtype=self.dtype),) + ends)
+
+    def _run(self, ce):
+        with self.device, self.stream:
+            self.launch(ce)
+
+
+def launch_or_hold(hold, out, head):
+    """Run head (a HeldHead) now, or hold it for the op after it where `hold` (the caller then ties its output
+    tensor to it: held.mark) and HOLD allow."""
+    if hold and HOLD and (HOLD_EAGER or capturing()):
+        held.hold(out, head.plain, head)
+    else:
+        head.plain()
+
+
 def dim_index(op, dim, ndim):
     """A dim in [-ndim, ndim) made non-negative (0-d arrays take dim 0 or -1), IndexError otherwise."""
     n = max(ndim, 1)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from . import cupy
 from .. import metadata_cache
-from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, check_float, check_shape, contiguous,
-                      device_attribute, device_counters, get, i32, i32s, i64, launch, pair, ptr, run_beside,
-                      same_device, smem_optin_bytes, with_smem)
+from ._common import (SMEM_DEFAULT_BYTES, HeldHead, check_array, check_dtype, check_float, check_shape, contiguous,
+                      device_attribute, device_counters, get, i32, i32s, i64, launch, launch_or_hold, pair, ptr,
+                      run_beside, same_device, smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
 from .loader import MAX_BLOCKS
 
@@ -298,7 +298,7 @@ def col2im(cols, x_shape, kernel_size, stride, pads, dilation, out_hw):
 
 
 def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation=None,
-                   needs_input_grad=(True, True, True), keep_pre_activation=True, linear=None, pool=None):
+                   needs_input_grad=(True, True, True), keep_pre_activation=True, linear=None, pool=None, hold=False):
     """out = act(conv2d(x, w, b)), torch's conv2d followed by the activation: one direct or implicit-GEMM kernel
     where they take the convolution, else im2col + GEMM + epilogue.
 
@@ -310,7 +310,9 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
     Returns (out [N, O, OH, OW], Conv2dSaved). float32 GEMMs are full float32 unless CUPY_TF32=1 is set.
     linear=(lw [F, O*OH*OW], lb [F] or None) of x's dtype and device (the caller checks them): returns (out, saved,
     logits) with logits = flatten(out) @ lw^T + lb [N, F] where tile_conv's epilogue computes it (_tile_linear_ok),
-    else None (the caller runs the linear layer).
+    else None (the caller runs the linear layer). hold (with linear): that launch may be held back for the op after
+    it (_common.launch_or_hold; the caller then ties the logits to it, held.mark): a cross-entropy of the logits
+    then runs in its epilogue (tile_conv_lin_ce).
     pool=(kernel, stride, padding, dilation) pairs of a max pooling after the activation: where tile_conv's epilogue
     takes it (_tile_pool_ok) `out` is the pooled output [N, O, OH/2, OW/2] and saved.pool what
     pool.max_pool2d_backward_act reads (max_pool2d_forward's saved); else saved.pool is None and out unpooled.
@@ -354,9 +356,13 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                 logits = cp.empty((n, f), dtype=x.dtype)
                 lin = (contiguous(linear[0]), contiguous(linear[1]), logits, cp.empty((tile[3], f), dtype=x.dtype),
                        counters, f)
-            _tile_conv(tile, x, w, b, out, y, x.shape[1:], (x.shape[1] * x.shape[2] * x.shape[3],
-                                                             x.shape[2] * x.shape[3]), pads, False, act, lin=lin,
-                       pool_idx=None if pool_saved is None else pool_saved[0])
+            args = (tile, x, w, b, out, y, x.shape[1:], (x.shape[1] * x.shape[2] * x.shape[3], x.shape[2] * x.shape[3]),
+                    pads, False, act)
+            kw = {"lin": lin, "pool_idx": None if pool_saved is None else pool_saved[0]}
+            if lin is None:
+                _tile_conv(*args, **kw)
+            else:
+                launch_or_hold(hold, logits, HeldHead(lambda ce: _tile_conv(*args, ce=ce, **kw), n, x.dtype, x.device))
         elif direct:
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if keep_y else None
@@ -520,13 +526,15 @@ def _tile_linear_ok(plan, n, lw):
 
 
 def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None, lin=None,
-               pool_idx=None, wgrad=None, compact=False):
+               pool_idx=None, wgrad=None, compact=False, ce=None):
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
     of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped).
     into_nchw (with transposed): the result's shape (N, O, Ho, Wo), written to out [O, N*Ho*Wo] times
     act'(y + b), y and b read (conv.cu, "into"). lin (forward): (lw [F, O*Ho*Wo], lb or None, logits [N, F],
-    partials [blocks, F], counters, F) for tile_conv_lin's linear epilogue (_tile_linear_ok). pool_idx (forward,
+    partials [blocks, F], counters, F) for tile_conv_lin's linear epilogue (_tile_linear_ok), with ce (the
+    cross-entropy's arguments, HeldHead.with_cross_entropy) the loss of the logits after it (tile_conv_lin_ce).
+    pool_idx (forward,
     _tile_pool_ok): int64 [N, O, Ho/2, Wo/2] for tile_conv_pool, out then the pooled output of that shape; with
     into_nchw: the producer's pooling indices [N, O, Ho, Wo] (it pooled in tile_conv_pool), out then its g [O,
     N*4*Ho*Wo], through the pooling's backward (tile_conv_unpool), or with compact only its values at the windows'
@@ -541,7 +549,8 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
         ho, wo = 2 * ho, 2 * wo
     name, lin_args = "tile_conv", (ptr(None),) * 5 + (i32(0),)
     if lin is not None:   # its block sums and ticket pass through the shared memory after the tiles
-        name, lin_args = "tile_conv_lin", (lin[0], ptr(lin[1]), lin[2], lin[3], lin[4], i32(lin[5]))
+        name = "tile_conv_lin" if ce is None else "tile_conv_lin_ce"
+        lin_args = (lin[0], ptr(lin[1]), lin[2], lin[3], lin[4], i32(lin[5]))
         smem = max(smem, threads // 32 * TILE_LINEAR_MAX_F * out.dtype.itemsize + 4)
     elif pool_fwd:   # split 0's outputs pass through the shared memory, [threads][TO][4]
         name = "tile_conv_pool"
@@ -561,7 +570,7 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
-        + (ptr(pool_idx),) + wgrad_args + (i32(int(_tile_vec_stage(inp, in_chw, in_strides, pads))),),
+        + (ptr(pool_idx),) + wgrad_args + (i32(int(_tile_vec_stage(inp, in_chw, in_strides, pads))),) + (ce or ()),
         shared_mem=smem)
 
 

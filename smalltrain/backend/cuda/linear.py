@@ -25,11 +25,10 @@ no autograd node between them; the weight gradients of all layers are one grid o
 """
 from dataclasses import dataclass
 
-from ...autograd import held
 from . import conv as conv_kernels
 from . import cupy
-from ._common import (SMEM_DEFAULT_BYTES, capturing, check_array, check_dtype, contiguous, device_counters, get, i32,
-                      i32s, i64, launch, ptr, run_beside, smem_optin_bytes, with_smem)
+from ._common import (SMEM_DEFAULT_BYTES, HeldHead, check_array, check_dtype, contiguous, device_counters, get, i32,
+                      i32s, i64, launch, launch_or_hold, ptr, run_beside, smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
 from .conv import ACTIVATIONS, ProducerGrad, _sm_count, bias_act_backward, check_affine
 
@@ -75,11 +74,6 @@ CHAIN_INTO_POOLED_MAX_ROWS = 1
 # 82.5 against 86.7 / 88.7; b512 166.1 / 166.2 against 162.5 / 163.9, but 155.5 / 155.4 with the second
 # convolution's weight gradient beside too (conv.WGRAD_BESIDE_MAX_OUTPUTS, now its default)
 CHAIN_WGRAD_BESIDE = True
-# the chain's forward launch held back while a CUDA graph is captured (linear_chain_forward's hold), so that a
-# cross-entropy of its output runs in its epilogue (HeldChain.with_cross_entropy); off, the two kernels run as in
-# eager mode. CHAIN_HOLD_EAGER holds outside captures too (tests: the fused kernel against torch, eagerly)
-CHAIN_HOLD = True
-CHAIN_HOLD_EAGER = False
 
 
 @dataclass
@@ -353,39 +347,12 @@ def _chain_params(ws, bs, zs, hs, widths, acts):
             + _width_args(widths) + i32s(tuple(_padded(acts, 0))))
 
 
-class HeldChain:
-    """chain_fwd's launch as linear_chain_forward made it, kept so that it can run later (autograd/held.py), on
-    the device and stream it was made on: as it was (plain), or with the cross-entropy of its output in its
-    epilogue (with_cross_entropy, kernels/linear.cu chain_fwd_ce: one launch instead of two at the end of the
-    forward pass; loss.py cross_entropy_forward)."""
-    __slots__ = ("rows", "blocks", "args", "smem", "dtype", "device", "stream")
-
-    def __init__(self, rows, blocks, args, smem, dtype, device):
-        self.rows, self.blocks, self.args, self.smem, self.dtype = rows, blocks, args, smem, dtype
-        self.device, self.stream = device, cupy().cuda.get_current_stream()
-
-    def plain(self):
-        self._launch("chain_fwd", ())
-
-    def with_cross_entropy(self, ce_args, ends):
-        """The launch with the cross-entropy of the chain's output rows in its epilogue. ce_args: the loss's
-        (target, class weights, grad, ignore_index, label smoothing, bad-target flag) and ends its (counter, mean,
-        loss, wsum, unit), as loss.py's cross_entropy_fwd_reduce takes them, checked by the caller."""
-        partial = cupy().empty(2 * self.blocks, dtype=self.dtype)   # each block's sums
-        self._launch("chain_fwd_ce", ce_args + (partial,) + ends)
-
-    def _launch(self, name, extra):
-        with self.device, self.stream:
-            get("linear", f"{name}_r{self.rows}", self.dtype)((self.blocks,), (_CHAIN_THREADS,), self.args + extra,
-                                                               shared_mem=self.smem)
-
-
 def linear_chain_forward(x, layers, save=True, hold=False):
     """act_L(... act_1(x @ w_1^T + b_1) ...) for x [M, d0] and layers [(w [d_{l+1}, d_l], b [d_{l+1}] or None,
     activation), ...] (cupy float arrays of one dtype and device); the chain must fit (chain_rows). save: keep
-    what the backward reads. hold: where CHAIN_HOLD allows, the launch is held back (autograd/held.py, a HeldChain)
-    for the op after it, which the caller must then tie to the output (held.mark). Returns (out [M, dL], ChainSaved
-    or None)."""
+    what the backward reads. hold: the launch may be held back for the op after it (_common.launch_or_hold; the
+    caller then ties the output to it, held.mark): a cross-entropy of the output then runs in its epilogue
+    (chain_fwd_ce). Returns (out [M, dL], ChainSaved or None)."""
     op = "linear_chain"
     widths = [x.shape[1] if x.ndim == 2 else -1]
     for i, (w, b, activation) in enumerate(layers):
@@ -408,13 +375,13 @@ def linear_chain_forward(x, layers, save=True, hold=False):
         out = cp.empty((m, widths[-1]), dtype=x.dtype)
         zs = [cp.empty((m, widths[i + 1]), dtype=x.dtype) if save and acts[i] else None for i in range(len(layers))]
         hs = [cp.empty((m, widths[i + 1]), dtype=x.dtype) if save else None for i in range(len(layers) - 1)] + [out]
-        chain = HeldChain(rows, -(-m // rows), (x,) + _chain_params(ws, bs, zs, hs, widths, acts)
-                          + (i32(m), i32(len(layers)), i32(max(widths))), _chain_smem(rows, widths, x.dtype.itemsize),
-                          x.dtype, x.device)
-        if hold and CHAIN_HOLD and (CHAIN_HOLD_EAGER or capturing()):
-            held.hold(out, chain.plain, chain)
-        else:
-            chain.plain()
+        blocks, smem = -(-m // rows), _chain_smem(rows, widths, x.dtype.itemsize)
+        args = (x,) + _chain_params(ws, bs, zs, hs, widths, acts) + (i32(m), i32(len(layers)), i32(max(widths)))
+
+        def launch(ce):
+            get("linear", f"chain_fwd_r{rows}" if ce is None else f"chain_fwd_ce_r{rows}", x.dtype)(
+                (blocks,), (_CHAIN_THREADS,), args + (ce or ()), shared_mem=smem)
+        launch_or_hold(hold, out, HeldHead(launch, blocks, x.dtype, x.device))
     return out, (ChainSaved(x, ws, bs, acts, zs, hs) if save else None)
 
 

@@ -148,8 +148,8 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     compute_grad: also write the gradient (what backward scales), and for 'mean' / 'sum' over at most
     CE_UNIT_MAX elements the gradient for a loss gradient of 1 too (saved.unit: `loss.backward()` then runs no
     kernel, ops/loss.py CrossEntropy.backward_unit).
-    chain: the held launch (autograd/held.py) of the op whose output x is [N, C], its info an object with
-    with_cross_entropy (linear.HeldChain): for 'mean' and 'sum' it runs with this loss in its epilogue, one kernel;
+    chain: the held launch (autograd/held.py) of the op whose output x is [N, C], its info a _common.HeldHead (the
+    linear chain's, tile_conv_lin's): for 'mean' and 'sum' it runs with this loss in its epilogue, one kernel;
     otherwise it runs first, as it was. Returns (loss, CrossEntropySaved).
     """
     c = _ce_validate(x, target, weight, reduction, float(label_smoothing))

@@ -42,6 +42,7 @@
 //            32-bit indices: the launcher takes this path only when every index fits.
 //   ph, pw are the top and left padding; bottom/right padding only enters through OH, OW.
 #include "common.cuh"
+#include "cross_entropy.cuh"
 
 template <typename T, typename I>
 __device__ void im2col(const T* __restrict__ x, T* __restrict__ cols, I N, I C, I H, I W, I KH, I KW,
@@ -717,9 +718,45 @@ __device__ __forceinline__ void linear_sums(const T (&val)[TO][ST_TW], const T* 
     }
 }
 
+// The cross-entropy after the linear epilogue (the tile_conv_lin_ce kernels; backend/cuda/conv.py HeldConvLinear):
+// the block that adds image n's logits also computes that row's loss, gradient and unit gradient (cross_entropy.cuh
+// ce_row, the logits from shared memory), and the last of the N such blocks (a second ticket, from *counter) adds the
+// images' losses in image order, as cross_entropy_fwd_reduce does its blocks'. target null: no cross-entropy.
+template <typename T>
+struct CeArgs {
+    const i64* target;
+    const T* w;
+    T* grad;
+    i64 ignore_index;
+    T ls;
+    int* bad;
+    T* partial;
+    unsigned* counter;
+    int mean;
+    T* out;
+    T* wsum;
+    T* unit;
+};
+
+template <typename T>
+__device__ void linear_cross_entropy(const T* logits, const CeArgs<T>& ce, int F, int n, int N) {
+    const bool unit_mean = ce.unit != nullptr && ce.mean;
+    // (block_sum ends with a barrier; the other way, one puts the logits' writes before their reads)
+    T all_w = T(0);
+    if (unit_mean) all_w = block_sum(ce_weights_share<T>(ce.target, ce.w, N, F, ce.ignore_index));
+    else __syncthreads();
+    T val = T(0), w_t = T(0);
+    if (threadIdx.x < 32)
+        ce_row<T>(logits, 1, ce.target[n], ce.w, F, ce.ignore_index, ce.ls, ce.bad,
+                  ce.grad != nullptr ? ce.grad + i64(n) * F : nullptr, ce.unit != nullptr ? ce.unit + i64(n) * F : nullptr,
+                  T(1) / (ce.mean ? all_w : T(1)), val, w_t);
+    if (threadIdx.x != 0) val = w_t = T(0);
+    ce_reduce_blocks<T>(val, w_t, ce.unit != nullptr, all_w, ce.partial, ce.counter, ce.mean, ce.out, ce.wsum, n, N);
+}
+
 template <typename T>
 __device__ void linear_finish(T (&lsum)[ST_LF], const T* __restrict__ lb, T* __restrict__ lout, T* __restrict__ lpart,
-                              unsigned* lcount, int F, int n, int tile, int tiles) {
+                              unsigned* lcount, int F, int n, int tile, int tiles, const CeArgs<T>& ce, int N) {
     extern __shared__ unsigned char st_smem[];
     T* red = reinterpret_cast<T*>(st_smem);   // [warps][ST_LF], then the ticket
     unsigned* ticket = reinterpret_cast<unsigned*>(red + (blockDim.x / 32) * ST_LF);
@@ -740,9 +777,12 @@ __device__ void linear_finish(T (&lsum)[ST_LF], const T* __restrict__ lb, T* __r
     if (threadIdx.x < F) {
         T s = T(0);
         for (int k = 0; k < tiles; ++k) s += __ldcg(lpart + (n * tiles + k) * F + threadIdx.x);
-        lout[n * F + threadIdx.x] = lb != nullptr ? s + lb[threadIdx.x] : s;
+        if (lb != nullptr) s += lb[threadIdx.x];
+        lout[n * F + threadIdx.x] = s;
+        red[threadIdx.x] = s;   // (this thread alone read red's column threadIdx.x above)
     }
     if (threadIdx.x == 0) lcount[n] = 0u;
+    if (ce.target != nullptr) linear_cross_entropy<T>(red, ce, F, n, N);
 }
 
 // The forward's pooling epilogue (POOL, the tile_conv_pool kernels; Conv2dActPool: max_pool2d(act(conv(x)), 2, 2)
@@ -791,7 +831,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                           int act, const T* __restrict__ lw, const T* __restrict__ lb, T* __restrict__ lout,
                           T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx,
                           const T* __restrict__ px, int pH, int pW, int ppt, int ppl, T* __restrict__ wpart,
-                          int vstage) {
+                          int vstage, const CeArgs<T>& ce = CeArgs<T>{}) {
     static_assert(KS >= 1 && KS <= 5 && (TO % 4 == 0 || TO == 6),
                   "tile_conv: KS <= 5 (8 x values per row cover TW + KS - 1), TO a multiple of 4 or 6");
     // TS: the shared-memory slots a thread's TO weights of one tap take, a multiple of 4 for aligned vector loads.
@@ -1220,7 +1260,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         T lsum[ST_LF] = {};   // (linear_sums sets the first F)
         linear_sums<T, TO>(acc, lw + og * TO * P + r * Wo + s0, O * P, P, live ? min(TO, O - og * TO) : 0, Wo - s0,
                            F, lin_vec, lsum);
-        linear_finish<T>(lsum, lb, lout, lpart, lcount, F, n, blockIdx.x - n * tiles, tiles);
+        linear_finish<T>(lsum, lb, lout, lpart, lcount, F, n, blockIdx.x - n * tiles, tiles, ce, N);
     }
 }
 
@@ -1493,19 +1533,31 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         wgrad_partial<T, R>(x, g, partial, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, TQ, with_bias);  \
     }
 
+#define ST_TILE_PARAMS(T)                                                                                          \
+    const T *in, const T *w, const T *b, T *out, T *y, int N, int C, int Hi, int Wi, int in_sn, int in_sc, int O,    \
+        int Ho, int Wo, int pt, int pl, int TH, int CS, int transposed, int into, int act, const T *lw, const T *lb, \
+        T *lout, T *lpart, unsigned *lcount, int F, i64 *pidx, const T *px, int pH, int pW, int ppt, int ppl,        \
+        T *wpart, int vstage
+#define ST_TILE_ARGS                                                                                               \
+    in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS, transposed, into, act, lw, lb, lout,  \
+        lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, wpart, vstage
 #define ST_TILE_ONE(T, S, KS, TO, NAME, EPI)                                                                       \
-    extern "C" __global__ void NAME##_k##KS##_to##TO##_##S(const T* in, const T* w, const T* b, T* out, T* y, int N, \
-                                                         int C, int Hi, int Wi, int in_sn, int in_sc, int O, int Ho, \
-                                                         int Wo, int pt, int pl, int TH, int CS, int transposed,     \
-                                                         int into, int act, const T* lw, const T* lb, T* lout,       \
-                                                         T* lpart, unsigned* lcount, int F, i64* pidx, const T* px,  \
-                                                         int pH, int pW, int ppt, int ppl, T* wpart, int vstage) {   \
-        tile_conv<T, KS, TO, EPI>(in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS,           \
-                                  transposed, into, act, lw, lb, lout, lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, \
-                                  wpart, vstage);                                                                    \
+    extern "C" __global__ void NAME##_k##KS##_to##TO##_##S(ST_TILE_PARAMS(T)) {                                    \
+        tile_conv<T, KS, TO, EPI>(ST_TILE_ARGS);                                                                   \
+    }
+// tile_conv_lin_ce: tile_conv_lin with the cross-entropy of its logits after it (CeArgs), its arguments in
+// cross_entropy_fwd_reduce's order
+#define ST_TILE_LIN_CE(T, S, KS, TO)                                                                               \
+    extern "C" __global__ void tile_conv_lin_ce_k##KS##_to##TO##_##S(                                              \
+        ST_TILE_PARAMS(T), const i64* target, const T* cw, T* grad, i64 ignore_index, T ls, int* bad, T* partial,  \
+        unsigned* counter, int mean, T* loss, T* wsum, T* unit) {                                                  \
+        tile_conv<T, KS, TO, ST_EPI_LINEAR>(                                                                       \
+            ST_TILE_ARGS,                                                                                          \
+            CeArgs<T>{target, cw, grad, ignore_index, ls, bad, partial, counter, mean, loss, wsum, unit});         \
     }
 #define ST_TILE(T, S, KS, TO)                                                                                      \
     ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
+    ST_TILE_LIN_CE(T, S, KS, TO)                                                                                   \
     ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL) ST_TILE_ONE(T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD) \
     ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool, ST_EPI_UNPOOL)                                                     \
     ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool_wgrad, ST_EPI_UNPOOL_WGRAD)

@@ -100,23 +100,25 @@ __device__ __forceinline__ T ce_weights_share(const i64* __restrict__ target, co
     return s;
 }
 
-// The end of a one-launch reduction: l and wv are this thread's shares of the block's loss and weight sums, which go
-// to partial[2 * block]; the block that finishes last (a ticket from *counter, which it resets to 0) adds the
-// blocks' sums in block order into out[0], divided for 'mean' by the total weight, which goes to wsum[0] (with a
-// unit gradient, the total all_w it was scaled by). Every thread of the block must call it.
+// The end of a one-launch reduction over `slots` blocks (a block per slot; the grid's by default): l and wv are this
+// thread's shares of the block's loss and weight sums, which go to partial[2 * slot]; the block that finishes last
+// (a ticket from *counter, which it resets to 0) adds the slots' sums in slot order into out[0], divided for 'mean'
+// by the total weight, which goes to wsum[0] (with a unit gradient, the total all_w it was scaled by). Every thread
+// of the block must call it.
 template <typename T>
 __device__ void ce_reduce_blocks(T l, T wv, bool unit, T all_w, T* __restrict__ partial,
-                                 unsigned* __restrict__ counter, int mean, T* __restrict__ out, T* __restrict__ wsum) {
+                                 unsigned* __restrict__ counter, int mean, T* __restrict__ out, T* __restrict__ wsum,
+                                 unsigned slot = blockIdx.x, unsigned slots = gridDim.x) {
     l = block_sum(l);
     wv = block_sum(wv);
     if (threadIdx.x == 0) {
-        partial[2 * blockIdx.x] = l;
-        partial[2 * blockIdx.x + 1] = wv;
+        partial[2 * slot] = l;
+        partial[2 * slot + 1] = wv;
     }
-    if (!st_last_to_arrive(counter, gridDim.x)) return;   // (its fence makes the sums visible to the last block)
+    if (!st_last_to_arrive(counter, slots)) return;   // (its fence makes the sums visible to the last block)
     l = T(0);
     wv = T(0);
-    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) {   // L2 reads: other blocks wrote them
+    for (unsigned b = threadIdx.x; b < slots; b += blockDim.x) {   // L2 reads: other blocks wrote them
         l += __ldcg(partial + 2 * b);
         wv += __ldcg(partial + 2 * b + 1);
     }
