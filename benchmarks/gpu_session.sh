@@ -76,13 +76,18 @@ done | tee "$OUT/speedrun.txt"
 stage train && for mode in "" "--compile"; do
   timeout 60 python3 -m smalltrain train --device cuda $mode --epochs 1 --log-every 200 --out /tmp/run$mode 2>&1 | tail -3
 done | tee "$OUT/train_cuda.txt"
-# NCU_BASE=1 (with AB_BASE): the base tree's kernels too, each config right after the tree's (kernels_base_*.txt)
+# NCU_BASE=1 (with AB_BASE): the base tree's kernels too, each config right after the tree's (kernels_base_*.txt).
+# NCU_SETS: comma-separated MODULE.NAME=VALUE knobs for the tree's steps (kernel_times.py --set; an eager step, so
+# e.g. smalltrain.backend.cuda._common.HOLD_EAGER=True for the kernels a captured step runs)
+ncu_sets=(); IFS=',' read -ra knobs <<< "${NCU_SETS:-}"; for knob in "${knobs[@]}"; do ncu_sets+=(--set "$knob"); done
 stage ncu && for config in ${NCU_CONFIGS:-lenet5:64 lenet5:512 cnn:64}; do
   for tree in . ${NCU_BASE:+$AB_BASE}; do
     name=kernels_$([ "$tree" = . ] || echo base_)${config/:/_}.txt
+    sets=(); [ "$tree" = . ] && sets=("${ncu_sets[@]}")
     # warm caches (--cache-control none), as in a replay where the step's few MB stay in L2
     (cd $tree && timeout 60 ncu --clock-control none --cache-control none --profile-from-start off --csv \
-      --metrics gpu__time_duration.sum python3 benchmarks/kernel_times.py --config $config > /tmp/ncu.csv 2>/dev/null)
+      --metrics gpu__time_duration.sum python3 benchmarks/kernel_times.py --config $config "${sets[@]}" \
+      > /tmp/ncu.csv 2>/dev/null)
     python3 benchmarks/kernel_times.py --summarize /tmp/ncu.csv > "$OUT/$name" 2>&1
     echo "$name"; head -12 "$OUT/$name"
   done

@@ -551,7 +551,9 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     if lin is not None:   # its block sums and ticket pass through the shared memory after the tiles
         name = "tile_conv_lin" if ce is None else "tile_conv_lin_ce"
         lin_args = (lin[0], ptr(lin[1]), lin[2], lin[3], lin[4], i32(lin[5]))
-        smem = max(smem, threads // 32 * TILE_LINEAR_MAX_F * out.dtype.itemsize + 4)
+        # (with the cross-entropy: 16 bytes for the ticket, then block_sum's one value per warp)
+        smem = max(smem, threads // 32 * (TILE_LINEAR_MAX_F + (ce is not None)) * out.dtype.itemsize
+                   + (4 if ce is None else 16))
     elif pool_fwd:   # split 0's outputs pass through the shared memory, [threads][TO][4]
         name = "tile_conv_pool"
         smem = max(smem, threads // cs * to * _TILE_TW * out.dtype.itemsize)

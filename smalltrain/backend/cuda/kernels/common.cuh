@@ -262,9 +262,10 @@ template <typename T> __device__ __forceinline__ T warp_max(T v) {
 }
 
 // Sum over the whole block, returned to every thread. Every thread of the block must call it (it has
-// barriers); it ends with a barrier, so calls may follow one another.
-template <typename T> __device__ T block_sum(T v) {
-    __shared__ T partial[32];
+// barriers); it ends with a barrier, so calls may follow one another. partial: shared memory for one value per warp
+// (the overload below declares it; a kernel whose blocks per SM its dynamic shared memory decides passes some of
+// that instead, since static shared memory adds to every block's).
+template <typename T> __device__ T block_sum(T v, T* partial) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
     v = warp_sum(v);
     if (lane == 0) partial[warp] = v;
@@ -278,6 +279,10 @@ template <typename T> __device__ T block_sum(T v) {
     v = partial[0];
     __syncthreads();
     return v;
+}
+template <typename T> __device__ T block_sum(T v) {
+    __shared__ T partial[32];
+    return block_sum(v, partial);
 }
 
 // "The last block to arrive": whether this block is the last of `expected` blocks to draw a ticket from *counter

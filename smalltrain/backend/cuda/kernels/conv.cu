@@ -738,12 +738,15 @@ struct CeArgs {
     T* unit;
 };
 
+// logits: the row's F values in shared memory, followed by room for one value per warp and the ticket (block_sum,
+// ce_reduce_blocks: no static shared memory, which would add to every block's and could cost one on each SM).
 template <typename T>
-__device__ void linear_cross_entropy(const T* logits, const CeArgs<T>& ce, int F, int n, int N) {
+__device__ void linear_cross_entropy(const T* logits, T* scratch, unsigned* ticket, const CeArgs<T>& ce, int F, int n,
+                                     int N) {
     const bool unit_mean = ce.unit != nullptr && ce.mean;
     // (block_sum ends with a barrier; the other way, one puts the logits' writes before their reads)
     T all_w = T(0);
-    if (unit_mean) all_w = block_sum(ce_weights_share<T>(ce.target, ce.w, N, F, ce.ignore_index));
+    if (unit_mean) all_w = block_sum(ce_weights_share<T>(ce.target, ce.w, N, F, ce.ignore_index), scratch);
     else __syncthreads();
     T val = T(0), w_t = T(0);
     if (threadIdx.x < 32)
@@ -751,7 +754,8 @@ __device__ void linear_cross_entropy(const T* logits, const CeArgs<T>& ce, int F
                   ce.grad != nullptr ? ce.grad + i64(n) * F : nullptr, ce.unit != nullptr ? ce.unit + i64(n) * F : nullptr,
                   T(1) / (ce.mean ? all_w : T(1)), val, w_t);
     if (threadIdx.x != 0) val = w_t = T(0);
-    ce_reduce_blocks<T>(val, w_t, ce.unit != nullptr, all_w, ce.partial, ce.counter, ce.mean, ce.out, ce.wsum, n, N);
+    ce_reduce_blocks<T>(val, w_t, ce.unit != nullptr, all_w, ce.partial, ce.counter, ce.mean, ce.out, ce.wsum, n, N,
+                        scratch, ticket);
 }
 
 template <typename T>
@@ -782,7 +786,9 @@ __device__ void linear_finish(T (&lsum)[ST_LF], const T* __restrict__ lb, T* __r
         red[threadIdx.x] = s;   // (this thread alone read red's column threadIdx.x above)
     }
     if (threadIdx.x == 0) lcount[n] = 0u;
-    if (ce.target != nullptr) linear_cross_entropy<T>(red, ce, F, n, N);
+    // the row's logits in red[0, F), block_sum's one value per warp 16 bytes past red's end (after the ticket;
+    // conv.py _tile_conv makes the room)
+    if (ce.target != nullptr) linear_cross_entropy<T>(red, red + warps * ST_LF + 16 / sizeof(T), ticket, ce, F, n, N);
 }
 
 // The forward's pooling epilogue (POOL, the tile_conv_pool kernels; Conv2dActPool: max_pool2d(act(conv(x)), 2, 2)

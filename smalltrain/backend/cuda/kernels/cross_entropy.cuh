@@ -100,30 +100,31 @@ __device__ __forceinline__ T ce_weights_share(const i64* __restrict__ target, co
     return s;
 }
 
-// The end of a one-launch reduction over `slots` blocks (a block per slot; the grid's by default): l and wv are this
-// thread's shares of the block's loss and weight sums, which go to partial[2 * slot]; the block that finishes last
-// (a ticket from *counter, which it resets to 0) adds the slots' sums in slot order into out[0], divided for 'mean'
-// by the total weight, which goes to wsum[0] (with a unit gradient, the total all_w it was scaled by). Every thread
-// of the block must call it.
+// The end of a one-launch reduction over `slots` blocks (a block per slot): l and wv are this thread's shares of the
+// block's loss and weight sums, which go to partial[2 * slot]; the block that finishes last (a ticket from *counter,
+// which it resets to 0) adds the slots' sums in slot order into out[0], divided for 'mean' by the total weight,
+// which goes to wsum[0] (with a unit gradient, the total all_w it was scaled by). Every thread of the block must call
+// it. scratch (one value per warp) and ticket: shared memory, the caller's (block_sum).
 template <typename T>
 __device__ void ce_reduce_blocks(T l, T wv, bool unit, T all_w, T* __restrict__ partial,
                                  unsigned* __restrict__ counter, int mean, T* __restrict__ out, T* __restrict__ wsum,
-                                 unsigned slot = blockIdx.x, unsigned slots = gridDim.x) {
-    l = block_sum(l);
-    wv = block_sum(wv);
+                                 unsigned slot, unsigned slots, T* scratch, unsigned* ticket) {
+    l = block_sum(l, scratch);
+    wv = block_sum(wv, scratch);
     if (threadIdx.x == 0) {
         partial[2 * slot] = l;
         partial[2 * slot + 1] = wv;
     }
-    if (!st_last_to_arrive(counter, slots)) return;   // (its fence makes the sums visible to the last block)
+    // (its fence makes the sums visible to the last block)
+    if (!st_last_to_arrive(counter, slots, ticket)) return;
     l = T(0);
     wv = T(0);
     for (unsigned b = threadIdx.x; b < slots; b += blockDim.x) {   // L2 reads: other blocks wrote them
         l += __ldcg(partial + 2 * b);
         wv += __ldcg(partial + 2 * b + 1);
     }
-    l = block_sum(l);
-    wv = block_sum(wv);
+    l = block_sum(l, scratch);
+    wv = block_sum(wv, scratch);
     if (unit) wv = all_w;   // the divisor the unit gradient used: the backward's too
     if (threadIdx.x == 0) {
         out[0] = mean ? l / wv : l;
@@ -139,10 +140,13 @@ __device__ void ce_forward_reduce(const T* __restrict__ x, const i64* __restrict
                                   i64 inner, i64 ignore_index, T ls, int* __restrict__ bad, T* __restrict__ partial,
                                   unsigned* __restrict__ counter, int mean, T* __restrict__ out,
                                   T* __restrict__ wsum, T* __restrict__ unit) {
+    __shared__ T scratch[32];
+    __shared__ unsigned ticket;
     T all_w = T(0);
-    if (unit != nullptr && mean) all_w = block_sum(ce_weights_share<T>(target, w, rows, C, ignore_index));
+    if (unit != nullptr && mean) all_w = block_sum(ce_weights_share<T>(target, w, rows, C, ignore_index), scratch);
     T l = T(0), wv = T(0);
     ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv, unit,
                   T(1) / (mean ? all_w : T(1)));
-    ce_reduce_blocks<T>(l, wv, unit != nullptr, all_w, partial, counter, mean, out, wsum);
+    ce_reduce_blocks<T>(l, wv, unit != nullptr, all_w, partial, counter, mean, out, wsum, blockIdx.x, gridDim.x,
+                        scratch, &ticket);
 }

@@ -331,7 +331,9 @@ __device__ void chain_fwd_ce(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M,
     // the targets' weights loaded before the layers, so that the loads are in flight while they run
     T all_w = unit_mean ? ce_weights_share<T>(target, cw, M, C, ignore_index) : T(0);
     chain_fwd<T, R>(x, ST_CHAIN_ARGS, M, L, WMAX);   // (ends with a barrier)
-    if (unit_mean) all_w = block_sum(all_w);
+    __shared__ T scratch[32];
+    __shared__ unsigned ticket;
+    if (unit_mean) all_w = block_sum(all_w, scratch);
     extern __shared__ unsigned char st_smem[];
     const T* logits = reinterpret_cast<const T*>(st_smem) + (L & 1) * R * WMAX;   // the last layer's output buffer
     const int r0 = blockIdx.x * R, nr = min(R, M - r0), lane = threadIdx.x & 31;
@@ -348,7 +350,8 @@ __device__ void chain_fwd_ce(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M,
             wv += w_t;
         }
     }
-    ce_reduce_blocks<T>(l, wv, unit != nullptr, all_w, partial, counter, mean, out, wsum);
+    ce_reduce_blocks<T>(l, wv, unit != nullptr, all_w, partial, counter, mean, out, wsum, blockIdx.x, gridDim.x,
+                        scratch, &ticket);
 }
 
 // With pidx, dx goes to the convolution whose output, 2x2 max pooled in its epilogue (conv.cu POOL) and flattened,
