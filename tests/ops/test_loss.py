@@ -425,6 +425,7 @@ def test_convolution_and_linear_with_the_cross_entropy_in_their_kernel(x_shape, 
     from smalltrain.ops.conv import conv2d_act_linear
     monkeypatch.setattr(cuda_conv, "TILE_MIN_K", 0)
     monkeypatch.setattr(cuda_conv, "_TILE_TO8_THREADS_PER_SM", 1 << 30)   # 4 channels a thread: whole warps
+    monkeypatch.setattr(cuda_conv, "TILE_LINEAR_HOLD", True)
     if rows is not None:
         monkeypatch.setattr(cuda_conv, "_TILE_ROWS", rows)
     m = x_shape[0]

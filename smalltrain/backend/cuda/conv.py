@@ -147,6 +147,11 @@ _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' sh
 # (its per-image counters), so that the layer's own kernel does not read the output again. Tests set TILE_LINEAR =
 # False for the linear layer's kernels
 TILE_LINEAR = True
+# ... and, where a cross-entropy of the logits follows in a captured step, the loss in that kernel too
+# (tile_conv_lin_ce, _common.HOLD). Off: H100, MnistCnn's captured step at b64, 146.5 / 146.7 us with it against
+# 128.9 / 128.4 without (twenty-seventh session, e0c8007), not understood; fe25466 removed the epilogue's static
+# shared memory since, untimed
+TILE_LINEAR_HOLD = False
 TILE_LINEAR_MAX_F = 16
 _TILE_LINEAR_IMAGES = 1 << 16
 # conv2d_forward's `pool`: tile_conv's epilogue also takes a 2x2, stride-2 max pooling whose windows tile the output
@@ -362,7 +367,8 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
             if lin is None:
                 _tile_conv(*args, **kw)
             else:
-                launch_or_hold(hold, logits, HeldHead(lambda ce: _tile_conv(*args, ce=ce, **kw), n, x.dtype, x.device))
+                launch_or_hold(hold and TILE_LINEAR_HOLD, logits,
+                               HeldHead(lambda ce: _tile_conv(*args, ce=ce, **kw), n, x.dtype, x.device))
         elif direct:
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if keep_y else None
