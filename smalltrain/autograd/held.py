@@ -2,10 +2,10 @@
 
 An op cannot know, when it launches, what reads its output next. The CUDA ops that end in logits (the chain of
 linear layers, ops/matmul.py LinearChain; a convolution with the linear layer in its epilogue, ops/conv.py
-Conv2dActLinear, where backend/cuda/conv.py TILE_LINEAR_HOLD is on) therefore hold their forward launch while a CUDA
-graph is captured, and mark their output tensor held; cross_entropy, finding a held tensor as its input, takes the launch and runs one kernel for both
-(backend/cuda/_common.py HeldHead). Anything else that could see the held output, or whose work must run
-after it, runs it first ("flushes"):
+Conv2dActLinear, where backend/cuda/conv.py TILE_LINEAR_HOLD is on) therefore hold their forward launch while a
+CUDA graph is captured, and mark their output tensor held; cross_entropy, finding a held tensor as its input,
+takes the launch and runs one kernel for both (backend/cuda/_common.py HeldHead). Anything else that could see
+the held output, or whose work must run after it, runs it first ("flushes"):
   - reading the held tensor in any way (HeldTensor: its `array`, and so its shape, dtype, device and data);
   - any op (Function.apply) and any launch of the CUDA backend's kernels (backend/cuda/_common.get), so that work
     queued after the hold stays after it;

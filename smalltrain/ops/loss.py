@@ -113,8 +113,8 @@ class CrossEntropy(Function):
     smoothing terms are read from it. Backward: softmax * A - B (B at the targets and, with smoothing, w / C)."""
 
     @staticmethod
-    def forward(ctx, x, target, weight, ignore_index, reduction, eps, chain=None):
-        # chain: the held launch that writes x (cross_entropy), run with this loss in its epilogue by the kernel
+    def forward(ctx, x, target, weight, ignore_index, reduction, eps, head=None):
+        # head: the held launch that writes x (cross_entropy), run with this loss in its epilogue by the kernel
         # path, or first
         a3, t2, out_shape = _class_layout("cross_entropy", x.array, target.array, weight)
         xp, c = xp_of(a3), a3.shape[1]
@@ -122,10 +122,10 @@ class CrossEntropy(Function):
         if xp is not np and target.array.dtype == np.int64 and a3.size:
             # one fused kernel: log-softmax, the loss and the gradient backward only scales
             loss, ctx.kernel_saved = cuda_loss.cross_entropy_forward(x.array, target.array, w, ignore_index,
-                                                                   reduction, eps, chain=chain)
+                                                                   reduction, eps, head=head)
             return loss
-        if chain is not None:
-            chain.settle()
+        if head is not None:
+            head.settle()
         valid, w_t, idx = _targets("cross_entropy", t2, c, w, ignore_index, a3.dtype)
         ctx.in_shape, ctx.reduction, ctx.denom = x.array.shape, reduction, w_t.sum()
         if c == 0:   # the bounds check passed, so every target is ignored: the loss is 0 (or 0/0 for 'mean')
@@ -434,16 +434,16 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     # input may be the output of a launch held back for this loss (autograd/held.py): taken before anything reads
     # it, it is run by CrossEntropy's kernel path with the loss in its epilogue, or as it was before any other path
     # reads input, or at the latest on the way out (an error)
-    chain = held.take(input)
+    head = held.take(input)
     try:
         return _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing,
-                              chain)
+                              head)
     finally:
-        if chain is not None:
-            chain.settle()
+        if head is not None:
+            head.settle()
 
 
-def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing, chain):
+def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing, head):
     reduction = _reduction("cross_entropy", input, target, reduction, size_average, reduce)
     check_same_device("cross_entropy", input, target, weight)
     a, t = input.array, target.array
@@ -463,10 +463,10 @@ def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, re
     eps = max(eps, 0.0)   # torch ignores a negative label_smoothing
     if a.shape == t.shape:
         _check_weight("cross_entropy", weight, a.shape[0] if a.ndim == 1 else a.shape[1])
-        if chain is not None:
-            chain.settle()
+        if head is not None:
+            head.settle()
         return CrossEntropyProb.apply(input, target, weight, reduction, eps)
-    return CrossEntropy.apply(input, target, weight, ignore_index, reduction, eps, chain)
+    return CrossEntropy.apply(input, target, weight, ignore_index, reduction, eps, head)
 
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,

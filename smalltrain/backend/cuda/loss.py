@@ -136,7 +136,7 @@ def _raise_bad_target(target, ignore_index, c, flag):
 
 
 def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
-                          check_target=None, compute_grad=True, chain=None):
+                          check_target=None, compute_grad=True, head=None):
     """torch's cross_entropy with class-index targets: logits x [N, C], [N, C, d1, ...] or [C]; target int64
     [N], [N, d1, ...] or []; weight [C] or None; label smoothing as torch (the smoothing term is weighted too and
     'mean' divides both terms by the sum of the targets' weights; all targets ignored gives NaN).
@@ -148,7 +148,7 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     compute_grad: also write the gradient (what backward scales), and for 'mean' / 'sum' over at most
     CE_UNIT_MAX elements the gradient for a loss gradient of 1 too (saved.unit: `loss.backward()` then runs no
     kernel, ops/loss.py CrossEntropy.backward_unit).
-    chain: the held launch (autograd/held.py) of the op whose output x is [N, C], its info a _common.HeldHead (the
+    head: the held launch (autograd/held.py) of the op whose output x is [N, C], its info a _common.HeldHead (the
     linear chain's, tile_conv_lin's): for 'mean' and 'sum' it runs with this loss in its epilogue, one kernel;
     otherwise it runs first, as it was. Returns (loss, CrossEntropySaved).
     """
@@ -158,9 +158,9 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     outer, inner = shape[0], math.prod(shape[2:])
     with x.device:
         counter = device_counters("cross_entropy", 1) if reduction != "none" and outer * inner else None
-        fused = chain is not None and counter is not None and x.ndim == 2
-        if chain is not None and not fused:
-            chain.settle()   # before anything here reads x
+        fused = head is not None and counter is not None and x.ndim == 2
+        if head is not None and not fused:
+            head.settle()   # before anything here reads x
         x, target, weight = contiguous(x), contiguous(target), contiguous(weight)
         flag = _bad_flag() if target.size and want_host_check(check_target) else None
         rows = outer * inner
@@ -180,9 +180,9 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
             if counter is not None:   # one launch: the last block adds the blocks' sums
                 unit = cp.empty_like(grad) if grad is not None and grad.size <= CE_UNIT_MAX else None
                 ends = (counter, i32(mean), loss, ptr(wsum), ptr(unit))
-                if fused:   # the chain's kernel, its rows' loss in its epilogue
-                    chain.done = True
-                    chain.info.with_cross_entropy((target, ptr(weight), ptr(grad)) + args[9:], ends)
+                if fused:   # the head's kernel, its rows' loss in its epilogue (args[9:]: ignore_index, ls, flag)
+                    head.done = True
+                    head.info.with_cross_entropy((target, ptr(weight), ptr(grad)) + args[9:], ends)
                 else:
                     grid = rows_grid(rows)
                     get("loss", "cross_entropy_fwd_reduce", x.dtype)((grid,), (BLOCK,), args + (
