@@ -77,8 +77,9 @@ stage train && for mode in "" "--compile"; do
   timeout 60 python3 -m smalltrain train --device cuda $mode --epochs 1 --log-every 200 --out /tmp/run$mode 2>&1 | tail -3
 done | tee "$OUT/train_cuda.txt"
 # NCU_BASE=1 (with AB_BASE): the base tree's kernels too, each config right after the tree's (kernels_base_*.txt).
-# NCU_SETS: comma-separated MODULE.NAME=VALUE knobs for the tree's steps (kernel_times.py --set; an eager step, so
-# e.g. smalltrain.backend.cuda._common.HOLD_EAGER=True for the kernels a captured step runs)
+# NCU_SETS: comma-separated MODULE.NAME=VALUE knobs for the tree's steps in the ncu, detail and source stages
+# (kernel_times.py --set; an eager step, so e.g. smalltrain.backend.cuda._common.HOLD_EAGER=True for the kernels a
+# captured step runs)
 ncu_sets=(); IFS=',' read -ra knobs <<< "${NCU_SETS:-}"; for knob in "${knobs[@]}"; do ncu_sets+=(--set "$knob"); done
 stage ncu && for config in ${NCU_CONFIGS:-lenet5:64 lenet5:512 cnn:64}; do
   for tree in . ${NCU_BASE:+$AB_BASE}; do
@@ -98,7 +99,8 @@ stage detail && for config in ${NCU_DETAIL_CONFIGS:-lenet5:512}; do
   timeout ${T_DETAIL:-120} ncu --clock-control none --cache-control none --profile-from-start off \
     ${NCU_DETAIL_KERNELS:+-k regex:$NCU_DETAIL_KERNELS} --section SpeedOfLight \
     --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-    --section SchedulerStats python3 benchmarks/kernel_times.py --config $config > "$OUT/ncu_detail_${config/:/_}.txt" 2>&1
+    --section SchedulerStats python3 benchmarks/kernel_times.py --config $config "${ncu_sets[@]}" \
+    > "$OUT/ncu_detail_${config/:/_}.txt" 2>&1
   grep -E "^  [a-z_0-9]+ \(|Duration|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp Per Scheduler" \
     "$OUT/ncu_detail_${config/:/_}.txt" | head -80
 done
@@ -110,7 +112,7 @@ stage source && for config in ${NCU_DETAIL_CONFIGS:-lenet5:512}; do
   timeout ${T_DETAIL:-120} ncu --clock-control none --cache-control none --profile-from-start off -f -o $rep \
     -k regex:${NCU_DETAIL_KERNELS:?the source stage needs NCU_DETAIL_KERNELS} --section SourceCounters \
     --section WarpStateStats --section SpeedOfLight python3 benchmarks/kernel_times.py --config $config \
-    > "$OUT/ncu_source_${config/:/_}.log" 2>&1
+    "${ncu_sets[@]}" > "$OUT/ncu_source_${config/:/_}.log" 2>&1
   ncu --import $rep.ncu-rep --page source --csv --print-source sass > "$OUT/sass_${config/:/_}.csv" 2>&1
   ncu --import $rep.ncu-rep --page details > "$OUT/source_details_${config/:/_}.txt" 2>&1
   wc -l "$OUT/sass_${config/:/_}.csv"; head -3 "$OUT/sass_${config/:/_}.csv" | cut -c1-400
