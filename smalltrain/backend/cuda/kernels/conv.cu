@@ -718,7 +718,7 @@ __device__ __forceinline__ void linear_sums(const T (&val)[TO][ST_TW], const T* 
     }
 }
 
-// The cross-entropy after the linear epilogue (the tile_conv_lin_ce kernels; backend/cuda/conv.py HeldConvLinear):
+// The cross-entropy after the linear epilogue (the tile_conv_lin_ce kernels; backend/cuda/_common.py HeldHead):
 // the block that adds image n's logits also computes that row's loss, gradient and unit gradient (cross_entropy.cuh
 // ce_row, the logits from shared memory), and the last of the N such blocks (a second ticket, from *counter) adds the
 // images' losses in image order, as cross_entropy_fwd_reduce does its blocks'. target null: no cross-entropy.
@@ -751,8 +751,8 @@ __device__ void linear_cross_entropy(const T* logits, T* scratch, unsigned* tick
     T val = T(0), w_t = T(0);
     if (threadIdx.x < 32)
         ce_row<T>(logits, 1, ce.target[n], ce.w, F, ce.ignore_index, ce.ls, ce.bad,
-                  ce.grad != nullptr ? ce.grad + i64(n) * F : nullptr, ce.unit != nullptr ? ce.unit + i64(n) * F : nullptr,
-                  T(1) / (ce.mean ? all_w : T(1)), val, w_t);
+                  ce.grad != nullptr ? ce.grad + i64(n) * F : nullptr,
+                  ce.unit != nullptr ? ce.unit + i64(n) * F : nullptr, T(1) / (ce.mean ? all_w : T(1)), val, w_t);
     if (threadIdx.x != 0) val = w_t = T(0);
     ce_reduce_blocks<T>(val, w_t, ce.unit != nullptr, all_w, ce.partial, ce.counter, ce.mean, ce.out, ce.wsum, n, N,
                         scratch, ticket);

@@ -319,7 +319,7 @@ __device__ void chain_fwd(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, in
 // cross_entropy_fwd_reduce with inner 1 and no per-row loss arrays; cw the class weights or null): each block's
 // warps take its rows from shared memory, where the last layer left them, and the block that finishes last adds
 // the loss. One launch for the head and its loss instead of two, each a chain of dependent round trips
-// (linear.py HeldChain). C, the classes, is the last layer's width.
+// (_common.py HeldHead). C, the classes, is the last layer's width.
 template <typename T, int R>
 __device__ void chain_fwd_ce(const T* __restrict__ x, ST_CHAIN_PARAMS(T), int M, int L, int WMAX,
                              const i64* __restrict__ target, const T* __restrict__ cw, T* __restrict__ grad,
