@@ -253,10 +253,11 @@ HOLD_EAGER = False
 
 
 class HeldHead:
-    """The launch of a kernel that writes logits [N, C] (linear.py's chain, conv.py's tile_conv_lin), kept so that
-    it can run later (autograd/held.py) on the device and stream it was made on: as it was (plain), or with the
-    cross-entropy of its rows in its epilogue (with_cross_entropy; loss.py cross_entropy_forward). launch(ce) makes
-    the launch, ce None or the cross-entropy's arguments; slots: the partial sums the fused reduction writes."""
+    """The launch of a kernel that writes logits [N, C] (linear.py's chain, conv.py's tile_conv_lin), held
+    (launch_or_hold) so that it can run later (autograd/held.py) on the device and stream it was made on: as it was
+    (plain), or with the cross-entropy of its rows in its epilogue (with_cross_entropy; loss.py
+    cross_entropy_forward). launch(ce) makes the launch, ce None or the cross-entropy's arguments; slots: the partial
+    sums the fused reduction writes."""
     __slots__ = ("launch", "slots", "dtype", "device", "stream")
 
     def __init__(self, launch, slots, dtype, device):
@@ -277,13 +278,15 @@ class HeldHead:
             self.launch(ce)
 
 
-def launch_or_hold(hold, out, head):
-    """Run head (a HeldHead) now, or hold it for the op after it where `hold` (the caller then ties its output
-    tensor to it: held.mark) and HOLD allow."""
-    if hold and HOLD and (HOLD_EAGER or capturing()):
+def launch_or_hold(hold, out, launch, slots, dtype, device):
+    """Hold launch (as HeldHead takes it) for the op after it, where `hold` (the caller then ties its output tensor to
+    it: held.mark) and HOLD allow and one of our CUDA graphs is being captured (its end flushes what is held), or
+    HOLD_EAGER; else run launch(None) now, on the current device and stream: an eager step makes no record."""
+    if hold and HOLD and (HOLD_EAGER or is_current_stream_capturing()):
+        head = HeldHead(launch, slots, dtype, device)
         held.hold(out, head.plain, head)
     else:
-        head.plain()
+        launch(None)
 
 
 def dim_index(op, dim, ndim):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from . import cupy
 from .. import metadata_cache
-from ._common import (SMEM_DEFAULT_BYTES, HeldHead, check_array, check_dtype, check_float, check_shape, contiguous,
+from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, check_float, check_shape, contiguous,
                       device_attribute, device_counters, get, i32, i32s, i64, launch, launch_or_hold, pair, ptr,
                       run_beside, same_device, smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
@@ -367,8 +367,8 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
             if lin is None:
                 _tile_conv(*args, **kw)
             else:
-                launch_or_hold(hold and TILE_LINEAR_HOLD, logits,
-                               HeldHead(lambda ce: _tile_conv(*args, ce=ce, **kw), n, x.dtype, x.device))
+                launch_or_hold(hold and TILE_LINEAR_HOLD, logits, lambda ce: _tile_conv(*args, ce=ce, **kw), n,
+                               x.dtype, x.device)
         elif direct:
             cols = None
             y = cp.empty((o, n * p), dtype=x.dtype) if keep_y else None

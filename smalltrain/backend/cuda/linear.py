@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from . import conv as conv_kernels
 from . import cupy
-from ._common import (SMEM_DEFAULT_BYTES, HeldHead, check_array, check_dtype, contiguous, device_counters, get, i32,
+from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, contiguous, device_counters, get, i32,
                       i32s, i64, launch, launch_or_hold, ptr, run_beside, smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
 from .conv import ACTIVATIONS, ProducerGrad, _sm_count, bias_act_backward, check_affine
@@ -381,7 +381,7 @@ def linear_chain_forward(x, layers, save=True, hold=False):
         def launch(ce):
             get("linear", f"chain_fwd_r{rows}" if ce is None else f"chain_fwd_ce_r{rows}", x.dtype)(
                 (blocks,), (_CHAIN_THREADS,), args + (ce or ()), shared_mem=smem)
-        launch_or_hold(hold, out, HeldHead(launch, blocks, x.dtype, x.device))
+        launch_or_hold(hold, out, launch, blocks, x.dtype, x.device)
     return out, (ChainSaved(x, ws, bs, acts, zs, hs) if save else None)
 
 
