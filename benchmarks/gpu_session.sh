@@ -80,7 +80,13 @@ done | tee "$OUT/train_cuda.txt"
 # NCU_SETS: comma-separated MODULE.NAME=VALUE knobs for the tree's steps in the ncu, detail and source stages
 # (kernel_times.py --set; an eager step, so e.g. smalltrain.backend.cuda._common.HOLD_EAGER=True for the kernels a
 # captured step runs)
-ncu_sets=(); IFS=',' read -ra knobs <<< "${NCU_SETS:-}"; for knob in "${knobs[@]}"; do ncu_sets+=(--set "$knob"); done
+# knob_args NAME SETTING: the array NAME set to the --set arguments of SETTING's comma-separated knobs (the ab and ncu
+# stages')
+knob_args() {
+  local -n args=$1; local knob knobs; args=()
+  IFS=',' read -ra knobs <<< "$2"; for knob in "${knobs[@]}"; do args+=(--set "$knob"); done
+}
+knob_args ncu_sets "${NCU_SETS:-}"
 stage ncu && for config in ${NCU_CONFIGS:-lenet5:64 lenet5:512 cnn:64}; do
   for tree in . ${NCU_BASE:+$AB_BASE}; do
     name=kernels_$([ "$tree" = . ] || echo base_)${config/:/_}.txt
@@ -139,8 +145,7 @@ stage ab && ! stage warm && [ -n "${AB_BASE:-}" ] && warm_kernels "$AB_BASE" 1
 stage ab && for round in 1 2; do for setting in ${AB_BASE:+base} ${AB:-}; do
   echo "$setting (round $round)"
   sets=(); dir=.
-  if [ "$setting" = base ]; then dir=$AB_BASE; else
-    IFS=',' read -ra knobs <<< "$setting"; for knob in "${knobs[@]}"; do sets+=(--set "$knob"); done; fi
+  if [ "$setting" = base ]; then dir=$AB_BASE; else knob_args sets "$setting"; fi
   (cd $dir && timeout 120 python3 benchmarks/bench_compile.py --modes smalltrain-compiled --no-torch \
     --config ${AB_CONFIGS:-lenet5:64 lenet5:512 cnn:64} "${sets[@]}" > /tmp/ab_run.txt 2>&1)
   grep -q '^model:batch' /tmp/ab_run.txt && sed -n '/^model:batch/,$p' /tmp/ab_run.txt || tail -5 /tmp/ab_run.txt
