@@ -1552,9 +1552,20 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         tile_conv<T, KS, TO, EPI>(ST_TILE_ARGS);                                                                   \
     }
 // tile_conv_lin_ce: tile_conv_lin with the cross-entropy of its logits after it (CeArgs), its arguments in
-// cross_entropy_fwd_reduce's order
+// cross_entropy_fwd_reduce's order. Its float32 4-channel kernels are held to 96 registers a thread: 3 blocks of 192
+// threads an SM (MnistCnn's plan at b64, 384 blocks in one wave on 132 SMs) need at most 5 warps of each
+// scheduler's 16,384 registers, and registers are given in steps of 8. Unbounded, the device's compiler gave it 102
+// (tile_conv_lin: 94): 2 blocks an SM, 1.45 waves, 49.3 us against 26.1 (H100, ncu, twenty-eighth session).
+// (ST_TILE_LIN_CE_BOUND_<S>_<TO>: the bound of each instance; the others are left to the compiler.)
+#define ST_TILE_LIN_CE_BOUND_f32_4 __maxnreg__(96)
+#define ST_TILE_LIN_CE_BOUND_f32_6
+#define ST_TILE_LIN_CE_BOUND_f32_8
+#define ST_TILE_LIN_CE_BOUND_f64_4
+#define ST_TILE_LIN_CE_BOUND_f64_6
+#define ST_TILE_LIN_CE_BOUND_f64_8
 #define ST_TILE_LIN_CE(T, S, KS, TO)                                                                               \
-    extern "C" __global__ void tile_conv_lin_ce_k##KS##_to##TO##_##S(                                              \
+    extern "C" __global__ void ST_TILE_LIN_CE_BOUND_##S##_##TO                                                     \
+    tile_conv_lin_ce_k##KS##_to##TO##_##S(                                                                         \
         ST_TILE_PARAMS(T), const i64* target, const T* cw, T* grad, i64 ignore_index, T ls, int* bad, T* partial,  \
         unsigned* counter, int mean, T* loss, T* wsum, T* unit) {                                                  \
         tile_conv<T, KS, TO, ST_EPI_LINEAR>(                                                                       \
