@@ -481,17 +481,21 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_
 
 
 @cuda
+@pytest.mark.parametrize("side_streams", [1, 2])
 @pytest.mark.parametrize("batch", [4, 300])
-def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypatch):
+def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, side_streams, monkeypatch):
     """LeNet-5's layout: the chain's weight gradients (chain_wgrad) and the second convolution's (its tile_wgrad
     beside its input gradient, the size limit raised) are queued on the side stream and joined at the end of the
     backward pass (engine.defer_join: two joins), not at once; the gradients are bit-equal to the joins at once
     (linear.CHAIN_WGRAD_BESIDE and conv.WGRAD_BESIDE_DEFER off: the same kernels in the same order). A hook on a
-    weight is no obstacle (the engine joins first)."""
+    weight is no obstacle (the engine joins first). With two side streams the two works go one on each."""
     from smalltrain.autograd import engine
+    from smalltrain.backend.cuda import _common
     from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import linear as cuda_linear
     monkeypatch.setattr(cuda_conv, "WGRAD_BESIDE_MAX_OUTPUTS", 1 << 30)
+    monkeypatch.setattr(_common, "SIDE_STREAMS", side_streams)
+    monkeypatch.setattr(_common, "_side", {})   # (the streams this test makes)
     joins = []
     real_defer = engine.defer_join
     monkeypatch.setattr(engine, "defer_join", lambda join: (joins.append(join), real_defer(join)))
@@ -511,6 +515,7 @@ def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypat
         return [p.grad.cpu().numpy() for p in params], len(joins), seen[:]
     deferred, n_deferred, seen_deferred = grads()
     assert n_deferred == 2
+    assert len(_common._side[x.array.device.id][0]) == side_streams
     monkeypatch.setattr(cuda_linear, "CHAIN_WGRAD_BESIDE", False)
     monkeypatch.setattr(cuda_conv, "WGRAD_BESIDE_DEFER", False)
     at_once, n_at_once, seen_at_once = grads()

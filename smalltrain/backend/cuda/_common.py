@@ -198,18 +198,21 @@ def with_smem(kern, nbytes):
     return kern
 
 
-_side = {}   # device id -> (side stream, fork event, join event)
+_side = {}   # device id -> [(side stream, fork event, join event), ...] (SIDE_STREAMS of them), the next one's index
+# run_beside's side streams per device, taken in turn: with more than one, two works queued beside the same stretch
+# of the current stream (LeNet-5's chain_wgrad and its second layer's tile_wgrad) run beside each other too
+SIDE_STREAMS = 1
 
 
 def run_beside(side_work, main_work, enabled=True, defer=False):
-    """(side_work(), main_work()), the first queued on the current device's side stream, the second on the current
-    stream, so that the GPU runs them at the same time: the side stream first waits for everything queued on the
-    current stream so far, and before returning the current stream waits for the side stream's work (a fork and a
-    join, which a CUDA graph capture records as two edges). For independent work of small kernels that leave most
-    SMs idle, such as a convolution's weight gradient beside its input gradient. enabled=False runs both on the
-    current stream, side_work first. defer: the join is left to the backward pass in progress (autograd.engine
-    defer_join; an op asks engine.takes_plainly first), so that side_work also runs beside the pass's later work;
-    side_work and main_work (and what they reference) are kept until then.
+    """(side_work(), main_work()), the first queued on a side stream of the current device (the next of its
+    SIDE_STREAMS), the second on the current stream, so that the GPU runs them at the same time: the side stream
+    first waits for everything queued on the current stream so far, and before returning the current stream waits for
+    the side stream's work (a fork and a join, which a CUDA graph capture records as two edges). For independent work
+    of small kernels that leave most SMs idle, such as a convolution's weight gradient beside its input gradient.
+    enabled=False runs both on the current stream, side_work first. defer: the join is left to the backward pass in
+    progress (autograd.engine defer_join; an op asks engine.takes_plainly first), so that side_work also runs beside
+    the pass's later work; side_work and main_work (and what they reference) are kept until then.
 
     Memory: the side stream's allocations come from its own part of the pool, and the join precedes every later
     free on the current stream; the arrays both read are referenced by the caller until this returns (with defer, by
@@ -218,10 +221,12 @@ def run_beside(side_work, main_work, enabled=True, defer=False):
         return side_work(), main_work()
     cp = cupy()
     dev = cp.cuda.Device().id
-    if dev not in _side:
-        _side[dev] = (cp.cuda.Stream(non_blocking=True), cp.cuda.Event(disable_timing=True),
-                      cp.cuda.Event(disable_timing=True))
-    side, fork, join = _side[dev]
+    sides = _side.setdefault(dev, [[], 0])
+    while len(sides[0]) < SIDE_STREAMS:
+        sides[0].append((cp.cuda.Stream(non_blocking=True), cp.cuda.Event(disable_timing=True),
+                         cp.cuda.Event(disable_timing=True)))
+    side, fork, join = sides[0][sides[1] % SIDE_STREAMS]
+    sides[1] += 1
     main = cp.cuda.get_current_stream()
     fork.record(main)
     side.wait_event(fork)
