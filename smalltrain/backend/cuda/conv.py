@@ -148,9 +148,9 @@ _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' sh
 # False for the linear layer's kernels
 TILE_LINEAR = True
 # ... and, where a cross-entropy of the logits follows in a captured step, the loss in that kernel too
-# (tile_conv_lin_ce, _common.HOLD). Off: H100, MnistCnn's captured step at b64, 146.5 / 146.7 us with it against
-# 128.9 / 128.4 without (twenty-seventh session, e0c8007), not understood; fe25466 removed the epilogue's static
-# shared memory since, untimed
+# (tile_conv_lin_ce, _common.HOLD). Off: H100, MnistCnn's captured step at b64, 131.7 / 132.0 us with it against
+# 125.1 / 127.3 without (twenty-eighth session), though the fused kernel, held to tile_conv_lin's occupancy since
+# (conv.cu ST_TILE_LIN_CE_BOUND_*), takes 33.5 us under ncu against 26.0 + 6.6 for the two
 TILE_LINEAR_HOLD = False
 TILE_LINEAR_MAX_F = 16
 _TILE_LINEAR_IMAGES = 1 << 16
