@@ -166,7 +166,7 @@ class Conv2d(Function):
     def backward(ctx, dout):
         if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our weight gradient's partials
             return cuda_conv.conv2d_backward(None, ctx.kernel_saved, g=dout.value.g, wpartial=dout.value.wpartial,
-                                             wgrad_beside=takes_plainly(ctx, (1, 2)))
+                                             wgrad_beside=takes_plainly(ctx, (1, 2)), dwdb=dout.value.wgrad)
         if hasattr(ctx, "kernel_saved"):
             dx, dw, db = cuda_conv.conv2d_backward(dout.array[None] if ctx.unbatched else dout.array, ctx.kernel_saved,
                                                    wgrad_beside=takes_plainly(ctx, (1, 2)))
@@ -257,9 +257,9 @@ class Conv2dActPool(Function):
     @staticmethod
     def backward(ctx, dout):
         saved = ctx.kernel_saved
-        g = wpartial = dpool = None
+        g = wpartial = dpool = dwdb = None
         if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our weight gradient's partials
-            g, wpartial = dout.value.g, dout.value.wpartial
+            g, wpartial, dwdb = dout.value.g, dout.value.wpartial, dout.value.wgrad
         elif saved.pool is not None:   # pooled in the epilogue: conv2d_backward takes the pooled gradient
             dpool = dout.array
         else:
@@ -267,15 +267,15 @@ class Conv2dActPool(Function):
         # the g handed to us (by the chain, or another convolution) or made from the pooled gradient: either way our
         # input gradient may be written as the producer's g in turn (LeNet-5: the chain -> the second convolution ->
         # the first)
-        return _into_producer(ctx, saved, g, wpartial, dpool)
+        return _into_producer(ctx, saved, g, wpartial, dpool, dwdb)
 
 
-def _into_producer(ctx, saved, g, wpartial=None, dpool=None):
+def _into_producer(ctx, saved, g, wpartial=None, dpool=None, dwdb=None):
     """conv2d_backward from g (or dpool), its input gradient written as the producing convolution's g (a Prepared
     "conv_g") where the engine offered that kind for the input (the producer's prepared_kind, this node its only
     consumer)."""
     dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, wpartial=wpartial, into=offered_producer(ctx),
-                                           wgrad_beside=takes_plainly(ctx, (1, 2)), dpool=dpool)
+                                           wgrad_beside=takes_plainly(ctx, (1, 2)), dpool=dpool, dwdb=dwdb)
     return (Prepared("conv_g", dx) if isinstance(dx, cuda_conv.ProducerGrad) else dx), dw, db
 
 

@@ -1085,7 +1085,9 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, record_kernel
     written), else the second layer's input gradient writes that g (tile_conv_unpool, compact) and pooled_wgrad sums
     them: each against the same gradients from its full g (POOLED_WGRAD off, tile_wgrad) and the float64 reference;
     with a non-finite x, NaN exactly where those are (the taps that read it from a position whose g is 0). to6:
-    TILE_TO6; rows: the input gradient's rows per block (2: several tiles an image, the last one partial)."""
+    TILE_TO6; rows: the input gradient's rows per block (2: several tiles an image, the last one partial).
+    "reduced": tile_conv_unpool_wgrad's last block adds the partial rows itself (UNPOOL_WGRAD_REDUCE_MAX_BLOCKS):
+    the gradients come in the ProducerGrad and no wgrad_reduce runs."""
     monkeypatch.setattr(conv_kernels, "TILE_TO6", to6)
     monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)   # on the small cases too
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
@@ -1099,21 +1101,26 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, record_kernel
     fused = case[4][2:] == case[1][2:] and case[0][1] == 1   # tile_conv_unpool_wgrad: one input channel
     launched = record_kernels(conv_kernels, "get")
     grads = {}
-    for setting in ("fused", "pooled_wgrad", "dense"):
+    for setting in ("fused", "reduced", "pooled_wgrad", "dense"):
         monkeypatch.setattr(conv_kernels, "POOLED_WGRAD", setting != "dense")
-        monkeypatch.setattr(conv_kernels, "UNPOOL_WGRAD", setting == "fused")
+        monkeypatch.setattr(conv_kernels, "UNPOOL_WGRAD", setting in ("fused", "reduced"))
+        monkeypatch.setattr(conv_kernels, "UNPOOL_WGRAD_REDUCE_MAX_BLOCKS", 1 << 20 if setting == "reduced" else 0)
+        reduced = setting == "reduced" and fused
         launched.clear()
         handed, _, _ = ops.conv2d_backward(dout, s2, into=s1)
         assert isinstance(handed, conv_kernels.ProducerGrad)
-        assert (handed.g is None and handed.wpartial is not None) == (setting != "dense")
+        assert (handed.g is None and handed.wpartial is not None) == (setting != "dense" and not reduced)
+        assert (handed.wgrad is not None) == reduced
         unpool_wgrad = any(name.startswith("tile_conv_unpool_wgrad") for name in launched)
-        assert unpool_wgrad == (setting == "fused" and fused), launched
-        assert any(name.startswith("pooled_wgrad") for name in launched) == (setting == "pooled_wgrad" or
-                                                                             (setting == "fused" and not fused))
-        _, dw1, db1 = ops.conv2d_backward(None, s1, g=handed.g, wpartial=handed.wpartial)
+        assert unpool_wgrad == (setting in ("fused", "reduced") and fused), launched
+        assert any(name.startswith("pooled_wgrad") for name in launched) == (
+            setting == "pooled_wgrad" or (setting in ("fused", "reduced") and not fused))
+        launched.clear()
+        _, dw1, db1 = ops.conv2d_backward(None, s1, g=handed.g, wpartial=handed.wpartial, dwdb=handed.wgrad)
+        assert any(name.startswith("wgrad_reduce") for name in launched) == (not reduced), launched
         grads[setting] = (dw1.get(), db1.get())
     tol = ref.tol(dtype)
-    for setting in ("fused", "pooled_wgrad"):
+    for setting in ("fused", "reduced", "pooled_wgrad"):
         for got, want in zip(grads[setting], grads["dense"]):
             assert np.array_equal(np.isnan(got), np.isnan(want)), setting
             assert_close(got[~np.isnan(got)], want[~np.isnan(want)], tol, name=f"{setting} vs tile_wgrad")
@@ -1124,6 +1131,50 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, record_kernel
     rdw1, rdb1 = _pooled_producer_grads(case, x, w1, b1, w2, dout)
     assert_close(grads["fused"][0], rdw1, tol, name="dw")
     assert_close(grads["fused"][1], rdb1, tol, name="db")
+
+
+@pytest.mark.parametrize("bias_grad", [True, False], ids=["db", "no_db"])
+@pytest.mark.parametrize("batch, rows", [(3, None), (40, 2)], ids=["few_blocks", "many_blocks"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unpool_wgrad_last_block_adds_the_partial_rows(dtype, batch, rows, bias_grad, rng, record_kernels,
+                                                       monkeypatch):
+    """LeNet-5's two layers: where tile_conv_unpool_wgrad has at most UNPOOL_WGRAD_REDUCE_MAX_BLOCKS blocks, its last
+    block adds the partial rows into the first layer's dw (and db where wanted: none without, the kernel's db
+    pointer null) itself, within rounding of wgrad_reduce over the same rows, and no wgrad_reduce runs; over the
+    limit the rows are handed on as before. few_blocks: 3 blocks of 504 threads, the 156 outputs' rows added in 3
+    groups; many_blocks: 2 rows a block, 240 blocks of 96 threads, each thread adding two outputs' rows in 15
+    batches."""
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
+    monkeypatch.setattr(conv_kernels, "_TILE_ROWS", rows)
+    case = ((batch, 1, 28, 28), (6, 1, 5, 5), 0, "gelu", (16, 6, 5, 5), 0, False)
+    x, w1, b1, w2, s1, s2, dout = _pooled_pair(case, dtype, rng, (0, 0, 0, 0), needs=(False, True, bias_grad))
+    launched = record_kernels(conv_kernels, "get")
+    grads = {}
+    for limit in (1 << 20, 0, 1):   # over the blocks, off, under the blocks
+        monkeypatch.setattr(conv_kernels, "UNPOOL_WGRAD_REDUCE_MAX_BLOCKS", limit)
+        launched.clear()
+        handed, _, _ = ops.conv2d_backward(dout, s2, into=s1)
+        assert any(name.startswith("tile_conv_unpool_wgrad") for name in launched), launched
+        assert (handed.wgrad is not None) == (limit == 1 << 20) and (handed.wpartial is None) == (limit == 1 << 20)
+        launched.clear()
+        _, dw1, db1 = ops.conv2d_backward(None, s1, g=handed.g, wpartial=handed.wpartial, dwdb=handed.wgrad)
+        assert any(name.startswith("wgrad_reduce") for name in launched) == (limit != 1 << 20), launched
+        assert (db1 is None) == (not bias_grad)
+        grads[limit] = [a.get() for a in (dw1, db1) if a is not None]
+        if handed.wgrad is not None:   # the gradients come alone, before any kernel runs
+            launched.clear()
+            with pytest.raises(RuntimeError, match="dwdb comes alone"):
+                ops.conv2d_backward(None, s1, g=handed.wgrad[0], dwdb=handed.wgrad)
+            assert not launched
+    for got, want in zip(grads[1 << 20], grads[0]):
+        assert_close(got, want, ref.tol(dtype), name="the last block's sums against wgrad_reduce's")
+    for got, want in zip(grads[1], grads[0]):
+        assert np.array_equal(got, want)
+    rdw1, rdb1 = _pooled_producer_grads(case, x, w1, b1, w2, dout)
+    assert_close(grads[1 << 20][0], rdw1, ref.tol(dtype), name="dw")
+    if bias_grad:
+        assert_close(grads[1 << 20][1], rdb1, ref.tol(dtype), name="db")
 
 
 POOLED_GRADIENT_CASES = [  # producer x, its weight, padding, activation; consumer weight, padding, activation; NaN

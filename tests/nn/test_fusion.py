@@ -412,8 +412,9 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_
     gradients are bit-equal to the hand-offs switched off (INTO_PRODUCER) and within float32 rounding of the
     unfused layers. With POOLED_WGRAD the first layer's weight gradient comes from its g at the maxima (pooled_wgrad
     instead of a dense weight-gradient kernel), within rounding; with UNPOOL_WGRAD from those maxima in the second
-    layer's input-gradient kernel (tile_conv_unpool_wgrad, no pooled_wgrad). A second consumer of the first pooled
-    output, or a hook on it, keeps that hand-off's plain path."""
+    layer's input-gradient kernel (tile_conv_unpool_wgrad, no pooled_wgrad), and with UNPOOL_WGRAD_REDUCE_MAX_BLOCKS
+    added there too (one wgrad_reduce left, the second layer's). A second consumer of the first pooled output, or a
+    hook on it, keeps that hand-off's plain path."""
     from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import pool as cuda_pool
     monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
@@ -462,6 +463,15 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_
             assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
         else:
             assert np.array_equal(u, v), i
+    monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD_REDUCE_MAX_BLOCKS", 1 << 20)   # ... and its rows added there too
+    reduced = grads(None)
+    assert "tile_conv_unpool_wgrad_k5_to4" in launched and launched.count("wgrad_reduce") == 1, launched
+    for i, (u, v) in enumerate(zip(reduced, epilogue)):   # (the second layer's rows: wgrad_reduce, as before)
+        if i < 2:
+            assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
+        else:
+            assert np.array_equal(u, v), i
+    monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD_REDUCE_MAX_BLOCKS", 0)
     monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", False)
     monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)
     monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", False)

@@ -141,6 +141,12 @@ POOLED_WGRAD = True
 # 149.6 off, b64 and MnistCnn within the calls' spread. Tests set it False for those
 UNPOOL_WGRAD = True
 _UNPOOL_WGRAD_SLICES = 16     # its slices of a channel's windows at most (conv.cu ST_UPW_SLICES)
+# ... and where that kernel has at most UNPOOL_WGRAD_REDUCE_MAX_BLOCKS blocks, the block that finishes last adds their
+# partial rows into dw and db itself (conv.cu; ProducerGrad.wgrad), so that no wgrad_reduce launch follows it on the
+# step's main stream. 0 (off) until timed: at LeNet-5 b64 (64 blocks) it would take that launch (wgrad_reduce 3.65
+# us under ncu, H100) and its dependency off the main stream's path, which is ~3 us longer than the side stream's
+# weight gradients there; at b512 (512 blocks) the last block's pass over the rows would cost about what it saves
+UNPOOL_WGRAD_REDUCE_MAX_BLOCKS = 0
 _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
 # TILE_LINEAR_MAX_F outputs (kernels/conv.cu ST_LF) on the flattened output, over at most _TILE_LINEAR_IMAGES images
@@ -205,9 +211,12 @@ class ProducerGrad:
     """conv2d_backward's (or linear_chain_backward's) input gradient written for the convolution that made its
     input (`into`): that convolution's g [C, N*H*W] (its activation's derivative applied, and its pooling's
     backward where it pooled in its epilogue) and, where tile_conv's epilogue computed them too, its weight and
-    bias gradients' partial rows for wgrad_reduce (else None): conv2d_backward(None, into, g=g, wpartial=wpartial)."""
+    bias gradients' partial rows for wgrad_reduce (else None): conv2d_backward(None, into, g=g, wpartial=wpartial);
+    or wgrad, those gradients themselves (dw, db or None), where that kernel also added the rows
+    (UNPOOL_WGRAD_REDUCE_MAX_BLOCKS): conv2d_backward(None, into, dwdb=wgrad)."""
     g: object
     wpartial: object = None
+    wgrad: object = None
 
 
 def _pads(padding, stride, dilation, kernel):
@@ -532,7 +541,7 @@ def _tile_linear_ok(plan, n, lw):
 
 
 def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None, lin=None,
-               pool_idx=None, wgrad=None, compact=False, ce=None):
+               pool_idx=None, wgrad=None, compact=False, ce=None, reduce=None):
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
     of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped).
@@ -547,7 +556,8 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     maxima, [O, N*Ho*Wo], for pooled_wgrad. wgrad
     (with into_nchw, _into_wgrad): (the producer's x [N, 1, H, W], H, W, its top and left padding, partial rows
     [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's epilogue; with pool_idx and compact too (_unpool_wgrad), for
-    tile_conv_unpool_wgrad's, out then None (no g is written)."""
+    tile_conv_unpool_wgrad's, out then None (no g is written); and with reduce (_unpool_wgrad_reduce: dw, db or
+    None, a counter) its last block adds the partial rows into dw and db too."""
     to, th, threads, blocks, smem, cs = plan
     n, o, ho, wo = out.shape if into_nchw is None else into_nchw
     pool_fwd = pool_idx is not None and into_nchw is None
@@ -566,6 +576,8 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     elif pool_idx is not None and wgrad is not None:   # into a pooled producer's weight gradient (_unpool_wgrad)
         name = "tile_conv_unpool_wgrad"
         smem = _unpool_wgrad_smem(plan, o, wo, w.shape[3], inp.dtype.itemsize)
+        if reduce is not None:   # dw, db and the ticket's counter in the linear epilogue's slots (conv.cu)
+            lin_args = (ptr(None), ptr(None), reduce[0], ptr(reduce[1]), reduce[2], i32(0))
     elif pool_idx is not None:   # into a producer that pooled
         name = "tile_conv_unpool"
     elif wgrad is not None:   # split 0's sums per (channel, tap) pass through the shared memory
@@ -630,6 +642,19 @@ def _unpool_wgrad(plan, into, ks, dtype, out_w):
     return (into.x,) + tuple(into.x_shape[2:]) + (into.pads[0], into.pads[2], partial)
 
 
+def _unpool_wgrad_reduce(plan, into, dtype):
+    """(dw, db or None, counter) for tile_conv_unpool_wgrad's last block to add its partial rows into (_tile_conv's
+    reduce), where the plan has at most UNPOOL_WGRAD_REDUCE_MAX_BLOCKS blocks and the counter exists (a capture
+    before it does takes wgrad_reduce), else None. db where `into` has a bias and needs its gradient."""
+    counter = device_counters("tile_conv_unpool_wgrad", 1) if plan[3] <= UNPOOL_WGRAD_REDUCE_MAX_BLOCKS else None
+    if counter is None:
+        return None
+    cp = cupy()
+    want_b = into.needs[2] and into.bias is not None
+    return (cp.empty(into.weight.shape, dtype=dtype), cp.empty(into.weight.shape[:1], dtype=dtype) if want_b else None,
+            counter)
+
+
 def _into_wgrad(plan, into, ks, dtype):
     """tile_conv_wgrad's arguments (_tile_conv's wgrad) for the input gradient written as `into`'s g, or None where
     its epilogue does not take `into`'s weight gradient: INTO_WGRAD off, `into` needs no weight gradient or kept no
@@ -681,6 +706,7 @@ def _tile_dx(g, saved, into=None):
         return None
     # ... or not even that, its weight gradient taken in the epilogue
     unpool_wgrad = _unpool_wgrad(plan, into, kh, dtype, wd) if pooled_plan is not None else None
+    reduce = _unpool_wgrad_reduce(plan, into, dtype) if unpool_wgrad is not None else None
     dx = cupy().empty(shape, dtype=dtype) if unpool_wgrad is None else None
     p = saved.out_hw[0] * saved.out_hw[1]
     pads = saved.pads
@@ -693,7 +719,9 @@ def _tile_dx(g, saved, into=None):
         _tile_conv(plan, g, saved.weight, into.bias if act else None, dx, into.y if act else None,
                    (o,) + tuple(saved.out_hw), (p, n * p), (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
                    tuple(saved.x_shape), pool_idx=into.pool[0] if pooled else None, wgrad=wgrad,
-                   compact=pooled_plan is not None)
+                   compact=pooled_plan is not None, reduce=reduce)
+        if reduce is not None:   # the producer's weight and bias gradients themselves
+            return ProducerGrad(None, wgrad=reduce[:2])
         if pooled_plan is not None:   # the producer needs no g, only its weight and bias gradients' partial rows
             return ProducerGrad(None, wgrad[5] if unpool_wgrad is not None else _pooled_wgrad(dx, into, pooled_plan))
         return ProducerGrad(dx, None if wgrad is None else wgrad[5])
@@ -1051,24 +1079,25 @@ def _weight_grad(x, g, saved, with_bias):
     return _reduce_partials(partial, saved.weight.shape, with_bias)
 
 
-def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=False, dpool=None):
+def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=False, dpool=None, dwdb=None):
     """Gradients of conv2d_forward's output: dout [N, O, OH, OW] -> (dx, dw, db); or, with dout None, from g
-    [O, N*OH*OW], the gradient after the activation's derivative, already in the kernels' layout (a fused
-    pooling's backward computes it: pool.max_pool2d_backward_act).
+    [O, N*OH*OW], the gradient after the activation's derivative, already in the kernels' layout (a fused pooling's
+    backward computes it: pool.max_pool2d_backward_act).
 
     Each is None where saved.needs says it is not needed (db also when there was no bias). The activation's
-    derivative is applied first (fused with the [N, O] -> [O, N] transpose), then db = sum over N, OH, OW,
-    dw = g @ cols^T (where the forward kept x, both from x by one of three kernels, _wgrad_kernel) and
-    dx = col2im(w^T @ g), all over the whole batch; on the direct path dx is one gather kernel (_direct_dx).
-    into: the Conv2dSaved of the convolution that made x; where tile_conv takes dx (and _into_ok), dx is returned
-    as a ProducerGrad instead: that convolution's g [C, N*H*W] (its activation's derivative applied), maybe with
-    its weight gradient's partial rows, for its conv2d_backward(None, into, g=..., wpartial=...); else as usual
-    [N, C, H, W]. wpartial: this convolution's weight and bias gradients' partial rows, already summed over the
-    batch by the next convolution's input gradient (ProducerGrad): only wgrad_reduce runs for dw and db; g may then
-    be None where no input gradient is needed. wgrad_beside: dw and db may be made beside the rest of the backward
-    pass, joined by the pass (autograd.engine.takes_plainly said so; with WGRAD_BESIDE_DEFER). dpool (dout, g and
-    wpartial None): the gradient of the output pooled in the epilogue (saved.pool), [N, O, PH, PW]; g is made from
-    it by the pooling's backward (pool.max_pool2d_backward_act).
+    derivative is applied first (fused with the [N, O] -> [O, N] transpose), then db = sum over N, OH, OW, dw = g @
+    cols^T (where the forward kept x, both from x by one of three kernels, _wgrad_kernel) and dx = col2im(w^T @ g),
+    all over the whole batch; on the direct path dx is one gather kernel (_direct_dx). into: the Conv2dSaved of the
+    convolution that made x; where tile_conv takes dx (and _into_ok), dx is returned as a ProducerGrad instead: that
+    convolution's g [C, N*H*W] (its activation's derivative applied), maybe with its weight gradient's partial rows,
+    for its conv2d_backward(None, into, g=..., wpartial=...); else as usual [N, C, H, W]. wpartial: this
+    convolution's weight and bias gradients' partial rows, already summed over the batch by the next convolution's
+    input gradient (ProducerGrad): only wgrad_reduce runs for dw and db; g may then be None where no input gradient
+    is needed. dwdb: (dw, db or None), those gradients themselves, made by the next convolution's input gradient
+    (ProducerGrad.wgrad), returned as they are (g None). wgrad_beside: dw and db may be made beside the rest of the
+    backward pass, joined by the pass (autograd.engine.takes_plainly said so; with WGRAD_BESIDE_DEFER). dpool (dout,
+    g and wpartial None): the gradient of the output pooled in the epilogue (saved.pool), [N, O, PH, PW]; g is made
+    from it by the pooling's backward (pool.max_pool2d_backward_act).
     """
     op = "conv2d_backward"
     n, c, h, wd = saved.x_shape
@@ -1078,13 +1107,20 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
     g_, p = saved.groups, saved.out_hw[0] * saved.out_hw[1]
     dtype = w.dtype
     if dpool is not None:
-        if dout is not None or g is not None or wpartial is not None or saved.pool is None:
-            raise RuntimeError(f"{op}: dpool comes alone (no grad_output, g or wpartial), for a convolution that "
-                               f"pooled in its epilogue")
+        if dout is not None or g is not None or wpartial is not None or dwdb is not None or saved.pool is None:
+            raise RuntimeError(f"{op}: dpool comes alone (no grad_output, g, wpartial or dwdb), for a convolution "
+                               f"that pooled in its epilogue")
         check_array(op, "dpool", dpool, 4)
         check_shape(op, "dpool", dpool, (n, o) + tuple(saved.pool[3][4]))
         check_dtype(op, "dpool", dpool, dtype)
         given = dpool
+    elif dwdb is not None:   # the weight and bias gradients themselves (ProducerGrad.wgrad)
+        if dout is not None or g is not None or wpartial is not None or saved.needs[0]:
+            raise RuntimeError(f"{op}: dwdb comes alone (no grad_output, g or wpartial), where no input gradient is "
+                               f"needed")
+        check_shape(op, "dw", dwdb[0], tuple(w.shape))
+        check_dtype(op, "dw", dwdb[0], dtype)
+        return None, dwdb[0] if saved.needs[1] else None, dwdb[1] if saved.needs[2] else None
     elif dout is None and g is None:   # the weight and bias gradients' partial rows alone (ProducerGrad)
         if wpartial is None or saved.needs[0]:
             raise RuntimeError(f"{op}: expected grad_output or g (g may be None only with wpartial and no input "

@@ -23,7 +23,8 @@
 //            one input channel (tile_conv_wgrad), or through the producer's 2x2 max pooling where it pooled in its
 //            epilogue (tile_conv_unpool: its full g, or only the windows' maxima for pooled_wgrad; for a producer
 //            of one input channel that needs no input gradient, tile_conv_unpool_wgrad: its weight and bias
-//            gradients' partial rows from those maxima, no g written).
+//            gradients' partial rows from those maxima, no g written, or with a counter the gradients themselves,
+//            the rows added by the block that finishes last).
 //   tile_wgrad: dw and db of the same convolutions into wgrad_reduce's partial rows, persistent blocks walking row
 //            tiles of g and x staged into two buffers (the next tile's copies in flight during this one's products).
 //   pooled_wgrad: dw and db of a convolution whose output a 2x2 max pooling read, from its g at the windows'
@@ -1180,6 +1181,37 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             if (k < KK && nan_tap[oc * KK + k]) sum += T(0) * st_neg_inf<T>();   // NaN
             wpart[(size_t)blockIdx.x * O * KB + m] = sum;
         }
+        // With lcount (conv.py UNPOOL_WGRAD_REDUCE_MAX_BLOCKS; the linear epilogue's slots, unused here): the block
+        // that finishes last adds the rows itself, dw [O][KK] to lout and db [O] to lpart (where not null), so that
+        // no wgrad_reduce launch follows on the step's critical path. G groups of threads take rows g, g + G, ...
+        // of each output, in order, and their sums are added in group order (deterministic).
+        if (lcount == nullptr) return;
+        if (!st_last_to_arrive(lcount, gridDim.x, reinterpret_cast<unsigned*>(ax))) return;   // (ax: read by now)
+        // (G <= S: the groups' sums fit the slices' [O][S][KB])
+        const int M = O * KB, G = max(1, min((int)blockDim.x / M, S)), R = gridDim.x;
+        for (int e = threadIdx.x; e < G * M; e += blockDim.x) {
+            const int grp = e / M, m = e - grp * M;
+            T sum = T(0);
+            for (int r = grp; r < R; r += ST_WR_BATCH * G) {   // ST_WR_BATCH loads in flight, added in row order
+                T v[ST_WR_BATCH];
+#pragma unroll
+                for (int u = 0; u < ST_WR_BATCH; ++u)
+                    v[u] = r + u * G < R ? __ldcg(wpart + (size_t)(r + u * G) * M + m) : T(0);
+#pragma unroll
+                for (int u = 0; u < ST_WR_BATCH; ++u)
+                    if (r + u * G < R) sum += v[u];
+            }
+            red[grp * M + m] = sum;
+        }
+        __syncthreads();
+        for (int m = threadIdx.x; m < M; m += blockDim.x) {
+            T sum = red[m];
+            for (int grp = 1; grp < G; ++grp) sum += red[grp * M + m];
+            const int oc = m / KB, k = m - oc * KB;
+            if (k < KK) lout[oc * KK + k] = sum;
+            else if (lpart != nullptr) lpart[oc] = sum;
+        }
+        if (threadIdx.x == 0) *lcount = 0u;
         return;
     }
     if (WGRAD) {   // the producer's weight and bias gradients (see above)
