@@ -164,7 +164,7 @@ class Conv2d(Function):
 
     @staticmethod
     def backward(ctx, dout):
-        if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our weight gradient's partials
+        if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our dw's rows or sums
             return cuda_conv.conv2d_backward(None, ctx.kernel_saved, g=dout.value.g, wpartial=dout.value.wpartial,
                                              wgrad_beside=takes_plainly(ctx, (1, 2)), dwdb=dout.value.wgrad)
         if hasattr(ctx, "kernel_saved"):
@@ -258,7 +258,7 @@ class Conv2dActPool(Function):
     def backward(ctx, dout):
         saved = ctx.kernel_saved
         g = wpartial = dpool = dwdb = None
-        if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our weight gradient's partials
+        if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our dw's rows or sums
             g, wpartial, dwdb = dout.value.g, dout.value.wpartial, dout.value.wgrad
         elif saved.pool is not None:   # pooled in the epilogue: conv2d_backward takes the pooled gradient
             dpool = dout.array

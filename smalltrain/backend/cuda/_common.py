@@ -202,7 +202,7 @@ _side = {}   # device id -> [(side stream, fork event, join event), ...] (SIDE_S
 # run_beside's side streams per device, taken in turn: with more than one, two works queued beside the same stretch
 # of the current stream (LeNet-5's chain_wgrad and its second layer's tile_wgrad) run beside each other too. H100,
 # captured steps with 1 / 2 (twenty-eighth session, two rounds): LeNet-5 b64 73.5, 73.9 / 83.6, 83.3 us; b512 142.8,
-# 141.7 / 140.5, 139.7; MnistCnn 129.1, 128.7 / 128.8, 129.6. So one
+# 141.7 / 140.5, 139.7; MnistCnn 129.1, 128.7 / 128.8, 129.6: a second stream costs b64 10 us for b512's 2, so one
 SIDE_STREAMS = 1
 
 
