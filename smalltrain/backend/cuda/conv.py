@@ -549,13 +549,12 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     act'(y + b), y and b read (conv.cu, "into"). lin (forward): (lw [F, O*Ho*Wo], lb or None, logits [N, F],
     partials [blocks, F], counters, F) for tile_conv_lin's linear epilogue (_tile_linear_ok), with ce (the
     cross-entropy's arguments, HeldHead.with_cross_entropy) the loss of the logits after it (tile_conv_lin_ce).
-    pool_idx (forward,
-    _tile_pool_ok): int64 [N, O, Ho/2, Wo/2] for tile_conv_pool, out then the pooled output of that shape; with
-    into_nchw: the producer's pooling indices [N, O, Ho, Wo] (it pooled in tile_conv_pool), out then its g [O,
-    N*4*Ho*Wo], through the pooling's backward (tile_conv_unpool), or with compact only its values at the windows'
-    maxima, [O, N*Ho*Wo], for pooled_wgrad. wgrad
-    (with into_nchw, _into_wgrad): (the producer's x [N, 1, H, W], H, W, its top and left padding, partial rows
-    [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's epilogue; with pool_idx and compact too (_unpool_wgrad), for
+    pool_idx (forward, _tile_pool_ok): int64 [N, O, Ho/2, Wo/2] for tile_conv_pool, out then the pooled output of
+    that shape; with into_nchw: the producer's pooling indices [N, O, Ho, Wo] (it pooled in tile_conv_pool), out
+    then its g [O, N*4*Ho*Wo], through the pooling's backward (tile_conv_unpool), or with compact only its values
+    at the windows' maxima, [O, N*Ho*Wo], for pooled_wgrad. wgrad (with into_nchw, _into_wgrad): (the producer's
+    x [N, 1, H, W], H, W, its top and left padding, partial rows [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's
+    epilogue; with pool_idx and compact too (_unpool_wgrad), for
     tile_conv_unpool_wgrad's, out then None (no g is written); and with reduce (_unpool_wgrad_reduce: dw, db or
     None, a counter) its last block adds the partial rows into dw and db too."""
     to, th, threads, blocks, smem, cs = plan
