@@ -499,24 +499,33 @@ __device__ void pooled_wgrad(const T* __restrict__ gw, const i64* __restrict__ p
 // are added in group order (deterministic, no atomics). ST_WR_BATCH rows' loads are in flight at once, so that a
 // thread's rows (conv.py _WR_ROWS, 16) cost one L2 round trip, not one per 4.
 #define ST_WR_BATCH 16
+// The sum of column m of rows first, first + step, ... (below R) of partial [R][M], added in row order, ST_WR_BATCH
+// loads in flight at a time (wgrad_reduce; tile_conv_unpool_wgrad's last block). CG: the loads go to L2 (__ldcg),
+// for rows that other blocks of the same launch wrote (an SM's L1 does not see them).
+template <typename T, bool CG>
+__device__ __forceinline__ T st_rows_sum(const T* __restrict__ partial, int m, int M, int first, int step, int R) {
+    T acc = T(0);
+    for (int s = first; s < R; s += ST_WR_BATCH * step) {
+        T v[ST_WR_BATCH];
+#pragma unroll
+        for (int u = 0; u < ST_WR_BATCH; ++u) {
+            const int r = s + u * step;
+            v[u] = r < R ? (CG ? __ldcg(partial + r * M + m) : partial[r * M + m]) : T(0);
+        }
+#pragma unroll
+        for (int u = 0; u < ST_WR_BATCH; ++u)
+            if (s + u * step < R) acc += v[u];
+    }
+    return acc;
+}
+
 template <typename T>
 __device__ void wgrad_reduce(const T* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db, int S, int O,
                              int K) {
     __shared__ T sums[32][32];
     const int KB = K + 1, M = O * KB, lane = threadIdx.x & 31, r = threadIdx.x >> 5, G = blockDim.x >> 5;
     const int m = blockIdx.x * 32 + lane;
-    T acc = T(0);
-    if (m < M) {
-        for (int s = r; s < S; s += ST_WR_BATCH * G) {   // added in row order
-            T v[ST_WR_BATCH];
-#pragma unroll
-            for (int u = 0; u < ST_WR_BATCH; ++u) v[u] = s + u * G < S ? partial[(s + u * G) * M + m] : T(0);
-#pragma unroll
-            for (int u = 0; u < ST_WR_BATCH; ++u)
-                if (s + u * G < S) acc += v[u];
-        }
-    }
-    sums[r][lane] = acc;
+    sums[r][lane] = m < M ? st_rows_sum<T, false>(partial, m, M, r, G, S) : T(0);
     __syncthreads();
     if (r == 0 && m < M) {
         T v = sums[0][lane];
@@ -1191,17 +1200,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         const int M = O * KB, G = max(1, min((int)blockDim.x / M, S)), R = gridDim.x;
         for (int e = threadIdx.x; e < G * M; e += blockDim.x) {
             const int grp = e / M, m = e - grp * M;
-            T sum = T(0);
-            for (int r = grp; r < R; r += ST_WR_BATCH * G) {   // ST_WR_BATCH loads in flight, added in row order
-                T v[ST_WR_BATCH];
-#pragma unroll
-                for (int u = 0; u < ST_WR_BATCH; ++u)
-                    v[u] = r + u * G < R ? __ldcg(wpart + (size_t)(r + u * G) * M + m) : T(0);
-#pragma unroll
-                for (int u = 0; u < ST_WR_BATCH; ++u)
-                    if (r + u * G < R) sum += v[u];
-            }
-            red[grp * M + m] = sum;
+            red[grp * M + m] = st_rows_sum<T, true>(wpart, m, M, grp, G, R);
         }
         __syncthreads();
         for (int m = threadIdx.x; m < M; m += blockDim.x) {
