@@ -143,9 +143,9 @@ UNPOOL_WGRAD = True
 _UNPOOL_WGRAD_SLICES = 16     # its slices of a channel's windows at most (conv.cu ST_UPW_SLICES)
 # ... and where that kernel has at most UNPOOL_WGRAD_REDUCE_MAX_BLOCKS blocks, the block that finishes last adds their
 # partial rows into dw and db itself (conv.cu; ProducerGrad.wgrad), so that no wgrad_reduce launch follows it on the
-# step's main stream. 0 (off) until timed: at LeNet-5 b64 (64 blocks) it would take that launch (wgrad_reduce 3.65
-# us under ncu, H100) and its dependency off the main stream's path, which is ~3 us longer than the side stream's
-# weight gradients there; at b512 (512 blocks) the last block's pass over the rows would cost about what it saves
+# step's main stream. 0 (off): timed on an H100 (twenty-ninth session), the last block's pass costs 2.7 us of the
+# ~3.5 us wgrad_reduce launch it replaces (ncu, LeNet-5 b64: 18.3 against 15.6 us), and the captured step moved
+# within its spread at b64 (72.1-73.4 us at 128 against 72.7-73.4 off); at 1024, b512 lost 10 us (151 against 141)
 UNPOOL_WGRAD_REDUCE_MAX_BLOCKS = 0
 _POOLED_WGRAD_THREADS = {4: 256, 8: 128}   # per block by itemsize (the sums' shared memory, [threads][KS*KS + 1])
 # conv2d_forward's `linear`: tile_conv's epilogue also computes a following linear layer of at most
