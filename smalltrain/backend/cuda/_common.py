@@ -202,8 +202,11 @@ _side = {}   # device id -> [(side stream, fork event, join event), ...] (SIDE_S
 # run_beside's side streams per device, taken in turn: with more than one, two works queued beside the same stretch
 # of the current stream (LeNet-5's chain_wgrad and its second layer's tile_wgrad) run beside each other too. H100,
 # captured steps with 1 / 2 (twenty-eighth session, two rounds): LeNet-5 b64 73.5, 73.9 / 83.6, 83.3 us; b512 142.8,
-# 141.7 / 140.5, 139.7; MnistCnn 129.1, 128.7 / 128.8, 129.6: a second stream costs b64 10 us for b512's 2, so one
-SIDE_STREAMS = 1
+# 141.7 / 140.5, 139.7; MnistCnn 129.1, 128.7 / 128.8, 129.6: a second stream costs b64 10 us for b512's 2. That
+# loss is the side kernels taking SMs from the main stream's: the side streams have CUDA's default (least) priority,
+# and with graphs.NODE_PRIORITIES a replay dispatches the main stream's blocks first; then two streams cost b64
+# nothing and give b512 ~1.7 us (twenty-ninth session, see there). So two
+SIDE_STREAMS = 2
 
 
 def run_beside(side_work, main_work, enabled=True, defer=False):

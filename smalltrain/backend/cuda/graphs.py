@@ -8,11 +8,80 @@ change between replays (an optimizer's learning rate under a scheduler) keeps th
 registers a hook with `on_replay`; every replay of that graph first runs its hooks on the host.
 """
 import contextlib
+import ctypes
 
 from ...autograd import held
 from . import cupy
 
 _capturing = []   # the CUDAGraphs whose capture is in progress, innermost last
+
+# NODE_PRIORITIES: capture on a stream of the device's greatest priority and instantiate the graph through the
+# driver with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY, so that each kernel node keeps the priority of the
+# stream it was captured on. run_beside's side streams (_common.py) have the least priority, so where a side kernel
+# and a main-stream kernel both wait for SMs, a replay dispatches the main stream's blocks (the step's critical
+# path) first. Without the flag (CuPy's end_capture) every node runs at the priority of the stream that launches
+# the replay. Read when a CUDAGraph is made; used where CuPy offers streamEndCapture (not on the emulator). H100,
+# twenty-ninth session, captured steps, six rounds over two calls, medians (us): off 71.8 (LeNet-5 b64) / 141.7
+# (b512); on 73.4 / 139.0; on with _common.SIDE_STREAMS=2 73.4 / 137.3, where two side streams without it cost b64
+# 10 us (82.7). b512's 4.4 us for b64's ~1.5 (whose rounds off were 68.2-73.2, on 71.5-73.4): on, with two streams
+NODE_PRIORITIES = True
+_GREATEST_PRIORITY = -(1 << 20)   # CUDA clamps a stream's priority into the device's range (greatest: -5 on H100)
+_INSTANTIATE_FLAG_USE_NODE_PRIORITY = 8   # CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY (cuda.h)
+
+
+class _Driver:
+    """The libcuda graph calls that CuPy does not offer with flags, bound through ctypes once (as blas.py binds
+    cuBLAS). CUgraph / CUgraphExec / CUstream are the runtime's cudaGraph_t / cudaGraphExec_t / cudaStream_t."""
+
+    _instance = None
+
+    @classmethod
+    def get(cls):
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def __init__(self):
+        lib = ctypes.CDLL("libcuda.so.1")
+        vp = ctypes.c_void_p
+        for name, args in {"cuGraphInstantiateWithFlags": [ctypes.POINTER(vp), vp, ctypes.c_ulonglong],
+                           "cuGraphUpload": [vp, vp], "cuGraphLaunch": [vp, vp],
+                           "cuGraphExecDestroy": [vp], "cuGraphDestroy": [vp],
+                           "cuGetErrorName": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]}.items():
+            f = getattr(lib, name)
+            f.argtypes, f.restype = args, ctypes.c_int
+            setattr(self, name, f)
+
+    def check(self, status, what):
+        if status != 0:
+            name = ctypes.c_char_p()
+            self.cuGetErrorName(status, ctypes.byref(name))
+            raise RuntimeError(f"{what} failed: {(name.value or b'CUresult %d' % status).decode()}")
+
+
+class _PriorityGraph:
+    """An executable graph instantiated with node priorities from a captured cudaGraph_t (which it destroys, as
+    CuPy's Graph does once instantiated): the launch / upload interface of cupy.cuda.graph.Graph."""
+
+    def __init__(self, graph_handle):
+        self._driver = _Driver.get()
+        self._exec = ctypes.c_void_p()
+        try:
+            self._driver.check(self._driver.cuGraphInstantiateWithFlags(
+                ctypes.byref(self._exec), graph_handle, _INSTANTIATE_FLAG_USE_NODE_PRIORITY),
+                "cuGraphInstantiateWithFlags")
+        finally:
+            self._driver.cuGraphDestroy(graph_handle)
+
+    def upload(self, stream):
+        self._driver.check(self._driver.cuGraphUpload(self._exec, stream.ptr), "cuGraphUpload")
+
+    def launch(self, stream):
+        self._driver.check(self._driver.cuGraphLaunch(self._exec, stream.ptr), "cuGraphLaunch")
+
+    def __del__(self):
+        if getattr(self, "_exec", None):
+            self._driver.cuGraphExecDestroy(self._exec)
 
 
 def is_current_stream_capturing():
@@ -41,7 +110,9 @@ class CUDAGraph:
 
     def __init__(self):
         cp = cupy()
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.node_priorities = NODE_PRIORITIES and hasattr(cp.cuda.runtime, "streamEndCapture")
+        self.stream = cp.cuda.Stream(non_blocking=True, priority=_GREATEST_PRIORITY) if self.node_priorities \
+            else cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()
         self.graph = None
         self.replay_hooks = []
@@ -68,7 +139,10 @@ class CUDAGraph:
     def capture_end(self):
         try:
             held.flush()   # a launch held back inside the capture belongs to it (autograd/held.py)
-            self.graph = self.stream.end_capture()
+            if self.node_priorities:
+                self.graph = _PriorityGraph(cupy().cuda.runtime.streamEndCapture(self.stream.ptr))
+            else:
+                self.graph = self.stream.end_capture()
             self.graph.upload(self.stream)
         finally:
             self._restore()
