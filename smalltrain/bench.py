@@ -147,10 +147,16 @@ def timeit(fn, warmup=3, repeats=7, inner=1, sync=None):
     return statistics.median([run() for _ in range(repeats)])
 
 
-def timed_run(fn, inner=1, sync=None):
+def timed_run(fn, inner=1, sync=None, pre=0):
     """A callable that calls fn() `inner` times, then `sync` (the device's synchronize), and returns the seconds
-    per call."""
+    per call. `pre`: calls before the clock starts (then a sync), so that a run measures the mode's steady state
+    and not its start after another mode's run (on an H100 the captured LeNet-5 b512 step timed ~9 us slower right
+    after torch's runs than after its own)."""
     def run():
+        for _ in range(pre):
+            fn()
+        if pre and sync:
+            sync()
         t0 = time.perf_counter()
         for _ in range(inner):
             fn()
@@ -186,12 +192,12 @@ class ModeProcess:
     one run of `inner` steps there and returns the seconds per step. Errors come back as ModeProcessError with the
     child's one-line report."""
 
-    def __init__(self, key, model, batch, device, warmup, inner, timeout=600):
+    def __init__(self, key, model, batch, device, warmup, inner, timeout=600, pre=0):
         import multiprocessing
         ctx = multiprocessing.get_context("spawn")   # a fresh interpreter: no thread pool inherited
         self.timeout = timeout
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_mode_process_main, args=(child, key, model, batch, device, warmup, inner),
+        self.proc = ctx.Process(target=_mode_process_main, args=(child, key, model, batch, device, warmup, inner, pre),
                                 daemon=True)
         self.proc.start()
         child.close()
@@ -225,13 +231,13 @@ class ModeProcess:
             self.proc.join(5)
 
 
-def _mode_process_main(conn, key, model, batch, device, warmup, inner):
+def _mode_process_main(conn, key, model, batch, device, warmup, inner, pre):
     try:
         import smalltrain
         torch = _import_torch() if MODES[key][0] == "torch" else None
         if torch is not None:
             torch.set_num_threads(os.cpu_count() or 1)
-        run = _warm_run(smalltrain, torch, key, model, batch, device, warmup, inner)
+        run = _warm_run(smalltrain, torch, key, model, batch, device, warmup, inner, pre)
         conn.send(("ready", None))
         while conn.recv() == "run":
             conn.send(("ok", run()))
@@ -341,8 +347,9 @@ def _report_failure(what, e):
     print(f"smalltrain bench: {what}: {line}", file=sys.stderr, flush=True)
 
 
-def _warm_run(smalltrain, torch, key, model, batch, device, warmup, inner):
-    """timed_run of mode `key`'s step in this process, after its warm-up steps."""
+def _warm_run(smalltrain, torch, key, model, batch, device, warmup, inner, pre=0):
+    """timed_run of mode `key`'s step in this process (`pre` untimed steps before each run), after its warm-up
+    steps."""
     libname, mode, _ = MODES[key]
     lib = smalltrain if libname == "smalltrain" else torch
     step = make_step(lib, model, device, *mnist_batches(batch, 8), mode)
@@ -351,7 +358,7 @@ def _warm_run(smalltrain, torch, key, model, batch, device, warmup, inner):
         step()
     if sync:
         sync()
-    return timed_run(step, inner, sync)
+    return timed_run(step, inner, sync, pre)
 
 
 def selected_modes(args):
@@ -381,12 +388,14 @@ def throughput(args):
         else:
             torch.set_num_threads(os.cpu_count() or 1)
     warmup = args.warmup if args.warmup is not None else (20 if on_cuda else 3)
+    run_warmup = args.run_warmup if args.run_warmup is not None else (3 if on_cuda else 0)
     isolate = not on_cuda and not args.same_process
     print(environment(torch, device), flush=True)
     print(f"device {device}, fp32, the full training step (zero_grad, forward, cross_entropy, backward, optimizer "
           f"step) on 8 MNIST batches resident on the device; median of {args.repeats} timed runs, interleaved across "
           f"modes" + (", each ended by a device sync" if on_cuda else "") + f"; {warmup} warm-up steps excluded "
           f"(graph capture and torch.compile compilation happen in them)"
+          + (f", and {run_warmup} untimed steps before each timed run" if run_warmup else "")
           + ("; on the CPU smalltrain.compile runs the step eagerly" if not on_cuda else "")
           + ("; each mode in a process of its own" if isolate else ""), flush=True)
     rows = []
@@ -397,10 +406,11 @@ def throughput(args):
             label = MODES[key][2]
             try:   # built and warmed up here, so that a mode failing to compile or run is reported alone
                 if isolate:
-                    processes.append(ModeProcess(key, model, batch, device, warmup, steps))
+                    processes.append(ModeProcess(key, model, batch, device, warmup, steps, pre=run_warmup))
                     runs[label] = processes[-1]
                 else:
-                    runs[label] = _warm_run(smalltrain, torch, key, model, batch, device, warmup, steps)
+                    runs[label] = _warm_run(smalltrain, torch, key, model, batch, device, warmup, steps,
+                                                run_warmup)
             except Exception as e:  # noqa: BLE001 - report and go on: one failing mode must not hide the others
                 _report_failure(f"{model}:{batch} {label}", e)
         try:
@@ -710,6 +720,10 @@ def add_arguments(p):
     t.add_argument("--same-process", action="store_true",
                    help="on the CPU, time every mode in this process (by default each runs in a process of its own, "
                         "so that the frameworks' thread pools do not compete for the cores)")
+    t.add_argument("--run-warmup", type=_number(int, 0), default=None,
+                   help="untimed steps (then a sync) before each timed run, so that each run times its mode's "
+                        "steady state rather than its start after another mode's run (default 3 on CUDA, 0 on "
+                        "the CPU)")
     t.add_argument("--steps", type=_number(int, 1), default=None,
                    help="steps per timed run (default: about 8192 samples on CUDA, 512 on the CPU)")
     s = p.add_argument_group("speedrun (--speedrun)")

@@ -81,6 +81,21 @@ def test_median_interleaved_alternates_and_times_each_run(monkeypatch):
     assert synced == ["a"] * 3 and slept == [0.25] * 6   # a sync after each of a's runs, a settle before every run
 
 
+def test_a_timed_run_makes_its_untimed_steps_and_syncs_before_the_clock(monkeypatch):
+    calls, clock = [], [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def step():
+        calls.append("step")
+        clock[0] += 3.0
+
+    run = bench.timed_run(step, 2, lambda: calls.append("sync"), pre=2)
+    assert run() == 3.0   # the two untimed steps are not in the per-step time
+    assert calls == ["step", "step", "sync", "step", "step", "sync"]
+    calls.clear()
+    assert bench.timed_run(step, 1, lambda: calls.append("sync"))() == 3.0 and calls == ["step", "sync"]
+
+
 def test_a_mode_in_its_own_process_times_steps_and_reports_errors():
     run = bench.ModeProcess("smalltrain-eager", "mlp", 8, "cpu", warmup=1, inner=2)
     try:
