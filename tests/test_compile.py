@@ -108,19 +108,17 @@ def test_captured_step_with_the_first_layers_rows_added_in_the_kernel_equals_eag
     assert worst <= 1e-6
 
 
-@cuda
-def test_captured_step_with_node_priorities_equals_the_one_without(monkeypatch):
-    """graphs.NODE_PRIORITIES instantiates the captured step through the driver with node priorities (the side
-    stream's kernels below the main stream's): only the order in which blocks are dispatched may change, so after 30
-    steps the parameters are bit-equal to those of the step captured the usual way. Needs the real driver."""
+def _captured_with_and_without(monkeypatch, knob):
+    """The parameters after 30 captured LeNet-5 Adam steps with graphs.<knob> off, then on, and the type of the
+    executable graph each made (a test of the driver's path: skipped on the emulator)."""
     from smalltrain.backend.cuda import graphs
     from smalltrain.testing import cuda_emulator
     if cuda_emulator.installed():
-        pytest.skip("the emulator has no driver to instantiate graphs with flags")
+        pytest.skip("the emulator has no driver to launch kernels or instantiate graphs with attributes")
     xs, ys = _batches(10, 64, "cuda")
     params, kinds = [], []
     for on in (False, True):
-        monkeypatch.setattr(graphs, "NODE_PRIORITIES", on)
+        monkeypatch.setattr(graphs, knob, on)
         model, step = _setup("cuda", "adam")
         compiled = smalltrain.compile(step)
         for i in range(30):
@@ -128,7 +126,37 @@ def test_captured_step_with_node_priorities_equals_the_one_without(monkeypatch):
         assert compiled.stats["captures"] == 1 and compiled.stats["replays"] == 30 - compiled.warmup
         kinds.append(type(next(iter(compiled.entries.values()))[0].graph).__name__)
         params.append([p.detach().cpu().numpy() for p in model.parameters()])
-    assert kinds[1] == "_PriorityGraph" and kinds[0] != kinds[1]
+    return params, kinds
+
+
+@cuda
+def test_captured_step_with_node_priorities_equals_the_one_without(monkeypatch):
+    """graphs.NODE_PRIORITIES instantiates the captured step through the driver with node priorities (the side
+    stream's kernels below the main stream's): only the order in which blocks are dispatched may change, so after 30
+    steps the parameters are bit-equal to those of the step captured the usual way."""
+    from smalltrain.backend.cuda import graphs
+    monkeypatch.setattr(graphs, "PDL", False)
+    params, kinds = _captured_with_and_without(monkeypatch, "NODE_PRIORITIES")
+    assert kinds == ["Graph", "_PriorityGraph"]
+    for p, q in zip(*params):
+        assert np.array_equal(p, q)
+
+
+@cuda
+def test_captured_step_with_programmatic_launches_equals_the_one_without(monkeypatch, record_kernels):
+    """graphs.PDL launches the captured step's kernels with programmatic stream serialization; each kernel waits
+    for its predecessors first (ST_GRID_WAIT), so after 30 steps the parameters are bit-equal to those without, and
+    the capture launched the step's kernels through ProgrammaticKernel."""
+    from smalltrain.backend.cuda import _common, graphs
+    monkeypatch.setattr(graphs, "NODE_PRIORITIES", True)
+    launched = []
+    real = graphs.ProgrammaticKernel.__call__
+    monkeypatch.setattr(graphs.ProgrammaticKernel, "__call__",
+                        lambda self, *a, **k: launched.append(self._kern) or real(self, *a, **k))
+    names = record_kernels(_common, "kernel")
+    params, kinds = _captured_with_and_without(monkeypatch, "PDL")
+    assert kinds == ["_PriorityGraph", "_PriorityGraph"]
+    assert len(launched) >= 8 and any(n.startswith("adam_step") for n in names), (len(launched), names)
     for p, q in zip(*params):
         assert np.array_equal(p, q)
 

@@ -62,6 +62,34 @@ def test_cu_files_start_with_a_header_and_inline_their_includes(name):
     assert '#include "' not in src and "block_sum" in src
 
 
+@pytest.mark.parametrize("name", sorted(f[:-3] for f in os.listdir(loader.KERNEL_DIR) if f.endswith(".cu")))
+def test_every_kernel_first_waits_for_its_predecessors(name):
+    """graphs.PDL lets a captured kernel start before the one it depends on has finished: each must wait first
+    (ST_GRID_WAIT, common.cuh), or it could read what that one has not yet written."""
+    src = loader.read_source(os.path.join(loader.KERNEL_DIR, name + ".cu"))
+    bodies = re.findall(r'extern "C" __global__ void[^{]*\{\s*(?:\\\s*)?(\w+)', src)
+    assert bodies and bodies.count("ST_GRID_WAIT") == len(bodies) == src.count("__global__"), bodies
+
+
+def test_programmatic_launch_packs_arguments_as_cupy_does():
+    import ctypes
+    from smalltrain.backend.cuda import graphs
+
+    class Array:   # a device array: its address is data.ptr
+        data = type("Pointer", (), {"ptr": 0x7F0000001000})()
+
+    args = (Array(), None, np.int32(-3), np.int64(1 << 40), np.uint64(0), np.float32(0.1), np.float64(0.1), 7, 2.5,
+            True)
+    values, params = graphs.pack_arguments(args, Array)
+    assert [type(v) for v in values] == [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64,
+                                         ctypes.c_uint64, ctypes.c_float, ctypes.c_double, ctypes.c_int64,
+                                         ctypes.c_double, ctypes.c_bool]
+    assert [v.value for v in values] == [0x7F0000001000, None, -3, 1 << 40, 0, np.float32(0.1), 0.1, 7, 2.5, True]
+    assert [params[i] for i in range(len(values))] == [ctypes.addressof(v) for v in values]
+    with pytest.raises(TypeError, match="expected device arrays.*got str"):
+        graphs.pack_arguments(("x",), Array)
+
+
 def test_launchers_import_without_cupy_and_are_documented():
     code = "import sys, smalltrain.backend.cuda.ops; assert 'cupy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})

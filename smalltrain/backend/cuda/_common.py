@@ -8,6 +8,7 @@ import numpy as np
 
 from ...autograd import held
 from . import cupy
+from . import graphs
 from .graphs import is_current_stream_capturing
 from .loader import MAX_BLOCKS, kernel, launch_1d
 
@@ -129,7 +130,8 @@ def get(family, name, dtype, op=None):
     its kernel here first, so a launch held back (autograd/held.py) runs before it."""
     if held._held is not None:
         held.flush()
-    return kernel(family, f"{name}_{suffix(op or name, dtype)}")
+    kern = kernel(family, f"{name}_{suffix(op or name, dtype)}")
+    return graphs.programmatic(kern) if graphs.programmatic_launches() else kern
 
 
 def launch(family, name, dtype, n, args, block=BLOCK):

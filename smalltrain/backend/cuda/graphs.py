@@ -6,9 +6,14 @@ stay valid and reserved for replays (the same contract as torch.cuda.graph).
 A replay runs no Python, so host values read while capturing are frozen into the graph. Code whose inputs
 change between replays (an optimizer's learning rate under a scheduler) keeps them in device memory and
 registers a hook with `on_replay`; every replay of that graph first runs its hooks on the host.
+
+On a real driver a graph keeps its nodes' stream priorities (NODE_PRIORITIES) and smalltrain's kernels in it start
+while their predecessors finish (PDL); both below.
 """
 import contextlib
 import ctypes
+
+import numpy as np
 
 from ...autograd import held
 from . import cupy
@@ -25,13 +30,98 @@ _capturing = []   # the CUDAGraphs whose capture is in progress, innermost last
 # (b512); on 73.4 / 139.0; on with _common.SIDE_STREAMS=2 73.4 / 137.3, where two side streams without it cost b64
 # 10 us (82.7). b512's 4.4 us for b64's ~1.5 (whose rounds off were 68.2-73.2, on 71.5-73.4): on, with two streams
 NODE_PRIORITIES = True
+# PDL: while a graph is captured (with NODE_PRIORITIES' driver path), smalltrain's kernels are launched with
+# programmatic stream serialization (cuLaunchKernelEx; ProgrammaticKernel below), so that a replay starts each one
+# while its predecessor still runs; every kernel of kernels/*.cu first waits for its predecessors to finish
+# (ST_GRID_WAIT, common.cuh), so only the launch's latency is hidden. Read when a CUDAGraph is made.
+# benchmarks/pdl_probe.py, H100: ~0.3 us off each small kernel's ~1.2 us in a graph. The captured step, H100,
+# twenty-ninth session, two rounds, us off / on: LeNet-5 b64 73.8, 73.4 / 69.8, 70.8; b512 136.9, 136.2 / 136.5,
+# 136.8; MnistCnn b64 128.3, 128.2 / 124.3, 127.1
+PDL = True
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
 _GREATEST_PRIORITY = -(1 << 20)   # CUDA clamps a stream's priority into the device's range (greatest: -5 on H100)
 _INSTANTIATE_FLAG_USE_NODE_PRIORITY = 8   # CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY (cuda.h)
 
 
+class _LaunchAttribute(ctypes.Structure):   # CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):   # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("nattrs", ctypes.c_uint)]
+
+
+_SCALARS = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64,
+            "float32": ctypes.c_float, "float64": ctypes.c_double, "bool": ctypes.c_bool}
+
+
+def pack_arguments(args, array_type):
+    """Kernel arguments as cuLaunchKernelEx takes them: (the values, kept alive by the caller, and the array of
+    their addresses). As CuPy passes them: an array (of array_type) by its device address, None as a null pointer,
+    a NumPy scalar as its type, a Python int as int64, float as double and bool as bool."""
+    values = []
+    for a in args:
+        if isinstance(a, array_type):
+            values.append(ctypes.c_void_p(a.data.ptr))
+        elif a is None:
+            values.append(ctypes.c_void_p(None))
+        elif isinstance(a, np.generic) and a.dtype.name in _SCALARS:
+            values.append(_SCALARS[a.dtype.name](a.item()))
+        elif isinstance(a, (bool, int, float)):
+            values.append(ctypes.c_bool(a) if isinstance(a, bool) else ctypes.c_int64(a) if isinstance(a, int)
+                          else ctypes.c_double(a))
+        else:
+            raise TypeError(f"programmatic launch: expected device arrays, None, NumPy scalars or Python numbers as "
+                            f"kernel arguments, got {type(a).__name__}")
+    return values, (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
+
+
+def programmatic_launches():
+    """True while a graph whose kernels are launched with PDL is being captured."""
+    return bool(_capturing) and _capturing[-1].programmatic
+
+
+class ProgrammaticKernel:
+    """A CuPy kernel (RawKernel) launched with programmatic stream serialization (PDL, above); attributes are the
+    kernel's own."""
+
+    def __init__(self, kern):
+        object.__setattr__(self, "_kern", kern)
+
+    def __getattr__(self, name):
+        return getattr(self._kern, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._kern, name, value)
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        cp = cupy()
+        driver = _Driver.get()
+        values, params = pack_arguments(args, cp.ndarray)
+        attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+        attr.value = (1).to_bytes(4, "little") + bytes(60)   # programmaticStreamSerializationAllowed = 1
+        grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+        config = _LaunchConfig(grid, block, int(shared_mem), cp.cuda.get_current_stream().ptr, ctypes.pointer(attr), 1)
+        driver.check(driver.cuLaunchKernelEx(ctypes.byref(config), getattr(self._kern, "kernel", self._kern).ptr,
+                                             params, None), "cuLaunchKernelEx")
+
+
+_programmatic = {}   # id(RawKernel) -> (RawKernel, its ProgrammaticKernel)
+
+
+def programmatic(kern):
+    """kern's ProgrammaticKernel (one per kernel)."""
+    entry = _programmatic.get(id(kern))
+    if entry is None or entry[0] is not kern:
+        entry = _programmatic[id(kern)] = (kern, ProgrammaticKernel(kern))
+    return entry[1]
+
+
 class _Driver:
-    """The libcuda graph calls that CuPy does not offer with flags, bound through ctypes once (as blas.py binds
-    cuBLAS). CUgraph / CUgraphExec / CUstream are the runtime's cudaGraph_t / cudaGraphExec_t / cudaStream_t."""
+    """The libcuda calls that CuPy does not offer with flags or attributes (graph instantiation, kernel launch),
+    bound through ctypes once (as blas.py binds cuBLAS). CUgraph / CUgraphExec / CUstream are the runtime's
+    cudaGraph_t / cudaGraphExec_t / cudaStream_t."""
 
     _instance = None
 
@@ -45,6 +135,7 @@ class _Driver:
         lib = ctypes.CDLL("libcuda.so.1")
         vp = ctypes.c_void_p
         for name, args in {"cuGraphInstantiateWithFlags": [ctypes.POINTER(vp), vp, ctypes.c_ulonglong],
+                           "cuLaunchKernelEx": [ctypes.POINTER(_LaunchConfig), vp, ctypes.POINTER(vp), vp],
                            "cuGraphUpload": [vp, vp], "cuGraphLaunch": [vp, vp],
                            "cuGraphExecDestroy": [vp], "cuGraphDestroy": [vp],
                            "cuGetErrorName": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]}.items():
@@ -110,7 +201,9 @@ class CUDAGraph:
 
     def __init__(self):
         cp = cupy()
-        self.node_priorities = NODE_PRIORITIES and hasattr(cp.cuda.runtime, "streamEndCapture")
+        driver = hasattr(cp.cuda.runtime, "streamEndCapture")   # a real CUDA driver (not the emulator)
+        self.node_priorities = NODE_PRIORITIES and driver
+        self.programmatic = PDL and self.node_priorities
         self.stream = cp.cuda.Stream(non_blocking=True, priority=_GREATEST_PRIORITY) if self.node_priorities \
             else cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()

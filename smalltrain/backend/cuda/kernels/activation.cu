@@ -17,9 +17,11 @@ __device__ void act_backward(const T* __restrict__ dout, const T* __restrict__ x
 
 #define ST_ACT(T, S)                                                                                  \
     extern "C" __global__ void act_fwd_##S(const T* x, T* out, i64 n, int act) {                      \
+        ST_GRID_WAIT();                                                                               \
         act_forward<T>(x, out, n, act);                                                               \
     }                                                                                                 \
     extern "C" __global__ void act_bwd_##S(const T* dout, const T* x, T* dx, i64 n, int act) {        \
+        ST_GRID_WAIT();                                                                               \
         act_backward<T>(dout, x, dx, n, act);                                                         \
     }
 ST_INSTANTIATE(ST_ACT)

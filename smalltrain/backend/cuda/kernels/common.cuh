@@ -36,6 +36,16 @@ typedef unsigned int u32;
 // below 2^30, so that a grid-stride step (at most 65536 blocks x 1024 threads) never overflows an int either
 __device__ __forceinline__ bool st_fits32(i64 a, i64 b = 0) { return a < (1LL << 30) && b < (1LL << 30); }
 
+// The first statement of every kernel: wait until the kernels this one depends on have finished and their writes
+// are visible. A no-op unless the launch allowed the kernel to start early (programmatic dependent launch,
+// graphs.PDL: the captured step's kernels go to the GPU while their predecessor still runs, which hides part of
+// each dependent launch's latency); then every kernel must wait before it reads or writes memory.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define ST_GRID_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
+#else
+#define ST_GRID_WAIT() ((void)0)
+#endif
+
 // Staging global -> shared memory with every copy in flight at once: cp.async (sm_80 and later) copies without a
 // register round trip, so a thread issues all its copies before waiting once (st_async_wait, then the
 // __syncthreads that publishes them), instead of paying a memory latency per element as a load-then-store loop does

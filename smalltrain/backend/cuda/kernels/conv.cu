@@ -1535,6 +1535,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     igemm_wgrad_##BO##x##BK##_##S(const T* x, const T* g, T* partial, int N, int C, int H, int W, int O, int KH,   \
                                   int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int S,  \
                                   int with_bias) {                                                                 \
+        ST_GRID_WAIT();                                                                                            \
         igemm_wgrad<T, BO, BK, TO, TK>(x, g, partial, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, S,    \
                                        with_bias);                                                                 \
     }
@@ -1544,6 +1545,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     igemm_fwd_bo##BO##_##S(const T* x, const T* w, const T* b, T* out, T* y, int N, int C, int H, int W, int O,    \
                            int KH, int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw,         \
                            int act) {                                                                              \
+        ST_GRID_WAIT();                                                                                            \
         igemm_fwd<T, BO>(x, w, b, out, y, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act);             \
     }
 
@@ -1552,6 +1554,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
                                                        int C, int H, int W, int O, int KH, int KW, int OH, int OW, \
                                                        int sh, int sw, int ph, int pw, int dh, int dw, int act,    \
                                                        int S, int CS) {                                            \
+        ST_GRID_WAIT();                                                                                            \
         direct_fwd<T, OB>(x, w, b, out, y, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, act, S, CS);     \
     }
 
@@ -1559,6 +1562,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     extern "C" __global__ void direct_dx_cb##CB##_##S(const T* g, const T* w, T* dx, int N, int C, int H, int W,    \
                                                       int O, int KH, int KW, int OH, int OW, int sh, int sw,       \
                                                       int ph, int pw, int dh, int dw, int S) {                     \
+        ST_GRID_WAIT();                                                                                            \
         direct_dx<T, CB>(g, w, dx, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, S);                      \
     }
 
@@ -1567,6 +1571,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     wgrad_partial_r##R##_##S(const T* x, const T* g, T* partial, int N, int C, int H, int W, int O, int KH,        \
                              int KW, int OH, int OW, int sh, int sw, int ph, int pw, int dh, int dw, int TQ,       \
                              int with_bias) {                                                                      \
+        ST_GRID_WAIT();                                                                                            \
         wgrad_partial<T, R>(x, g, partial, N, C, H, W, O, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw, TQ, with_bias);  \
     }
 
@@ -1580,6 +1585,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, wpart, vstage
 #define ST_TILE_ONE(T, S, KS, TO, NAME, EPI)                                                                       \
     extern "C" __global__ void NAME##_k##KS##_to##TO##_##S(ST_TILE_PARAMS(T)) {                                    \
+        ST_GRID_WAIT();                                                                                            \
         tile_conv<T, KS, TO, EPI>(ST_TILE_ARGS);                                                                   \
     }
 // tile_conv_lin_ce: tile_conv_lin with the cross-entropy of its logits after it (CeArgs), its arguments in
@@ -1599,6 +1605,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     tile_conv_lin_ce_k##KS##_to##TO##_##S(                                                                         \
         ST_TILE_PARAMS(T), const i64* target, const T* cw, T* grad, i64 ignore_index, T ls, int* bad, T* partial,  \
         unsigned* counter, int mean, T* loss, T* wsum, T* unit) {                                                  \
+        ST_GRID_WAIT();                                                                                            \
         tile_conv<T, KS, TO, ST_EPI_LINEAR>(                                                                       \
             ST_TILE_ARGS,                                                                                          \
             CeArgs<T>{target, cw, grad, ignore_index, ls, bad, partial, counter, mean, loss, wsum, unit});         \
@@ -1619,6 +1626,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     tile_wgrad_k##KS##_to##TO##_##S(const T* x, const T* g, T* partial, int N, int C,                              \
                                                              int H, int W, int O, int Ho, int Wo, int pt, int pl,  \
                                                              int TH, int RS) {                                     \
+        ST_GRID_WAIT();                                                                                            \
         tile_wgrad<T, KS, TO>(x, g, partial, N, C, H, W, O, Ho, Wo, pt, pl, TH, RS);                               \
     }
 
@@ -1626,12 +1634,14 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     extern "C" __global__ void pooled_wgrad_k##KS##_##S(const T* gw, const i64* pidx, const T* x, T* wpart, int N,  \
                                                        int C, int O, int H, int W, int FW, int P, int pt, int pl,  \
                                                        int IPB) {                                                  \
+        ST_GRID_WAIT();                                                                                            \
         pooled_wgrad<T, KS>(gw, pidx, x, wpart, N, C, O, H, W, FW, P, pt, pl, IPB);                                \
     }
 
 #define ST_CONV(T, S)                                                                                              \
     extern "C" __global__ void im2col_##S(const T* x, T* cols, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH,  \
                                           i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
+        ST_GRID_WAIT();                                                                                            \
         if (st_fits32(N * C * H * W, C * KH * KW * N * OH * OW))                                                   \
             im2col<T, int>(x, cols, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                           \
         else                                                                                                       \
@@ -1639,22 +1649,26 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     }                                                                                                              \
     extern "C" __global__ void col2im_##S(const T* cols, T* dx, i64 N, i64 C, i64 H, i64 W, i64 KH, i64 KW, i64 OH, \
                                           i64 OW, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {                \
+        ST_GRID_WAIT();                                                                                            \
         if (st_fits32(N * C * H * W, C * KH * KW * N * OH * OW))                                                   \
             col2im<T, int>(cols, dx, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                          \
         else                                                                                                       \
             col2im<T, i64>(cols, dx, N, C, H, W, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw);                          \
     }                                                                                                              \
     extern "C" __global__ void bias_act_fwd_##S(const T* y, const T* b, T* out, i64 N, i64 O, i64 P, int act) {     \
+        ST_GRID_WAIT();                                                                                             \
         if (st_fits32(N * O * P)) bias_act_fwd<T, int>(y, b, out, N, O, P, act);                                   \
         else bias_act_fwd<T, i64>(y, b, out, N, O, P, act);                                                        \
     }                                                                                                              \
     extern "C" __global__ void bias_act_bwd_##S(const T* dout, const T* y, const T* b, T* g, i64 N, i64 O, i64 P,   \
                                                 int act) {                                                         \
+        ST_GRID_WAIT();                                                                                            \
         if (st_fits32(N * O * P)) bias_act_bwd<T, int>(dout, y, b, g, N, O, P, act);                               \
         else bias_act_bwd<T, i64>(dout, y, b, g, N, O, P, act);                                                    \
     }                                                                                                              \
     extern "C" __global__ void bias_act_bwd_rows_##S(const T* dout, const T* y, const T* b, T* g, i64 N, i64 O,     \
                                                      i64 P, int act) {                                             \
+        ST_GRID_WAIT();                                                                                            \
         if (st_fits32(N * O * P)) bias_act_bwd_rows<T, int>(dout, y, b, g, N, O, P, act);                          \
         else bias_act_bwd_rows<T, i64>(dout, y, b, g, N, O, P, act);                                               \
     }                                                                                                              \
@@ -1664,6 +1678,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     ST_TILE_WGRAD(T, S, 3, 4) ST_TILE_WGRAD(T, S, 3, 8) ST_TILE_WGRAD(T, S, 5, 4) ST_TILE_WGRAD(T, S, 5, 8)      \
     ST_IGEMM_WGRAD(T, S, 32, 64, 4, 4) ST_IGEMM_WGRAD(T, S, 16, 128, 4, 4) ST_IGEMM_WGRAD(T, S, 8, 32, 2, 2)       \
     extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
+        ST_GRID_WAIT();                                                                                            \
         wgrad_reduce<T>(partial, dw, db, S, O, K);                                                                 \
     }                                                                                                              \
     ST_POOLED_WGRAD(T, S, 3) ST_POOLED_WGRAD(T, S, 5)                                                              \

@@ -55,6 +55,7 @@ __device__ void dropout_apply(const T* __restrict__ x, T* __restrict__ out, i64 
 
 extern "C" __global__ void dropout_mask(unsigned char* __restrict__ mask, i64 n, u32 threshold,
                                         const u64* __restrict__ state) {
+    ST_GRID_WAIT();
     GRID_STRIDE(g, (n + 3) / 4) {
         const u32x4 r = dropout_bits((u64)g, state);
         for (int k = 0; k < 4; ++k) {
@@ -67,6 +68,7 @@ extern "C" __global__ void dropout_mask(unsigned char* __restrict__ mask, i64 n,
 #define ST_DROPOUT(T, S)                                                                                       \
     extern "C" __global__ void dropout_apply_##S(const T* x, T* out, i64 n, u32 threshold, T scale,           \
                                                  const u64* state) {                                           \
+        ST_GRID_WAIT();                                                                                        \
         dropout_apply<T>(x, out, n, threshold, scale, state);                                                  \
     }
 ST_INSTANTIATE(ST_DROPOUT)

@@ -28,10 +28,12 @@ __device__ void scatter_add(T* __restrict__ out, const i64* __restrict__ index, 
 #define ST_INDEX(T, S)                                                                                           \
     extern "C" __global__ void gather_##S(const T* x, const i64* index, T* out, i64 outer, i64 D, i64 J,         \
                                           i64 inner) {                                                           \
+        ST_GRID_WAIT();                                                                                          \
         gather<T>(x, index, out, outer, D, J, inner);                                                            \
     }                                                                                                            \
     extern "C" __global__ void scatter_add_##S(T* out, const i64* index, const T* src, i64 outer, i64 D, i64 J,  \
                                                i64 inner) {                                                      \
+        ST_GRID_WAIT();                                                                                          \
         scatter_add<T>(out, index, src, outer, D, J, inner);                                                     \
     }
 ST_INSTANTIATE(ST_INDEX)

@@ -694,28 +694,33 @@ __device__ void wide_bwd(const T* __restrict__ dout, const T* __restrict__ y, co
 #define ST_LINEAR(T, S)                                                                                            \
     extern "C" __global__ void __launch_bounds__(ST_LTHREADS)                                                      \
     linear_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, int M, int K, int F, int act) {               \
+        ST_GRID_WAIT();                                                                                            \
         linear_fwd<T>(x, w, b, out, y, M, K, F, act);                                                              \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_LTHREADS)                                                      \
     linear_bwd_##S(const T* dout, const T* y, const T* b, const T* x, const T* w, T* dx, T* dw, T* db, int M,      \
                    int K, int F, int ysm, int ysf, int act, int blocks_dx) {                                       \
+        ST_GRID_WAIT();                                                                                            \
         linear_bwd<T>(dout, y, b, x, w, dx, dw, db, M, K, F, ysm, ysf, act, blocks_dx);                            \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_LTHREADS)                                                      \
     chain_wgrad_##S(const T* g0, const T* g1, const T* g2, const T* g3, const T* x0, const T* x1, const T* x2,     \
                     const T* x3, T* dw0, T* dw1, T* dw2, T* dw3, T* db0, T* db1, T* db2, T* db3, int d0, int d1,   \
                     int d2, int d3, int d4, int t1, int t2, int t3, int M) {                                       \
+        ST_GRID_WAIT();                                                                                            \
         chain_wgrad<T>(g0, g1, g2, g3, x0, x1, x2, x3, dw0, dw1, dw2, dw3, db0, db1, db2, db3, d0, d1, d2, d3, d4, \
                        t1, t2, t3, M);                                                                             \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_WTHREADS)                                                      \
     wide_fwd_##S(const T* x, const T* w, const T* b, T* out, T* y, T* part, unsigned* counters, int M, int K,      \
                  int F, int act, int kchunk) {                                                                     \
+        ST_GRID_WAIT();                                                                                            \
         wide_fwd<T>(x, w, b, out, y, part, counters, M, K, F, act, kchunk);                                        \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_WTHREADS, ST_WIDE_BWD_MIN_BLOCKS(T))                          \
     wide_bwd_##S(const T* dout, const T* y, const T* b, const T* x, const T* w, T* dx, T* dw, T* db, int M, int K, \
                  int F, int ysm, int ysf, int act, int P, const T* yc, const T* bc, int actc) {                    \
+        ST_GRID_WAIT();                                                                                            \
         wide_bwd<T>(dout, y, b, x, w, dx, dw, db, M, K, F, ysm, ysf, act, P, yc, bc, actc);                        \
     }
 ST_INSTANTIATE(ST_LINEAR)
@@ -727,18 +732,21 @@ ST_INSTANTIATE(ST_LINEAR)
 #define ST_CHAIN(T, S, R)                                                                                          \
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_fwd_r##R##_##S(const T* x, ST_CHAIN_PARAMS(T), int M, int L, int WMAX) {                                 \
+        ST_GRID_WAIT();                                                                                            \
         chain_fwd<T, R>(x, ST_CHAIN_ARGS, M, L, WMAX);                                                             \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_fwd_ce_r##R##_##S(const T* x, ST_CHAIN_PARAMS(T), int M, int L, int WMAX, const i64* target, const T* cw, \
                             T* grad, i64 ignore_index, T ls, int* bad, T* partial, unsigned* counter, int mean,    \
                             T* out, T* wsum, T* unit) {                                                            \
+        ST_GRID_WAIT();                                                                                            \
         chain_fwd_ce<T, R>(x, ST_CHAIN_ARGS, M, L, WMAX, target, cw, grad, ignore_index, ls, bad, partial, counter, \
                            mean, out, wsum, unit);                                                                 \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(ST_CTHREADS)                                                      \
     chain_bwd_rows_r##R##_##S(const T* dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3, T* dx, int M, int L,  \
                               int WMAX, const i64* pidx, const T* py, const T* pb, int pact, int pc, int pw) {     \
+        ST_GRID_WAIT();                                                                                            \
         chain_bwd_rows<T, R, false>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX, pidx, py, pb, pact, pc,   \
                                     pw);                                                                           \
     }                                                                                                              \
@@ -746,6 +754,7 @@ ST_INSTANTIATE(ST_LINEAR)
     chain_bwd_staged_r##R##_##S(const T* dout, ST_CHAIN_PARAMS(T), T* g0, T* g1, T* g2, T* g3, T* dx, int M,       \
                                 int L, int WMAX, const i64* pidx, const T* py, const T* pb, int pact, int pc,      \
                                 int pw) {                                                                          \
+        ST_GRID_WAIT();                                                                                            \
         chain_bwd_rows<T, R, true>(dout, ST_CHAIN_ARGS, g0, g1, g2, g3, dx, M, L, WMAX, pidx, py, pb, pact, pc,    \
                                    pw);                                                                            \
     }

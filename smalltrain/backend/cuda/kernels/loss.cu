@@ -96,36 +96,44 @@ __device__ void ce_reduce(const T* __restrict__ loss, const T* __restrict__ wt, 
 
 #define ST_LOSS(T, S)                                                                                               \
     extern "C" __global__ void softmax_fwd_##S(const T* x, T* y, i64 rows, i64 C, i64 inner) {                      \
+        ST_GRID_WAIT();                                                                                             \
         softmax_forward<T, false>(x, y, rows, C, inner);                                                            \
     }                                                                                                               \
     extern "C" __global__ void log_softmax_fwd_##S(const T* x, T* y, i64 rows, i64 C, i64 inner) {                  \
+        ST_GRID_WAIT();                                                                                             \
         softmax_forward<T, true>(x, y, rows, C, inner);                                                             \
     }                                                                                                               \
     extern "C" __global__ void softmax_bwd_##S(const T* dy, const T* y, T* dx, i64 rows, i64 C, i64 inner) {        \
+        ST_GRID_WAIT();                                                                                             \
         softmax_backward<T, false>(dy, y, dx, rows, C, inner);                                                      \
     }                                                                                                               \
     extern "C" __global__ void log_softmax_bwd_##S(const T* dy, const T* y, T* dx, i64 rows, i64 C, i64 inner) {    \
+        ST_GRID_WAIT();                                                                                             \
         softmax_backward<T, true>(dy, y, dx, rows, C, inner);                                                       \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_fwd_##S(const T* x, const i64* target, const T* w, T* loss, T* wt,     \
                                                      T* grad, i64 rows, i64 C, i64 inner, i64 ignore_index, T ls,   \
                                                      int* bad) {                                                    \
+        ST_GRID_WAIT();                                                                                             \
         T l = T(0), wv = T(0);                                                                                      \
         ce_forward<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, l, wv);                  \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_fwd_reduce_##S(                                                        \
         const T* x, const i64* target, const T* w, T* loss, T* wt, T* grad, i64 rows, i64 C, i64 inner,             \
         i64 ignore_index, T ls, int* bad, T* partial, unsigned* counter, int mean, T* out, T* wsum, T* unit) {      \
+        ST_GRID_WAIT();                                                                                             \
         ce_forward_reduce<T>(x, target, w, loss, wt, grad, rows, C, inner, ignore_index, ls, bad, partial, counter, \
                              mean, out, wsum, unit);                                                                \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_bwd_##S(const T* grad, const i64* target, i64 ignore_index,            \
                                                      const T* scale, i64 scale_stride, const T* wsum, T* dx,        \
                                                      i64 outer, i64 C, i64 inner) {                                 \
+        ST_GRID_WAIT();                                                                                             \
         ce_backward<T>(grad, target, ignore_index, scale, scale_stride, wsum, dx, outer, C, inner);                 \
     }                                                                                                               \
     extern "C" __global__ void cross_entropy_reduce_##S(const T* loss, const T* wt, i64 rows, int mean, T* out,     \
                                                         T* wsum) {                                                  \
+        ST_GRID_WAIT();                                                                                             \
         ce_reduce<T>(loss, wt, rows, mean, out, wsum);                                                              \
     }
 ST_INSTANTIATE(ST_LOSS)

@@ -93,15 +93,18 @@ __device__ void bn_backward(const T* __restrict__ dy, const T* __restrict__ x, c
     extern "C" __global__ void bn_fwd_train_##S(const T* x, const T* w, const T* b, T* y, T* save_mean,            \
                                                 T* save_invstd, T* running_mean, T* running_var, i64 N, i64 C,     \
                                                 i64 Sp, double eps, double momentum) {                             \
+        ST_GRID_WAIT();                                                                                            \
         bn_forward_train<T>(x, w, b, y, save_mean, save_invstd, running_mean, running_var, N, C, Sp, eps,         \
                             momentum);                                                                             \
     }                                                                                                              \
     extern "C" __global__ void bn_fwd_eval_##S(const T* x, const T* w, const T* b, const T* running_mean,          \
                                                const T* running_var, T* y, i64 N, i64 C, i64 Sp, double eps) {     \
+        ST_GRID_WAIT();                                                                                            \
         bn_forward_eval<T>(x, w, b, running_mean, running_var, y, N, C, Sp, eps);                                  \
     }                                                                                                              \
     extern "C" __global__ void bn_bwd_##S(const T* dy, const T* x, const T* w, const T* mean, const T* invstd,     \
                                           T* dx, T* dw, T* db, i64 N, i64 C, i64 Sp, int training) {               \
+        ST_GRID_WAIT();                                                                                            \
         bn_backward<T>(dy, x, w, mean, invstd, dx, dw, db, N, C, Sp, training);                                    \
     }
 ST_INSTANTIATE(ST_NORM)

@@ -105,23 +105,26 @@ __device__ void adam_step(const i64* __restrict__ records, i64 stride, double lr
     extern "C" __global__ void sgd_step_##S(const i64* records, i64 stride, double lr, const double* hyper,        \
                                             double momentum, double dampening, double wd, int nesterov,            \
                                             int maximize, int first) {                                             \
+        ST_GRID_WAIT();                                                                                            \
         sgd_step<T>(records, stride, lr, hyper, momentum, dampening, wd, nesterov, maximize, first);               \
     }                                                                                                              \
     extern "C" __global__ void adam_step_##S(const i64* records, i64 stride, double lr, const double* hyper,       \
                                              double beta1, double beta2, double eps, double wd, void* step,        \
                                              int step_f64, int inc, unsigned* counter, int amsgrad, int maximize,  \
                                              int decoupled) {                                                      \
+        ST_GRID_WAIT();                                                                                            \
         adam_step<T>(records, stride, lr, hyper, beta1, beta2, eps, wd, step, step_f64, inc, counter, amsgrad,     \
                      maximize, decoupled);                                                                         \
     }                                                                                                              \
     /* Adam's device-side step count where adam_step cannot store it (no counter yet while a graph is captured) */ \
-    extern "C" __global__ void increment_step_##S(T* step) { *step += (T)1; }
+    extern "C" __global__ void increment_step_##S(T* step) { ST_GRID_WAIT(); *step += (T)1; }
 ST_INSTANTIATE(ST_OPTIM)
 #undef ST_OPTIM
 
 // Writes up to 5 hyperparameters into the device array `hyper` (values as kernel arguments: no host staging
 // buffer and no stream synchronization, unlike a copy from pageable host memory).
 extern "C" __global__ void set_hyper(double* hyper, int n, double v0, double v1, double v2, double v3, double v4) {
+    ST_GRID_WAIT();
     const double v[5] = {v0, v1, v2, v3, v4};
     for (int i = 0; i < n && i < 5; ++i) hyper[i] = v[i];
 }

@@ -155,6 +155,7 @@ __device__ void avg_pool_bwd(const T* __restrict__ dout, T* __restrict__ dx, i64
 #define ST_POOL(T, S)                                                                                                \
     extern "C" __global__ void max_pool2d_fwd_##S(const T* x, T* out, i64* idx, i64 B, i64 H, i64 W, i64 OH, i64 OW, \
                                                   i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw) {  \
+        ST_GRID_WAIT();                                                                                              \
         if (st_fits32(B * H * W, B * OH * OW))                                                                       \
             max_pool_fwd<T, int>(x, out, idx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                      \
         else                                                                                                         \
@@ -163,6 +164,7 @@ __device__ void avg_pool_bwd(const T* __restrict__ dout, T* __restrict__ dx, i64
     extern "C" __global__ void max_pool2d_bwd_##S(const T* dout, const i64* idx, T* dx, i64 B, i64 H, i64 W, i64 OH, \
                                                   i64 OW, i64 kh, i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, i64 dh,    \
                                                   i64 dw) {                                                          \
+        ST_GRID_WAIT();                                                                                              \
         if (st_fits32(B * H * W, B * OH * OW))                                                                       \
             max_pool_bwd<T, int>(dout, idx, dx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw);                    \
         else                                                                                                         \
@@ -171,6 +173,7 @@ __device__ void avg_pool_bwd(const T* __restrict__ dout, T* __restrict__ dx, i64
     extern "C" __global__ void max_pool2d_bwd_act_##S(const T* dout, const i64* idx, T* g, const T* y, const T* bias, \
                                                       i64 B, i64 C, i64 H, i64 W, i64 OH, i64 OW, i64 kh, i64 kw,    \
                                                       i64 sh, i64 sw, i64 ph, i64 pw, i64 dh, i64 dw, int act) {     \
+        ST_GRID_WAIT();                                                                                              \
         if (st_fits32(B * H * W, B * OH * OW))                                                                       \
             max_pool_bwd<T, int>(dout, idx, g, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, C, y, bias, act);    \
         else                                                                                                         \
@@ -179,14 +182,17 @@ __device__ void avg_pool_bwd(const T* __restrict__ dout, T* __restrict__ dx, i64
     extern "C" __global__ void max_pool2d_bwd_act_tiled_##S(const T* dout, const i64* idx, T* g, const T* y,          \
                                                             const T* bias, int B, int C, int OH, int OW, int kh,   \
                                                             int kw, int act) {                                     \
+        ST_GRID_WAIT();                                                                                            \
         max_pool_bwd_act_tiled<T>(dout, idx, g, y, bias, B, C, OH, OW, kh, kw, act);                                 \
     }                                                                                                                \
     extern "C" __global__ void avg_pool2d_fwd_##S(const T* x, T* out, i64 B, i64 H, i64 W, i64 OH, i64 OW, i64 kh,   \
                                                   i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int cip, i64 divisor) {    \
+        ST_GRID_WAIT();                                                                                              \
         avg_pool_fwd<T>(x, out, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, cip, divisor);                              \
     }                                                                                                                \
     extern "C" __global__ void avg_pool2d_bwd_##S(const T* dout, T* dx, i64 B, i64 H, i64 W, i64 OH, i64 OW, i64 kh, \
                                                   i64 kw, i64 sh, i64 sw, i64 ph, i64 pw, int cip, i64 divisor) {    \
+        ST_GRID_WAIT();                                                                                              \
         avg_pool_bwd<T>(dout, dx, B, H, W, OH, OW, kh, kw, sh, sw, ph, pw, cip, divisor);                            \
     }
 ST_INSTANTIATE(ST_POOL)
