@@ -203,7 +203,8 @@ class CUDAGraph:
         cp = cupy()
         driver = hasattr(cp.cuda.runtime, "streamEndCapture")   # a real CUDA driver (not the emulator)
         self.node_priorities = NODE_PRIORITIES and driver
-        self.programmatic = PDL and self.node_priorities
+        # PDL needs compute capability 9.0 (ST_GRID_WAIT is compiled in from sm_90 on, a no-op before)
+        self.programmatic = PDL and self.node_priorities and int(cp.cuda.Device().compute_capability) >= 90
         self.stream = cp.cuda.Stream(non_blocking=True, priority=_GREATEST_PRIORITY) if self.node_priorities \
             else cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()
