@@ -5,7 +5,8 @@ A probe for the captured training step, which is a chain of ~8 dependent kernels
 step takes ~10 us more than its kernels' ncu times at LeNet-5 b64. This script captures chains of identical small
 kernels (each reads the previous one's output) into one graph and times a replay per kernel, four ways:
   - cupy: CuPy's launch (cuLaunchKernel), a plain stream-order edge between the kernels;
-  - ex: the same through cuLaunchKernelEx without attributes (the launch path below, as a control);
+  - ex: the same through cuLaunchKernelEx without attributes (graphs.launch_ex, the package's PDL path, as a
+    control);
   - pdl wait: cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION; each kernel waits
     (griddepcontrol.wait) for its predecessor's completion and memory before touching anything;
   - pdl trigger: as pdl wait, and each kernel lets its dependent launch at once (griddepcontrol.launch_dependents
@@ -16,7 +17,6 @@ Run (GPU): python3 benchmarks/pdl_probe.py [--kernels 8] [--sizes 16384 262144 2
 Each time: GPU microseconds per kernel, from graph replays of 10 chains timed by CUDA events, median of 7.
 """
 import argparse
-import ctypes
 import os
 import sys
 
@@ -35,53 +35,30 @@ extern "C" __global__ void chain_step(const float* __restrict__ in, float* __res
 """
 
 
-class _Attr(ctypes.Structure):   # CUlaunchAttribute: id, padding to 8 bytes, a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
-
-
-class _Config(ctypes.Structure):   # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_Attr)), ("nattrs", ctypes.c_uint)]
-
-
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernels", type=int, default=8)
     p.add_argument("--sizes", type=int, nargs="+", default=[16384, 262144, 2097152])
     args = p.parse_args(argv)
-    from smalltrain.backend.cuda import cupy
+    from smalltrain.backend.cuda import cupy, graphs
     cp = cupy()
     print(environment(None, "cuda"))
     kern = cp.RawModule(code=SOURCE, options=("-std=c++17",)).get_function("chain_step")
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
-                                     ctypes.c_void_p]
-    function_ptr = getattr(kern, "kernel", kern).ptr   # the CUfunction (RawKernel.kernel: a cupy.cuda.Function)
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     print(f"{'floats':>9} {'blocks':>6}  {'cupy':>8} {'ex':>8} {'pdl wait':>9} {'pdl trigger':>12}   us a kernel")
     for n in args.sizes:
         blocks = min(sms * 4, (n + 255) // 256)
         bufs = [cp.arange(n, dtype=cp.float32) for _ in range(args.kernels + 1)]
 
-        def chain(how, stream):
+        def chain(how):
             for k in range(args.kernels):
                 src, dst = bufs[k], bufs[k + 1]
                 if how == "cupy":
                     kern((blocks,), (256,), (src, dst, np.int32(n), np.int32(0)))
                     continue
                 mode = {"ex": 0, "pdl wait": 1, "pdl trigger": 3}[how]
-                vals = [ctypes.c_void_p(src.data.ptr), ctypes.c_void_p(dst.data.ptr), ctypes.c_int(n),
-                        ctypes.c_int(mode)]
-                params = (ctypes.c_void_p * 4)(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
-                attr = _Attr(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-                attr.value = (1).to_bytes(4, "little") + bytes(60)
-                cfg = _Config((blocks, 1, 1), (256, 1, 1), 0, stream.ptr, ctypes.pointer(attr), int(mode != 0))
-                rc = lib.cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(function_ptr), params, None)
-                if rc:
-                    raise RuntimeError(f"cuLaunchKernelEx: CUresult {rc}")
+                graphs.launch_ex(kern, (blocks,), (256,), (src, dst, np.int32(n), np.int32(mode)),
+                                 programmatic=mode != 0)   # (on the current stream: the capturing one)
 
         row, results = [], {}
         for how in ("cupy", "ex", "pdl wait", "pdl trigger"):
@@ -91,7 +68,7 @@ def main(argv=None):
             with stream:
                 stream.begin_capture()
                 for _ in range(10):
-                    chain(how, stream)
+                    chain(how)
                 graph = stream.end_capture()
                 graph.launch(stream)
                 stream.synchronize()

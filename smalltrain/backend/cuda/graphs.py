@@ -96,15 +96,25 @@ class ProgrammaticKernel:
         setattr(self._kern, name, value)
 
     def __call__(self, grid, block, args, shared_mem=0):
-        cp = cupy()
-        driver = _Driver.get()
-        values, params = pack_arguments(args, cp.ndarray)
-        attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-        attr.value = (1).to_bytes(4, "little") + bytes(60)   # programmaticStreamSerializationAllowed = 1
-        grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
-        config = _LaunchConfig(grid, block, int(shared_mem), cp.cuda.get_current_stream().ptr, ctypes.pointer(attr), 1)
-        driver.check(driver.cuLaunchKernelEx(ctypes.byref(config), getattr(self._kern, "kernel", self._kern).ptr,
-                                             params, None), "cuLaunchKernelEx")
+        launch_ex(self._kern, grid, block, args, shared_mem, programmatic=True)
+
+
+# programmaticStreamSerializationAllowed = 1, the one attribute a programmatic launch passes (built once)
+_PROGRAMMATIC_ATTRIBUTE = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION,
+                                           value=(1).to_bytes(4, "little") + bytes(60))
+
+
+def launch_ex(kern, grid, block, args, shared_mem=0, programmatic=False):
+    """Launch the CuPy kernel `kern` on the current stream through cuLaunchKernelEx, with programmatic stream
+    serialization or without attributes (benchmarks/pdl_probe.py compares the two with CuPy's own launch)."""
+    cp = cupy()
+    driver = _Driver.get()
+    values, params = pack_arguments(args, cp.ndarray)   # (values: alive until the launch has copied them)
+    grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+    config = _LaunchConfig(grid, block, int(shared_mem), cp.cuda.get_current_stream().ptr,
+                           ctypes.pointer(_PROGRAMMATIC_ATTRIBUTE), int(programmatic))
+    driver.check(driver.cuLaunchKernelEx(ctypes.byref(config), getattr(kern, "kernel", kern).ptr, params, None),
+                 "cuLaunchKernelEx")
 
 
 _programmatic = {}   # id(RawKernel) -> (RawKernel, its ProgrammaticKernel)
