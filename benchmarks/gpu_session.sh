@@ -12,6 +12,7 @@
 # TESTS narrows the test stage to some paths (default: the whole suite), TEST_WORKERS sets its pytest-xdist workers
 # (default 8), NCU_CONFIGS the ncu stage's model:batch list.
 # The variants stage (not in the default STAGES): benchmarks/conv_variants.py with VARIANT_ARGS (default --pooled).
+# The timeline stage (not in the default STAGES): the graph replay's kernels as they overlap (CUPTI).
 # The detail stage (not in the default STAGES): ncu's sections per kernel of NCU_DETAIL_CONFIGS' steps (only the
 # kernels whose names match the regex NCU_DETAIL_KERNELS, where set); the source stage: those kernels' SASS with
 # each instruction's warp-stall samples.
@@ -98,6 +99,15 @@ stage ncu && for config in ${NCU_CONFIGS:-lenet5:64 lenet5:512 cnn:64}; do
     python3 benchmarks/kernel_times.py --summarize /tmp/ncu.csv > "$OUT/$name" 2>&1
     echo "$name"; head -12 "$OUT/$name"
   done
+done
+# the captured step's replay as it runs (benchmarks/timeline.py, CUPTI through PyTorch's profiler; not in the
+# default STAGES): each kernel's start and end on its stream and the time no kernel runs, for TIMELINE_CONFIGS
+# (knobs: NCU_SETS)
+stage timeline && for config in ${TIMELINE_CONFIGS:-lenet5:512 lenet5:64}; do
+  name=timeline_${config/:/_}
+  timeout ${T_TIMELINE:-120} python3 benchmarks/timeline.py --config $config --trace /tmp/$name.json \
+    "${ncu_sets[@]}" > "$OUT/$name.txt" 2>&1
+  head -40 "$OUT/$name.txt"
 done
 # ncu's sections for each kernel of one eager step (what a kernel waits on: occupancy, warp stalls, memory), for the
 # kernels' next changes; not in the default STAGES (its replays take ~10 passes a kernel)

@@ -108,17 +108,17 @@ def test_captured_step_with_the_first_layers_rows_added_in_the_kernel_equals_eag
     assert worst <= 1e-6
 
 
-def _captured_with_and_without(monkeypatch, knob):
-    """The parameters after 30 captured LeNet-5 Adam steps with graphs.<knob> off, then on, and the type of the
-    executable graph each made (a test of the driver's path: skipped on the emulator)."""
+def _captured_with_and_without(monkeypatch, knob, module=None, driver=True):
+    """The parameters after 30 captured LeNet-5 Adam steps with module.<knob> (graphs by default) off, then on, and
+    the type of the executable graph each made (with driver, a test of the driver's path: skipped on the emulator)."""
     from smalltrain.backend.cuda import graphs
     from smalltrain.testing import cuda_emulator
-    if cuda_emulator.installed():
+    if driver and cuda_emulator.installed():
         pytest.skip("the emulator has no driver to launch kernels or instantiate graphs with attributes")
     xs, ys = _batches(10, 64, "cuda")
     params, kinds = [], []
     for on in (False, True):
-        monkeypatch.setattr(graphs, knob, on)
+        monkeypatch.setattr(module or graphs, knob, on)
         model, step = _setup("cuda", "adam")
         compiled = smalltrain.compile(step)
         for i in range(30):
@@ -159,6 +159,38 @@ def test_captured_step_with_programmatic_launches_equals_the_one_without(monkeyp
     assert len(launched) >= 8 and any(n.startswith("adam_step") for n in names), (len(launched), names)
     for p, q in zip(*params):
         assert np.array_equal(p, q)
+
+
+@cuda
+def test_the_optimizers_table_copied_once_equals_the_copy_in_every_replay(monkeypatch):
+    """The fused optimizer's table of addresses, made while the step is captured, is copied to the device once when
+    the capture ends (graphs.after_capture) instead of by a memcpy node of every replay (optim.TABLE_COPY_NODE):
+    after 30 steps the parameters are bit-equal."""
+    from smalltrain.backend.cuda import optim
+    params, _ = _captured_with_and_without(monkeypatch, "TABLE_COPY_NODE", optim, driver=False)
+    for p, q in zip(*params):
+        assert np.array_equal(p, q)
+
+
+@cuda
+def test_after_capture_hooks_run_once_when_the_capture_ends_and_not_after_a_failed_one():
+    from smalltrain.backend.cuda import graphs
+    ran = []
+    assert graphs.after_capture(ran.append) is False and ran == []   # outside a capture
+    x = smalltrain.tensor(np.arange(4, dtype=np.float32), device="cuda")
+    g = smalltrain.cuda.CUDAGraph()
+    with smalltrain.cuda.graph(g):
+        y = x * 2
+        assert graphs.after_capture(ran.append) is True
+        assert ran == []
+    assert ran == [g.stream] and g.capture_end_hooks == []
+    g.replay()
+    np.testing.assert_array_equal(y.cpu().numpy(), [0, 2, 4, 6])
+    with pytest.raises(ValueError, match="inside the capture"):
+        with smalltrain.cuda.graph(smalltrain.cuda.CUDAGraph()):
+            graphs.after_capture(lambda stream: ran.append("failed"))
+            raise ValueError("inside the capture")
+    assert ran == [g.stream]
 
 
 @cuda

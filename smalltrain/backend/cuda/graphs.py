@@ -5,7 +5,9 @@ stay valid and reserved for replays (the same contract as torch.cuda.graph).
 
 A replay runs no Python, so host values read while capturing are frozen into the graph. Code whose inputs
 change between replays (an optimizer's learning rate under a scheduler) keeps them in device memory and
-registers a hook with `on_replay`; every replay of that graph first runs its hooks on the host.
+registers a hook with `on_replay`; every replay of that graph first runs its hooks on the host. Data the replays
+read that is the same on every replay but made while capturing (an optimizer's table of addresses, which point
+into the graph's pool) is written once when the capture ends (`after_capture`), not by a node of every replay.
 
 On a real driver a graph keeps its nodes' stream priorities (NODE_PRIORITIES) and smalltrain's kernels in it start
 while their predecessors finish (PDL); both below.
@@ -206,6 +208,16 @@ def on_replay(hook):
     return True
 
 
+def after_capture(hook):
+    """Run hook(stream) once when the capture in progress ends, outside it, on the graph's stream, which is synchronized
+    before the first replay: for device data every replay reads the same, written once rather than by a node of
+    every replay. If the capture fails the hook never runs. False outside a capture."""
+    if not _capturing:
+        return False
+    _capturing[-1].capture_end_hooks.append(hook)
+    return True
+
+
 class CUDAGraph:
     """A captured graph. `capture_begin()` / `capture_end()` (or `with smalltrain.cuda.graph(g):`), then `replay()`."""
 
@@ -220,6 +232,7 @@ class CUDAGraph:
         self.pool = cp.cuda.MemoryPool()
         self.graph = None
         self.replay_hooks = []
+        self.capture_end_hooks = []
         self.kept = []   # buffers that replays read but that nothing else may keep alive (see keep_alive)
         self._prev_allocator = None
         self._stream_ctx = None
@@ -250,6 +263,11 @@ class CUDAGraph:
             self.graph.upload(self.stream)
         finally:
             self._restore()
+        if self.capture_end_hooks:
+            for hook in self.capture_end_hooks:
+                hook(self.stream)
+            self.stream.synchronize()   # replays may be launched on another stream
+            self.capture_end_hooks = []
 
     def abort(self):
         """End a capture that failed (e.g. a host sync inside it), leaving no graph."""

@@ -9,7 +9,7 @@ import numpy as np
 from . import cupy
 from ._common import (NULL, check_array, check_dtype, check_float, check_shape, device_counters, get, i32, i64, ptr,
                       require_contiguous)
-from .graphs import keep_alive
+from .graphs import after_capture, keep_alive
 from .loader import kernel
 
 # elements per block: 2 per thread. The parameters of a small model are tens of thousands of floats, so larger
@@ -62,8 +62,9 @@ def _tables(buffers):
     A block's loads of its record are independent of each other, so it reaches its elements after one round trip
     to memory, not three (block -> tensor index -> addresses and size -> elements).
     A new table is uploaded from pinned host memory with an asynchronous copy: no stream synchronization
-    (gradients dropped by zero_grad() come back at new addresses), and legal inside a CUDA-graph capture, whose
-    replays then copy from the same pinned buffer (kept alive with the entry).
+    (gradients dropped by zero_grad() come back at new addresses). One made while a CUDA graph is captured points
+    into the graph's pool, so every replay reads the same table: it is copied once, when the capture ends (_upload),
+    and kept alive with the graph, not cached (after a failed capture it would never be written).
     """
     ptrs = np.array([[a.data.ptr for a in lst] for lst in buffers], dtype=np.uint64)
     sizes = np.array([a.size for a in buffers[0]], dtype=np.int64)
@@ -84,8 +85,9 @@ def _tables(buffers):
     records[:, 1:] = (ptrs[:, tensor].T + start.astype(np.uint64)[:, None] * itemsize).view(np.int64)
     table, pinned = _upload(records.reshape(-1))
     hit = (table, n, pinned)
+    if keep_alive(hit):
+        return hit[:2]
     _TABLES[key] = hit
-    keep_alive(hit)
     if len(_TABLES) > _MAX_TABLES:
         _TABLES.popitem(last=False)
     return hit[:2]
@@ -113,12 +115,20 @@ class _Staging:
 _staging = _Staging()
 
 
+# TABLE_COPY_NODE: a table made while a graph is captured is copied by a memcpy node of the graph (on every replay,
+# as before) instead of once when the capture ends (graphs.after_capture). Kept for the A/B. H100, thirtieth
+# session (benchmarks/timeline.py): the node, last in the step's stream order before the optimizer's kernel, took
+# 2.4 us, but the optimizer started ~12 us after the backward's last kernel (LeNet-5 b64 and b512, MnistCnn 15)
+TABLE_COPY_NODE = False
+
+
 def _upload(host):
     """host (an int64 NumPy array) copied to a new device array asynchronously from pinned memory; returns
     (device array, pinned memory a graph captured now must keep, or None).
 
-    cupy's own host-to-device copies refuse to run during stream capture; a plain cudaMemcpyAsync from pinned
-    memory is legal there (the graph repeats it from the same pinned buffer on every replay).
+    cupy's own host-to-device copies refuse to run during stream capture. While a graph is captured the copy is
+    made once when the capture ends (graphs.after_capture; TABLE_COPY_NODE above), from pinned memory the graph
+    keeps.
     """
     cp = cupy()
     rt = cp.cuda.runtime
@@ -131,9 +141,14 @@ def _upload(host):
     staged = np.frombuffer(slot[0], dtype=np.int64, count=host.size)
     staged[...] = host
     table = cp.empty(host.size, dtype=np.int64)
-    rt.memcpyAsync(table.data.ptr, staged.ctypes.data, host.nbytes, rt.memcpyHostToDevice, stream.ptr)
+
+    def copy(on):
+        rt.memcpyAsync(table.data.ptr, staged.ctypes.data, host.nbytes, rt.memcpyHostToDevice, on.ptr)
     if capturing:
+        if TABLE_COPY_NODE or not after_capture(copy):
+            copy(stream)
         return table, slot[0]
+    copy(stream)
     slot[2] = stream.record()
     return table, None
 
