@@ -194,6 +194,25 @@ def test_after_capture_hooks_run_once_when_the_capture_ends_and_not_after_a_fail
 
 
 @cuda
+def test_a_graph_constant_keeps_its_value_where_the_capture_reuses_memory():
+    """graphs.constant's array is written once, when the capture ends, and lives outside the graph's pool: a
+    temporary freed earlier in the capture (whose block the pool would hand out next) is written by every replay
+    and must not land on it."""
+    from smalltrain.backend.cuda import graphs
+    assert graphs.constant(np.zeros(4)) is None   # outside a capture
+    x = smalltrain.tensor(np.ones(4), device="cuda")
+    g = smalltrain.cuda.CUDAGraph()
+    with smalltrain.cuda.graph(g):
+        t = x * 3   # a temporary of the constant's size, freed before it is made
+        del t
+        c = graphs.constant(np.arange(4.0))
+        y = smalltrain.Tensor._wrap(c) + x
+    for _ in range(2):
+        g.replay()
+        np.testing.assert_array_equal(y.cpu().numpy(), [1, 2, 3, 4])
+
+
+@cuda
 def test_new_shapes_capture_a_second_graph_with_a_warning():
     _, step = _setup("cuda")
     compiled = smalltrain.compile(step)

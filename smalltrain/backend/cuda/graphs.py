@@ -7,7 +7,7 @@ A replay runs no Python, so host values read while capturing are frozen into the
 change between replays (an optimizer's learning rate under a scheduler) keeps them in device memory and
 registers a hook with `on_replay`; every replay of that graph first runs its hooks on the host. Data the replays
 read that is the same on every replay but made while capturing (an optimizer's table of addresses, which point
-into the graph's pool) is written once when the capture ends (`after_capture`), not by a node of every replay.
+into the graph's pool) is a `constant`: written once when the capture ends, not by a node of every replay.
 
 On a real driver a graph keeps its nodes' stream priorities (NODE_PRIORITIES) and smalltrain's kernels in it start
 while their predecessors finish (PDL); both below.
@@ -216,6 +216,25 @@ def after_capture(hook):
         return False
     _capturing[-1].capture_end_hooks.append(hook)
     return True
+
+
+def constant(host):
+    """During a capture: a device array equal to host (a NumPy array) on every replay, for data made while capturing
+    that the replays only read (an optimizer's table of addresses into the graph's pool). It is written once when
+    the capture ends (after_capture) instead of by a copy node of every replay. Its memory comes from outside the
+    graph's pool: the captured work reuses the pool's blocks in stream order, so a block freed earlier in the
+    capture would be written again by every replay before the constant is read. None outside a capture."""
+    if not _capturing:
+        return None
+    g, cp = _capturing[-1], cupy()
+    host = np.ascontiguousarray(host)
+    if g._prev_allocator is not None:
+        dev = cp.ndarray(host.shape, host.dtype, memptr=g._prev_allocator(max(host.nbytes, 1)))
+    else:   # the emulator: no allocator, and no array shares memory with another
+        dev = cp.empty(host.shape, host.dtype)
+    g.kept.append(dev)
+    after_capture(lambda stream: dev.set(host, stream=stream))
+    return dev
 
 
 class CUDAGraph:

@@ -9,7 +9,7 @@ import numpy as np
 from . import cupy
 from ._common import (NULL, check_array, check_dtype, check_float, check_shape, device_counters, get, i32, i64, ptr,
                       require_contiguous)
-from .graphs import after_capture, keep_alive
+from .graphs import constant, keep_alive
 from .loader import kernel
 
 # elements per block: 2 per thread. The parameters of a small model are tens of thousands of floats, so larger
@@ -63,7 +63,7 @@ def _tables(buffers):
     to memory, not three (block -> tensor index -> addresses and size -> elements).
     A new table is uploaded from pinned host memory with an asynchronous copy: no stream synchronization
     (gradients dropped by zero_grad() come back at new addresses). One made while a CUDA graph is captured points
-    into the graph's pool, so every replay reads the same table: it is copied once, when the capture ends (_upload),
+    into the graph's pool, so every replay reads the same table: it is written once, when the capture ends (_upload),
     and kept alive with the graph, not cached (after a failed capture it would never be written).
     """
     ptrs = np.array([[a.data.ptr for a in lst] for lst in buffers], dtype=np.uint64)
@@ -116,9 +116,9 @@ _staging = _Staging()
 
 
 # TABLE_COPY_NODE: a table made while a graph is captured is copied by a memcpy node of the graph (on every replay,
-# as before) instead of once when the capture ends (graphs.after_capture). Kept for the A/B. H100, thirtieth
-# session (benchmarks/timeline.py): the node, last in the step's stream order before the optimizer's kernel, took
-# 2.4 us, but the optimizer started ~12 us after the backward's last kernel (LeNet-5 b64 and b512, MnistCnn 15)
+# as before) instead of once when the capture ends (graphs.constant). Kept for the A/B. H100, thirtieth session
+# (benchmarks/timeline.py): the node, last in the step's stream order before the optimizer's kernel, took 2.4 us,
+# but the optimizer started ~12 us after the backward's last kernel (LeNet-5 b64 and b512, MnistCnn 15)
 TABLE_COPY_NODE = False
 
 
@@ -126,14 +126,18 @@ def _upload(host):
     """host (an int64 NumPy array) copied to a new device array asynchronously from pinned memory; returns
     (device array, pinned memory a graph captured now must keep, or None).
 
-    cupy's own host-to-device copies refuse to run during stream capture. While a graph is captured the copy is
-    made once when the capture ends (graphs.after_capture; TABLE_COPY_NODE above), from pinned memory the graph
-    keeps.
+    While a graph is captured the table is a graphs.constant: written once when the capture ends. (cupy's own
+    host-to-device copies refuse to run during stream capture; with TABLE_COPY_NODE a plain cudaMemcpyAsync from
+    pinned memory is captured instead, and every replay repeats it from the same pinned buffer.)
     """
     cp = cupy()
     rt = cp.cuda.runtime
     stream = cp.cuda.get_current_stream()
     capturing = bool(stream.is_capturing())
+    if capturing and not TABLE_COPY_NODE:
+        table = constant(host)
+        if table is not None:
+            return table, None
     if capturing:
         slot = [cp.cuda.alloc_pinned_memory(host.nbytes), host.nbytes, None]
     else:
@@ -141,14 +145,9 @@ def _upload(host):
     staged = np.frombuffer(slot[0], dtype=np.int64, count=host.size)
     staged[...] = host
     table = cp.empty(host.size, dtype=np.int64)
-
-    def copy(on):
-        rt.memcpyAsync(table.data.ptr, staged.ctypes.data, host.nbytes, rt.memcpyHostToDevice, on.ptr)
+    rt.memcpyAsync(table.data.ptr, staged.ctypes.data, host.nbytes, rt.memcpyHostToDevice, stream.ptr)
     if capturing:
-        if TABLE_COPY_NODE or not after_capture(copy):
-            copy(stream)
         return table, slot[0]
-    copy(stream)
     slot[2] = stream.record()
     return table, None
 
