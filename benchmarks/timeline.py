@@ -77,23 +77,32 @@ def busy_time(group):
 
 
 def summarize(path):
-    groups = replays(read_trace(path))
+    acts = read_trace(path)
+    groups = replays(acts)
     if not groups:   # (the activities as they came, to see why)
-        acts = read_trace(path)
         for a in acts[:60]:
             print(f"{a['start'] - acts[0]['start']:9.1f} {a['end'] - a['start']:6.1f} {a['stream']:>4} {a['corr']} "
                   f"{a['name']}")
         raise SystemExit(f"{path}: no graph replays (activities sharing a correlation id) in the trace")
     spans = [max(a["end"] for a in g) - g[0]["start"] for g in groups]
     median = statistics.median(spans)
-    g = min(groups, key=lambda g: abs(max(a["end"] for a in g) - g[0]["start"] - median))
+    k = min(range(1, len(groups)), key=lambda k: abs(max(a["end"] for a in groups[k]) - groups[k][0]["start"] -
+                                                      median)) if len(groups) > 1 else 0
+    g = groups[k]
     t0 = g[0]["start"]
+    # what runs between the replay before and this one (a compiled step's input copies), and the replays' period
+    in_graph = {id(a) for group in groups for a in group}
+    before = [a for a in acts if id(a) not in in_graph and k and groups[k - 1][0]["start"] < a["start"] < t0]
+    g = before + g
     streams = {}
     for a in g:
         streams.setdefault(a["stream"], f"s{len(streams)}")
-    print(f"{len(groups)} replays, {len(g)} activities each; span median {median:.1f} us "
+    replay = groups[k]
+    print(f"{len(groups)} replays, {len(replay)} activities each; span median {median:.1f} us "
           f"(min {min(spans):.1f}, max {max(spans):.1f})")
-    print(f"the median replay: busy {busy_time(g):.1f} us, no kernel running {median - busy_time(g):.1f} us")
+    periods = [b[0]["start"] - a[0]["start"] for a, b in zip(groups, groups[1:])]
+    print(f"the median replay: busy {busy_time(replay):.1f} us, no kernel running {median - busy_time(replay):.1f} "
+          f"us; from one replay's start to the next's: median {statistics.median(periods):.1f} us" if periods else "")
     print(f"{'start':>7} {'end':>7} {'us':>6}  strm  {'grid':>6}  name")
     for a in g:
         print(f"{a['start'] - t0:7.1f} {a['end'] - t0:7.1f} {a['end'] - a['start']:6.1f}  {streams[a['stream']]:>4}  "
