@@ -251,6 +251,27 @@ def test_replays_read_new_arguments_contiguous_or_not(fused, monkeypatch):
 
 
 @cuda
+def test_replays_queued_without_a_sync_each_read_their_own_argument():
+    """30 calls without a host sync, each output cloned as it comes: each call's argument copy is queued behind the
+    replay before it, which reads its own argument again at its end, after enough work that the host runs far
+    ahead. Each output equals the sum of its own call's argument (integer values: exact in float32)."""
+    rng = np.random.default_rng(0)
+    xs = [smalltrain.tensor(rng.integers(0, 4, (64, 256)).astype(np.float32), device="cuda") for _ in range(4)]
+
+    def step(x):
+        with smalltrain.no_grad():
+            h = x
+            for _ in range(40):   # ~80 launches of work: the host queues calls faster than the GPU replays them
+                h = (h * 0.5).tanh()
+            return x.sum() + 0 * h.sum()   # x read again after them
+    compiled = smalltrain.compile(step)
+    outs = [compiled(xs[i % 4]).clone() for i in range(30)]
+    assert compiled.stats["replays"] == 30 - compiled.warmup
+    got = [float(o.item()) for o in outs]
+    assert got == [float(xs[i % 4].sum().item()) for i in range(30)] and len(set(got)) == 4
+
+
+@cuda
 def test_a_host_sync_falls_back_to_eager_with_a_warning():
     model, step = _setup("cuda")
 
