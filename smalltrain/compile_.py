@@ -10,7 +10,6 @@ import functools
 import warnings
 
 from .backend.cuda import cupy
-from .backend.cuda.index import copy_many
 from .tensor import Tensor
 
 
@@ -22,29 +21,16 @@ def _signature(args, kwargs):
     return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
 
 
-# FUSED_INPUT_COPY: a replay's contiguous arguments are copied into the static buffers by one launch (index.py
-# copy_many) instead of a cudaMemcpyAsync each. Kept for the A/B
-FUSED_INPUT_COPY = True
-
-
-def _copy_inputs(pairs):
-    """dst[...] = src for each (static input buffer, argument) pair (same shape, dtype and device: the signature
-    matched). Contiguous pairs in one launch (index.copy_many; each copy in the stream costs the GPU microseconds
-    however small it is), or with FUSED_INPUT_COPY off a cudaMemcpyAsync each: ~10x less host time than CuPy's
-    elementwise copy, which views take."""
-    cp = cupy()
-    flat = []
-    for dst, src in pairs:
-        if dst.flags.c_contiguous and src.flags.c_contiguous:
-            flat.append((dst, src))
-        else:
-            dst[...] = src
-    if FUSED_INPUT_COPY and flat:
-        copy_many(flat)
-        return
-    for dst, src in flat:
+def _copy_into(dst, src):
+    """dst[...] = src for a static input buffer (same shape, dtype and device: the signature matched). Contiguous
+    arrays take one cudaMemcpyAsync on the current stream, ~10x less host time than CuPy's elementwise copy (which
+    a replayed small step pays twice, beside a graph launch of a few microseconds)."""
+    if dst.flags.c_contiguous and src.flags.c_contiguous:
+        cp = cupy()
         cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
                                     cp.cuda.get_current_stream().ptr)
+    else:
+        dst[...] = src
 
 
 class CompiledStep:
@@ -76,10 +62,12 @@ class CompiledStep:
                 self.stats["eager"] += 1
                 return self.fn(*args, **kwargs)
         graph, static_args, static_kwargs, outputs = entry
-        pairs = [(s.array, a.array) for a, s in zip(args, static_args) if isinstance(a, Tensor) and a is not s]
-        pairs += [(static_kwargs[k].array, a.array) for k, a in kwargs.items()
-                  if isinstance(a, Tensor) and a is not static_kwargs[k]]
-        _copy_inputs(pairs)
+        for a, s in zip(args, static_args):
+            if isinstance(a, Tensor) and a is not s:
+                _copy_into(s.array, a.array)
+        for k, a in kwargs.items():
+            if isinstance(a, Tensor) and a is not static_kwargs[k]:
+                _copy_into(static_kwargs[k].array, a.array)
         graph.replay()
         self.stats["replays"] += 1
         return outputs

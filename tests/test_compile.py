@@ -227,13 +227,9 @@ def test_new_shapes_capture_a_second_graph_with_a_warning():
 
 
 @cuda
-@pytest.mark.parametrize("fused", [True, False], ids=["copies_in_one_launch", "a_memcpy_each"])
-def test_replays_read_new_arguments_contiguous_or_not(fused, monkeypatch):
-    """Each replay copies its arguments into the static buffers (the contiguous ones in one launch, or with
-    compile_.FUSED_INPUT_COPY off a device memcpy each; an elementwise copy for views): the losses equal the eager
-    step's on the same batches."""
-    from smalltrain import compile_
-    monkeypatch.setattr(compile_, "FUSED_INPUT_COPY", fused)
+def test_replays_read_new_arguments_contiguous_or_not():
+    """Each replay copies its arguments into the static buffers (a device memcpy for contiguous ones, an
+    elementwise copy for views): the losses equal the eager step's on the same batches."""
     model, step = _setup("cuda")
     ref_model, ref_step = _setup("cuda")
     compiled = smalltrain.compile(step)
