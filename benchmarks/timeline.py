@@ -102,7 +102,8 @@ def summarize(path):
           f"(min {min(spans):.1f}, max {max(spans):.1f})")
     periods = [b[0]["start"] - a[0]["start"] for a, b in zip(groups, groups[1:])]
     print(f"the median replay: busy {busy_time(replay):.1f} us, no kernel running {median - busy_time(replay):.1f} "
-          f"us; from one replay's start to the next's: median {statistics.median(periods):.1f} us" if periods else "")
+          f"us; from one replay's start to the next's: median {statistics.median(periods):.1f} us, before this one "
+          f"{t0 - groups[k - 1][0]['start']:.1f} us" if periods else "")
     print(f"{'start':>7} {'end':>7} {'us':>6}  strm  {'grid':>6}  name")
     for a in g:
         print(f"{a['start'] - t0:7.1f} {a['end'] - t0:7.1f} {a['end'] - a['start']:6.1f}  {streams[a['stream']]:>4}  "
