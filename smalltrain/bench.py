@@ -414,7 +414,7 @@ def throughput(args):
                     runs[label] = processes[-1]
                 else:
                     runs[label] = _warm_run(smalltrain, torch, key, model, batch, device, warmup, steps,
-                                                run_warmup)
+                                            run_warmup)
             except Exception as e:  # noqa: BLE001 - report and go on: one failing mode must not hide the others
                 _report_failure(f"{model}:{batch} {label}", e)
         try:
