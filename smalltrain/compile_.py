@@ -2,7 +2,8 @@
 
 On CUDA the step is run eagerly for a few warm-up calls (so optimizer state and workspaces exist), then captured
 once per input signature (shapes, dtypes, devices) into a graph with static input buffers; later calls copy
-their arguments into those buffers, replay, and return the captured outputs without a host sync. Anything that
+their arguments into those buffers (by a node at the head of the graph whose sources each call sets, where the
+driver allows it), replay, and return the captured outputs without a host sync. Anything that
 cannot be captured (a host sync such as `.item()`) makes it warn once and run that signature eagerly. On the CPU
 the step simply runs eagerly.
 """
@@ -10,7 +11,15 @@ import functools
 import warnings
 
 from .backend.cuda import cupy
+from .backend.cuda.index import COPY_MAX, copy_many, copy_sources
 from .tensor import Tensor
+
+# IN_GRAPH_INPUTS: a replay's tensor arguments are copied into the static buffers by a kernel node at the head of
+# the graph (index.copy_many, up to 4 a node), whose sources each call sets before the launch
+# (graphs.KernelNode), instead of by a cudaMemcpyAsync each queued before it: in the timeline (H100, thirtieth
+# session) 6.5-8.8 us passed from one replay's last kernel to the next's first, the two copies and their gaps
+# among them. Off, and on the emulator (no driver to update a node): the copies before the launch.
+IN_GRAPH_INPUTS = True
 
 
 def _signature(args, kwargs):
@@ -41,7 +50,7 @@ class CompiledStep:
         self.fn = fn
         self.warmup = warmup
         self.warn_recapture = warn_recapture
-        self.entries = {}   # signature -> (graph, static inputs, outputs) or "eager"
+        self.entries = {}   # signature -> (graph, static inputs, outputs, input copy nodes or None) or "eager"
         self.seen = {}      # signature -> warm-up calls made
         self.stats = {"captures": 0, "replays": 0, "eager": 0}
 
@@ -61,13 +70,22 @@ class CompiledStep:
             if entry == "eager":
                 self.stats["eager"] += 1
                 return self.fn(*args, **kwargs)
-        graph, static_args, static_kwargs, outputs = entry
-        for a, s in zip(args, static_args):
-            if isinstance(a, Tensor) and a is not s:
-                _copy_into(s.array, a.array)
-        for k, a in kwargs.items():
-            if isinstance(a, Tensor) and a is not static_kwargs[k]:
-                _copy_into(static_kwargs[k].array, a.array)
+        graph, static_args, static_kwargs, outputs, nodes = entry
+        pairs = [(s.array, a.array) for a, s in zip(args, static_args) if isinstance(a, Tensor)]
+        # (in the capture's order of the keywords: the nodes' slots follow it)
+        pairs += [(s.array, kwargs[k].array) for k, s in static_kwargs.items() if isinstance(s, Tensor)]
+        if nodes is None:
+            for dst, src in pairs:
+                if dst is not src:
+                    _copy_into(dst, src)
+        else:   # the graph's head copies the contiguous ones; a view is copied into its buffer before the launch
+            sources = []
+            for dst, src in pairs:
+                if dst is not src and not src.flags.c_contiguous:
+                    dst[...] = src
+                sources.append(src if dst is not src and src.flags.c_contiguous else None)
+            for i, node in enumerate(nodes):
+                copy_sources(node, sources[i * COPY_MAX:(i + 1) * COPY_MAX])
         graph.replay()
         self.stats["replays"] += 1
         return outputs
@@ -82,6 +100,11 @@ class CompiledStep:
         g = CUDAGraph()
         try:
             with graph(g):
+                nodes = None
+                if IN_GRAPH_INPUTS:   # sources to be set by each call (the buffers themselves until then)
+                    statics = [a.array for a in list(static_args) + list(static_kwargs.values())
+                               if isinstance(a, Tensor)]
+                    nodes = copy_many([(a, a) for a in statics], updatable=True)
                 outputs = self.fn(*static_args, **static_kwargs)
         except Exception as e:  # a host sync or another non-capturable operation inside the step
             warnings.warn(f"smalltrain.compile({self.fn.__name__}): cannot capture this step as a CUDA graph "
@@ -90,7 +113,7 @@ class CompiledStep:
             self.entries[sig] = "eager"
             return "eager"
         self.stats["captures"] += 1
-        entry = (g, static_args, static_kwargs, outputs)
+        entry = (g, static_args, static_kwargs, outputs, nodes)
         self.entries[sig] = entry
         return entry
 

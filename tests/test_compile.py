@@ -110,7 +110,8 @@ def test_captured_step_with_the_first_layers_rows_added_in_the_kernel_equals_eag
 
 def _captured_with_and_without(monkeypatch, knob, module=None, driver=True):
     """The parameters after 30 captured LeNet-5 Adam steps with module.<knob> (graphs by default) off, then on, and
-    the type of the executable graph each made (with driver, a test of the driver's path: skipped on the emulator)."""
+    the type of the executable graph each made with whether its nodes kept their priorities (with driver, a test of
+    the driver's path: skipped on the emulator)."""
     from smalltrain.backend.cuda import graphs
     from smalltrain.testing import cuda_emulator
     if driver and cuda_emulator.installed():
@@ -124,7 +125,8 @@ def _captured_with_and_without(monkeypatch, knob, module=None, driver=True):
         for i in range(30):
             compiled(xs[i % 10], ys[i % 10])
         assert compiled.stats["captures"] == 1 and compiled.stats["replays"] == 30 - compiled.warmup
-        kinds.append(type(next(iter(compiled.entries.values()))[0].graph).__name__)
+        cuda_graph = next(iter(compiled.entries.values()))[0]
+        kinds.append((type(cuda_graph.graph).__name__, cuda_graph.node_priorities))
         params.append([p.detach().cpu().numpy() for p in model.parameters()])
     return params, kinds
 
@@ -137,7 +139,7 @@ def test_captured_step_with_node_priorities_equals_the_one_without(monkeypatch):
     from smalltrain.backend.cuda import graphs
     monkeypatch.setattr(graphs, "PDL", False)
     params, kinds = _captured_with_and_without(monkeypatch, "NODE_PRIORITIES")
-    assert kinds == ["Graph", "_PriorityGraph"]
+    assert kinds == [("_DriverGraph", False), ("_DriverGraph", True)]
     for p, q in zip(*params):
         assert np.array_equal(p, q)
 
@@ -155,7 +157,7 @@ def test_captured_step_with_programmatic_launches_equals_the_one_without(monkeyp
                         lambda self, *a, **k: launched.append(self._kern) or real(self, *a, **k))
     names = record_kernels(_common, "kernel")
     params, kinds = _captured_with_and_without(monkeypatch, "PDL")
-    assert kinds == ["_PriorityGraph", "_PriorityGraph"]
+    assert kinds == [("_DriverGraph", True), ("_DriverGraph", True)]
     assert len(launched) >= 8 and any(n.startswith("adam_step") for n in names), (len(launched), names)
     for p, q in zip(*params):
         assert np.array_equal(p, q)
@@ -226,10 +228,29 @@ def test_new_shapes_capture_a_second_graph_with_a_warning():
     assert compiled.stats["captures"] == 2
 
 
+def _in_graph_inputs(monkeypatch, on):
+    """compile_.IN_GRAPH_INPUTS set to on; whether captured graphs then copy their inputs in a node of their own
+    (a real driver: the emulator cannot update a graph's nodes)."""
+    from smalltrain import compile_
+    from smalltrain.testing import cuda_emulator
+    monkeypatch.setattr(compile_, "IN_GRAPH_INPUTS", on)
+    return on and not cuda_emulator.installed()
+
+
+def _input_nodes(compiled):
+    return next(iter(compiled.entries.values()))[4]
+
+
+IN_GRAPH = pytest.mark.parametrize("in_graph", [True, False], ids=["copied_by_the_graph", "copied_before_it"])
+
+
 @cuda
-def test_replays_read_new_arguments_contiguous_or_not():
-    """Each replay copies its arguments into the static buffers (a device memcpy for contiguous ones, an
-    elementwise copy for views): the losses equal the eager step's on the same batches."""
+@IN_GRAPH
+def test_replays_read_new_arguments_contiguous_or_not(in_graph, monkeypatch):
+    """Each replay copies its arguments into the static buffers (the contiguous ones by a node at the graph's head
+    whose sources the call sets, or with compile_.IN_GRAPH_INPUTS off a device memcpy each; an elementwise copy for
+    views): the losses equal the eager step's on the same batches."""
+    nodes = _in_graph_inputs(monkeypatch, in_graph)
     model, step = _setup("cuda")
     ref_model, ref_step = _setup("cuda")
     compiled = smalltrain.compile(step)
@@ -244,13 +265,39 @@ def test_replays_read_new_arguments_contiguous_or_not():
         got, want = compiled(x, ys[i % 4]), ref_step(xs[i % 4], ys[i % 4])
         np.testing.assert_allclose(float(got.item()), float(want.item()), rtol=1e-5)
     assert compiled.stats["replays"] >= 4
+    assert (len(_input_nodes(compiled)) == 1) if nodes else _input_nodes(compiled) is None
 
 
 @cuda
-def test_replays_queued_without_a_sync_each_read_their_own_argument():
-    """30 calls without a host sync, each output cloned as it comes: each call's argument copy is queued behind the
-    replay before it, which reads its own argument again at its end, after enough work that the host runs far
-    ahead. Each output equals the sum of its own call's argument (integer values: exact in float32)."""
+@IN_GRAPH
+def test_replays_copy_more_arguments_than_a_node_takes_and_keywords_in_any_order(in_graph, monkeypatch):
+    """Five tensor arguments, two of them keywords given in either order: each replay returns its own arguments'
+    weighted sums (integer values: exact in float32); with the copies in the graph, in two nodes of up to four."""
+    nodes = _in_graph_inputs(monkeypatch, in_graph)
+    rng = np.random.default_rng(0)
+
+    def batch():
+        return [smalltrain.tensor(rng.integers(0, 4, 16).astype(np.float32), device="cuda") for _ in range(5)]
+
+    def step(a, b, c, *, d, e):
+        return a.sum() + 10 * b.sum() + 100 * c.sum() + 1000 * d.sum() + 10000 * e.sum()
+    compiled = smalltrain.compile(step)
+    for i in range(8):
+        a, b, c, d, e = t = batch()
+        got = compiled(a, b, c, e=e, d=d) if i % 2 else compiled(a, b, c, d=d, e=e)
+        assert float(got.item()) == sum(10 ** k * float(v.sum().item()) for k, v in enumerate(t))
+    assert compiled.stats["replays"] == 8 - compiled.warmup
+    assert (len(_input_nodes(compiled)) == 2) if nodes else _input_nodes(compiled) is None
+
+
+@cuda
+@IN_GRAPH
+def test_replays_queued_without_a_sync_each_read_their_own_argument(in_graph, monkeypatch):
+    """30 calls without a host sync, each output cloned as it comes: each call's argument copy (a node of its own
+    replay, whose source the call set, or a copy queued before it) comes after the replay before it, which reads its
+    own argument again at its end, after enough work that the host runs far ahead. Each output equals the sum of its
+    own call's argument (integer values: exact in float32)."""
+    _in_graph_inputs(monkeypatch, in_graph)
     rng = np.random.default_rng(0)
     xs = [smalltrain.tensor(rng.integers(0, 4, (64, 256)).astype(np.float32), device="cuda") for _ in range(4)]
 

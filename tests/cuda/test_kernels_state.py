@@ -1,5 +1,6 @@
 """CUDA launchers with state or indices: dropout (bit-exact against a NumPy Philox4x32-10), gather / scatter-add,
-and the fused multi-tensor SGD and Adam steps (against NumPy float64 transcriptions of torch's algorithms),
+several copies in one launch, and the fused multi-tensor SGD and Adam steps (against NumPy float64 transcriptions
+of torch's algorithms),
 including an Adam step captured once as a CUDA graph and replayed. Skips without CuPy or a GPU."""
 import numpy as np
 import pytest
@@ -132,6 +133,82 @@ SGD_CASES = [{"momentum": 0.0}, {"momentum": 0.9, "dampening": 0.1},
 
 def _params(rng, dtype, shapes=SHAPES):
     return [rng.standard_normal(s).astype(dtype) for s in shapes]
+
+
+def test_copy_many_copies_every_pair_in_launches_of_four(rng):
+    """Six copies, so two launches: float32 and int64 arrays, sizes with a tail of fewer than 16 bytes, bytes at an
+    odd offset (no 16-byte vectors there), an empty pair and NaNs with payloads: each destination equals its source
+    bit for bit, and the bytes around the offset one stay as they were."""
+    from smalltrain.backend.cuda import index
+    nan_bits = np.array([0x7FC00001, 0xFFFFFFFF, 0x7F800001], np.uint32).view(np.float32)
+    raw_src = g(rng.integers(0, 256, 1001).astype(np.uint8))
+    raw_dst = cp.zeros(1001, np.uint8)
+    srcs = [g(rng.standard_normal((64, 1, 28, 28)).astype(np.float32)), g(rng.integers(0, 10, 64)), g(nan_bits),
+            raw_src[1:], g(np.zeros(0)), g(rng.standard_normal(33))]
+    dsts = [cp.zeros(s.shape, s.dtype) for s in srcs[:3]] + [raw_dst[1:]] + \
+        [cp.zeros(s.shape, s.dtype) for s in srcs[4:]]
+    index.copy_many(list(zip(dsts, srcs)))
+    for d, s in zip(dsts, srcs):
+        np.testing.assert_array_equal(d.view(np.uint8).get(), s.view(np.uint8).get())
+    assert int(raw_dst[0]) == 0
+
+
+def test_copy_many_errors():
+    from smalltrain.backend.cuda import index
+    a = cp.zeros((4, 4), np.float32)
+    with pytest.raises(RuntimeError, match=r"expected C-contiguous arrays, got src\[0\] of shape \[4, 2\]"):
+        index.copy_many([(cp.zeros((4, 2), np.float32), a[:, ::2])])
+    with pytest.raises(RuntimeError, match=r"dst\[1\] and src\[1\] of the same size in bytes, got 64 and 32"):
+        index.copy_many([(a, a.copy()), (a, cp.zeros(4, np.float64))])
+    with pytest.raises(TypeError, match=r"expected src\[0\] to be a cupy.ndarray on a CUDA device, got ndarray"):
+        index.copy_many([(a, np.zeros((4, 4), np.float32))])
+    assert index.copy_many([(a, a.copy() + 1)], updatable=True) is None   # outside a capture: nothing launched
+    assert float(a.sum()) == 0
+
+
+def test_copy_many_as_graph_nodes_copies_the_sources_each_replay_was_given(rng):
+    """copy_many(updatable=True) captured at a graph's head: five pairs, so two nodes; before each replay
+    copy_sources sets new sources (a float32 batch, int64 targets, bytes at an odd offset, float64 values, an empty
+    pair) or None (nothing copied into that slot). Each replay's destinations equal its own sources bit for bit;
+    three replays queued without a sync add their own batches into an accumulator."""
+    from smalltrain.backend.cuda import graphs, index
+    from smalltrain.testing import cuda_emulator
+    if cuda_emulator.installed():
+        pytest.skip("the emulator has no driver to update a graph's nodes")
+
+    def sources():
+        raw = g(rng.integers(0, 256, 1001).astype(np.uint8))
+        return [g(rng.standard_normal((64, 1, 28, 28)).astype(np.float32)), g(rng.integers(0, 10, 64)), raw[1:],
+                g(rng.standard_normal(33)), g(np.zeros(0))]
+    first = sources()
+    raw_dst = cp.zeros(1001, np.uint8)
+    dsts = [cp.zeros_like(s) for s in first[:2]] + [raw_dst[1:]] + [cp.zeros_like(s) for s in first[3:]]
+    acc = cp.zeros_like(dsts[0])
+    cuda_graph = graphs.CUDAGraph()
+    with graphs.graph(cuda_graph):
+        nodes = index.copy_many([(d, d) for d in dsts], updatable=True)
+        with pytest.raises(RuntimeError, match="capture has not ended"):
+            index.copy_sources(nodes[0], first[:4])
+        acc += dsts[0]
+    assert len(nodes) == 2
+    before = [d.copy() for d in dsts]
+    for srcs, skip in ((first, None), (sources(), 2), (sources(), 0)):
+        given = [None if k == skip else s for k, s in enumerate(srcs)]
+        index.copy_sources(nodes[0], given[:4])
+        index.copy_sources(nodes[1], given[4:])
+        cuda_graph.replay()
+        cp.cuda.get_current_stream().synchronize()
+        for k, (d, s) in enumerate(zip(dsts, given)):
+            want = before[k] if s is None else s
+            np.testing.assert_array_equal(d.view(np.uint8).get(), want.view(np.uint8).get())
+        before = [d.copy() for d in dsts]
+        assert int(raw_dst[0]) == 0
+    acc[...] = 0
+    batches = [sources() for _ in range(3)]
+    for srcs in batches:
+        index.copy_sources(nodes[0], srcs[:4])
+        cuda_graph.replay()
+    np.testing.assert_array_equal(acc.get(), sum(b[0] for b in batches).get())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

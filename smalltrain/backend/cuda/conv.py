@@ -169,8 +169,9 @@ TILE_POOL = True
 # lost (209.6 -> 234.8, 147.7 -> 158.8 us): their kernels then filled the GPU alone. With today's kernels and the
 # join deferred (below), b512's gains: H100, twenty-first session, two rounds, 155.5 / 155.4 us against 166.1 /
 # 166.2 at the limit 2^17 (and 162.5 / 163.9 with neither deferred join); b64 unchanged (83.3 / 82.6 against 83.2 /
-# 82.5). MnistCnn's layers stay above it (not timed beside since). 0: never.
-WGRAD_BESIDE_MAX_OUTPUTS = 1 << 20
+# 82.5). MnistCnn b64's second layer (1,179,648), H100, thirty-first session, two rounds: 110.1 / 111.6 us beside
+# against 115.7 / 114.2 at 2^20. 0: never.
+WGRAD_BESIDE_MAX_OUTPUTS = 1 << 21
 # ... and joined at the end of the backward pass where the engine allows it (conv2d_backward's wgrad_beside,
 # _common.run_beside's defer), so that it also runs beside the layers' backward after this one
 WGRAD_BESIDE_DEFER = True

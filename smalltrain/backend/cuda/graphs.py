@@ -26,13 +26,13 @@ _capturing = []   # the CUDAGraphs whose capture is in progress, innermost last
 # driver with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY, so that each kernel node keeps the priority of the
 # stream it was captured on. run_beside's side streams (_common.py) have the least priority, so where a side kernel
 # and a main-stream kernel both wait for SMs, a replay dispatches the main stream's blocks (the step's critical
-# path) first. Without the flag (CuPy's end_capture) every node runs at the priority of the stream that launches
-# the replay. Read when a CUDAGraph is made; used where CuPy offers streamEndCapture (not on the emulator). H100,
+# path) first. Without the flag every node runs at the priority of the stream that launches the replay. Read when
+# a CUDAGraph is made; used where CuPy offers streamEndCapture (not on the emulator). H100,
 # twenty-ninth session, captured steps, six rounds over two calls, medians (us): off 71.8 (LeNet-5 b64) / 141.7
 # (b512); on 73.4 / 139.0; on with _common.SIDE_STREAMS=2 73.4 / 137.3, where two side streams without it cost b64
 # 10 us (82.7). b512's 4.4 us for b64's ~1.5 (whose rounds off were 68.2-73.2, on 71.5-73.4): on, with two streams
 NODE_PRIORITIES = True
-# PDL: while a graph is captured (with NODE_PRIORITIES' driver path), smalltrain's kernels are launched with
+# PDL: while a graph is captured on a real driver, smalltrain's kernels are launched with
 # programmatic stream serialization (cuLaunchKernelEx; ProgrammaticKernel below), so that a replay starts each one
 # while its predecessor still runs; every kernel of kernels/*.cu first waits for its predecessors to finish
 # (ST_GRID_WAIT, common.cuh), so only the launch's latency is hidden. Read when a CUDAGraph is made.
@@ -52,6 +52,12 @@ class _LaunchAttribute(ctypes.Structure):   # CUlaunchAttribute: an id, padding 
 class _LaunchConfig(ctypes.Structure):   # CUlaunchConfig
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("nattrs", ctypes.c_uint)]
+
+
+class _KernelNodeParams(ctypes.Structure):   # CUDA_KERNEL_NODE_PARAMS_v2
+    _fields_ = [("func", ctypes.c_void_p), ("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("smem", ctypes.c_uint), ("params", ctypes.POINTER(ctypes.c_void_p)), ("extra", ctypes.c_void_p),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
 
 
 _SCALARS = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64,
@@ -149,6 +155,11 @@ class _Driver:
         for name, args in {"cuGraphInstantiateWithFlags": [ctypes.POINTER(vp), vp, ctypes.c_ulonglong],
                            "cuLaunchKernelEx": [ctypes.POINTER(_LaunchConfig), vp, ctypes.POINTER(vp), vp],
                            "cuGraphUpload": [vp, vp], "cuGraphLaunch": [vp, vp],
+                           "cuStreamGetCaptureInfo_v3": [vp, ctypes.POINTER(ctypes.c_int),
+                                                         ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(vp),
+                                                         ctypes.POINTER(ctypes.POINTER(vp)), ctypes.POINTER(vp),
+                                                         ctypes.POINTER(ctypes.c_size_t)],
+                           "cuGraphExecKernelNodeSetParams_v2": [vp, vp, ctypes.POINTER(_KernelNodeParams)],
                            "cuGraphExecDestroy": [vp], "cuGraphDestroy": [vp],
                            "cuGetErrorName": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]}.items():
             f = getattr(lib, name)
@@ -162,19 +173,23 @@ class _Driver:
             raise RuntimeError(f"{what} failed: {(name.value or b'CUresult %d' % status).decode()}")
 
 
-class _PriorityGraph:
-    """An executable graph instantiated with node priorities from a captured cudaGraph_t (which it destroys, as
-    CuPy's Graph does once instantiated): the launch / upload interface of cupy.cuda.graph.Graph."""
+class _DriverGraph:
+    """An executable graph instantiated through the driver from a captured cudaGraph_t, with node priorities where
+    asked: the launch / upload interface of cupy.cuda.graph.Graph. It keeps the cudaGraph_t until it is destroyed
+    itself, because its kernel nodes' arguments are updated through that graph's node handles (KernelNode)."""
 
-    def __init__(self, graph_handle):
+    def __init__(self, graph_handle, node_priorities):
         self._driver = _Driver.get()
+        self._graph = ctypes.c_void_p(graph_handle)
         self._exec = ctypes.c_void_p()
+        flags = _INSTANTIATE_FLAG_USE_NODE_PRIORITY if node_priorities else 0
         try:
-            self._driver.check(self._driver.cuGraphInstantiateWithFlags(
-                ctypes.byref(self._exec), graph_handle, _INSTANTIATE_FLAG_USE_NODE_PRIORITY),
-                "cuGraphInstantiateWithFlags")
-        finally:
+            self._driver.check(self._driver.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), graph_handle,
+                                                                        flags), "cuGraphInstantiateWithFlags")
+        except Exception:
             self._driver.cuGraphDestroy(graph_handle)
+            self._graph = None
+            raise
 
     def upload(self, stream):
         self._driver.check(self._driver.cuGraphUpload(self._exec, stream.ptr), "cuGraphUpload")
@@ -185,6 +200,8 @@ class _PriorityGraph:
     def __del__(self):
         if getattr(self, "_exec", None):
             self._driver.cuGraphExecDestroy(self._exec)
+        if getattr(self, "_graph", None):
+            self._driver.cuGraphDestroy(self._graph)
 
 
 def is_current_stream_capturing():
@@ -237,15 +254,69 @@ def constant(host):
     return dev
 
 
+def updatable_capture():
+    """True while a graph whose kernel nodes can be updated between replays is being captured (updatable_launch)."""
+    return bool(_capturing) and _capturing[-1].driver
+
+
+def updatable_launch(kern, grid, block, args, shared_mem=0):
+    """During a capture on a real driver: launch the CuPy kernel `kern` on the current stream as a kernel node whose
+    arguments can be replaced before each replay (KernelNode.set); the node is returned. None, launching nothing,
+    outside a capture or where the graph's nodes cannot be updated (the emulator)."""
+    if not updatable_capture():
+        return None
+    g, cp, driver = _capturing[-1], cupy(), _Driver.get()
+    held.flush()   # (a launch held back belongs before this one)
+    launch_ex(kern, grid, block, args, shared_mem, programmatic=g.programmatic)
+    # the node just captured is what the stream's next work would depend on
+    status, capture_id, graph = ctypes.c_int(), ctypes.c_uint64(), ctypes.c_void_p()
+    deps, edges, count = ctypes.POINTER(ctypes.c_void_p)(), ctypes.c_void_p(), ctypes.c_size_t()
+    driver.check(driver.cuStreamGetCaptureInfo_v3(cp.cuda.get_current_stream().ptr, ctypes.byref(status),
+                                                  ctypes.byref(capture_id), ctypes.byref(graph), ctypes.byref(deps),
+                                                  ctypes.byref(edges), ctypes.byref(count)), "cuStreamGetCaptureInfo")
+    if count.value != 1:
+        raise RuntimeError(f"updatable_launch: expected the captured kernel as the stream's one dependency, got "
+                           f"{count.value} dependencies")
+    return KernelNode(g, deps[0], kern, grid, block, args, shared_mem)
+
+
+class KernelNode:
+    """A kernel node of a captured graph (updatable_launch) whose arguments can be replaced before a replay:
+    `set({position: value})` takes device arrays (their address), None or Python ints for the arguments at those
+    positions, the others keeping their last values. The change holds for the replays launched after it, not for
+    those already queued (cuGraphExecKernelNodeSetParams)."""
+
+    def __init__(self, cuda_graph, node, kern, grid, block, args, shared_mem):
+        self.cuda_graph = cuda_graph
+        self.node = ctypes.c_void_p(node)
+        self.values, params = pack_arguments(args, cupy().ndarray)
+        grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+        self._params = _KernelNodeParams(getattr(kern, "kernel", kern).ptr, grid, block, int(shared_mem),
+                                         ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p)), None, None, None)
+        self._keep = params
+
+    def set(self, changes):
+        graph = self.cuda_graph.graph
+        if graph is None:
+            raise RuntimeError("KernelNode.set: the graph's capture has not ended")
+        for i, v in changes.items():
+            self.values[i].value = v.data.ptr if isinstance(v, cupy().ndarray) else 0 if v is None else v
+        driver = graph._driver
+        driver.check(driver.cuGraphExecKernelNodeSetParams_v2(graph._exec, self.node, ctypes.byref(self._params)),
+                     "cuGraphExecKernelNodeSetParams")
+
+
 class CUDAGraph:
     """A captured graph. `capture_begin()` / `capture_end()` (or `with smalltrain.cuda.graph(g):`), then `replay()`."""
 
     def __init__(self):
         cp = cupy()
-        driver = hasattr(cp.cuda.runtime, "streamEndCapture")   # a real CUDA driver (not the emulator)
-        self.node_priorities = NODE_PRIORITIES and driver
+        # a real CUDA driver (not the emulator): the graph is instantiated through it (_DriverGraph), so that its
+        # nodes can keep their priorities and have their arguments replaced between replays (KernelNode)
+        self.driver = hasattr(cp.cuda.runtime, "streamEndCapture")
+        self.node_priorities = NODE_PRIORITIES and self.driver
         # PDL needs compute capability 9.0 (ST_GRID_WAIT is compiled in from sm_90 on, a no-op before)
-        self.programmatic = PDL and self.node_priorities and int(cp.cuda.Device().compute_capability) >= 90
+        self.programmatic = PDL and self.driver and int(cp.cuda.Device().compute_capability) >= 90
         self.stream = cp.cuda.Stream(non_blocking=True, priority=_GREATEST_PRIORITY) if self.node_priorities \
             else cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()
@@ -275,8 +346,8 @@ class CUDAGraph:
     def capture_end(self):
         try:
             held.flush()   # a launch held back inside the capture belongs to it (autograd/held.py)
-            if self.node_priorities:
-                self.graph = _PriorityGraph(cupy().cuda.runtime.streamEndCapture(self.stream.ptr))
+            if self.driver:
+                self.graph = _DriverGraph(cupy().cuda.runtime.streamEndCapture(self.stream.ptr), self.node_priorities)
             else:
                 self.graph = self.stream.end_capture()
             self.graph.upload(self.stream)

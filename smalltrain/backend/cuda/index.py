@@ -1,12 +1,70 @@
 """CUDA gather and scatter-add along one dim (kernels/index.cu), torch.gather / torch.scatter_add semantics; the
-index may be smaller than the input in the other dims (the kernels then work on a sliced contiguous copy)."""
+index may be smaller than the input in the other dims (the kernels then work on a sliced contiguous copy); and
+several device-to-device copies in one launch (copy_many), also as graph nodes whose sources change per replay."""
 
 import math
 import numpy as np
 
 from . import cupy
-from ._common import (check_array, check_dtype, check_float, contiguous, dim_index, i64, launch, same_device,
+from . import graphs
+from ._common import (NULL, check_array, check_dtype, check_float, contiguous, dim_index, i64, launch, same_device,
                       want_host_check)
+from .loader import kernel, launch_1d
+
+COPY_MAX = 4   # copies per launch (index.cu ST_COPY_MAX)
+
+
+def copy_many(pairs, updatable=False):
+    """dst[...] = src for each (dst, src) pair of C-contiguous arrays of one device with the same number of bytes,
+    on the current stream, in one launch per COPY_MAX pairs (index.cu copy_many) instead of a copy each.
+
+    updatable (during a capture on a real driver): each COPY_MAX pairs, empty ones too, are one kernel node whose
+    sources can be replaced before a replay (copy_sources); the nodes are returned (None where the graph's nodes
+    cannot be updated, and nothing is launched then)."""
+    op = "copy_many"
+    for k, (dst, src) in enumerate(pairs):
+        check_array(op, f"dst[{k}]", dst)
+        check_array(op, f"src[{k}]", src)
+        for name, a in ((f"dst[{k}]", dst), (f"src[{k}]", src)):
+            if not a.flags.c_contiguous:
+                raise RuntimeError(f"{op}: expected C-contiguous arrays, got {name} of shape {list(a.shape)} and "
+                                   f"strides {list(a.strides)}")
+        if dst.nbytes != src.nbytes:
+            raise RuntimeError(f"{op}: expected dst[{k}] and src[{k}] of the same size in bytes, got {dst.nbytes} and "
+                               f"{src.nbytes}")
+        same_device(op, dst, src)
+    if updatable and not graphs.updatable_capture():
+        return None
+    nodes = []
+    for i in range(0, len(pairs), COPY_MAX):
+        group = [(d, s) for d, s in pairs[i:i + COPY_MAX] if d.nbytes or updatable]
+        if not group:
+            continue
+        args = []
+        for dst, src in group:
+            args += [dst, src, i64(dst.nbytes)]
+        args += [NULL, NULL, i64(0)] * (COPY_MAX - len(group))
+        # a thread per 16-byte vector of the largest copy (or per byte of one that cannot be vectorized); the
+        # kernel loops over the grid, so a node's later sources need no other grid
+        threads = max(max(d.nbytes // 16 + d.nbytes % 16 if (d.data.ptr | s.data.ptr) % 16 == 0 else d.nbytes
+                          for d, s in group), 1)
+        kern = kernel("index", "copy_many")
+        if updatable:
+            block = min(threads, 256)
+            nodes.append(graphs.updatable_launch(kern, (min(-(-threads // block), 2048),), (block,), tuple(args)))
+        else:
+            launch_1d(kern, threads, tuple(args), max_blocks=2048)
+    return nodes
+
+
+def copy_sources(node, sources):
+    """Before the next replays of an updatable copy_many node: sources[k] (an array of dst_k's size, C-contiguous,
+    on its device, which the caller ensures) is copied into dst_k; None copies nothing into it."""
+    changes = {}
+    for k, src in enumerate(sources):
+        changes[3 * k + 1] = None if src is None else src
+        changes[3 * k + 2] = 0 if src is None else src.nbytes
+    node.set(changes)
 
 
 def _check_index(op, x, dim, index, name="self"):
