@@ -7,7 +7,9 @@ A replay runs no Python, so host values read while capturing are frozen into the
 change between replays (an optimizer's learning rate under a scheduler) keeps them in device memory and
 registers a hook with `on_replay`; every replay of that graph first runs its hooks on the host. Data the replays
 read that is the same on every replay but made while capturing (an optimizer's table of addresses, which point
-into the graph's pool) is a `constant`: written once when the capture ends, not by a node of every replay.
+into the graph's pool) is a `constant`: written once when the capture ends, not by a node of every replay. The
+other way round, a kernel captured by `updatable_launch` is a node whose arguments each call may replace before
+launching a replay (`KernelNode.set`), without queueing any work: how a compiled step takes its inputs.
 
 On a real driver a graph keeps its nodes' stream priorities (NODE_PRIORITIES) and smalltrain's kernels in it start
 while their predecessors finish (PDL); both below.

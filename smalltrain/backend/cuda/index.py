@@ -62,7 +62,7 @@ def copy_sources(node, sources):
     on its device, which the caller ensures) is copied into dst_k; None copies nothing into it."""
     changes = {}
     for k, src in enumerate(sources):
-        changes[3 * k + 1] = None if src is None else src
+        changes[3 * k + 1] = src
         changes[3 * k + 2] = 0 if src is None else src.nbytes
     node.set(changes)
 
