@@ -434,15 +434,18 @@ def test_wgrad_reduce_sums_the_rows_in_its_fixed_order(rows, rng):
     assert np.array_equal(cp.asnumpy(dw).reshape(o, 25), want[:, :25]) and np.array_equal(cp.asnumpy(db), want[:, 25])
 
 
+@pytest.mark.parametrize("on_main", [False, True], ids=["wgrad_beside", "dx_beside"])
 @pytest.mark.parametrize("x_shape, w_shape, stride, wgrad", [
     ((8, 16, 26, 26), (32, 16, 3, 3), 1, "tile"),      # MnistCnn's second layer
     ((4, 6, 14, 14), (16, 6, 5, 5), 2, None),          # strided: another weight-gradient kernel
 ])
-def test_weight_grad_beside_input_grad_gives_the_same_bits(x_shape, w_shape, stride, wgrad, rng, monkeypatch):
-    """conv2d_backward with the weight gradient on the side stream (WGRAD_BESIDE_MAX_OUTPUTS) returns what it
-    returns on one stream, bit for bit, eagerly and as a CUDA graph replayed on new output gradients (the fork and
-    the join are captured as edges; a missing join would let the replay's result be read before the side stream
-    wrote it)."""
+def test_weight_grad_beside_input_grad_gives_the_same_bits(x_shape, w_shape, stride, wgrad, on_main, rng,
+                                                           monkeypatch):
+    """conv2d_backward with the weight gradient on the side stream (WGRAD_BESIDE_MAX_OUTPUTS), or with
+    WGRAD_ON_MAIN the input gradient there, returns what it returns on one stream, bit for bit, eagerly and as a
+    CUDA graph replayed on new output gradients (the fork and the join are captured as edges; a missing join would
+    let the replay's result be read before the side stream wrote it)."""
+    monkeypatch.setattr(conv_kernels, "WGRAD_ON_MAIN", on_main)
     x = cp.asarray(rng.standard_normal(x_shape), dtype=cp.float32)
     w = cp.asarray(rng.standard_normal(w_shape) * 0.2, dtype=cp.float32)
     out, saved = ops.conv2d_forward(x, w, cp.asarray(rng.standard_normal(w_shape[0]), dtype=cp.float32),

@@ -175,6 +175,13 @@ WGRAD_BESIDE_MAX_OUTPUTS = 1 << 21
 # ... and joined at the end of the backward pass where the engine allows it (conv2d_backward's wgrad_beside,
 # _common.run_beside's defer), so that it also runs beside the layers' backward after this one
 WGRAD_BESIDE_DEFER = True
+# ... or the other way round: the weight gradient on the current stream, whose blocks a replay with node priorities
+# dispatches first, and the input gradient beside it, joined at once (the layer before reads it). MnistCnn's
+# timeline (thirty-first session): its input gradient on the main stream ended at 85.5 us, its weight gradient's
+# blocks that found no room beside it started late and ended at 101.6. H100, that session, two rounds, us off / on:
+# MnistCnn b64 106.5, 107.1 / 104.2, 104.7; LeNet-5 b512 120.8, 124.5 / 123.0, 124.7 (its input gradient is the
+# longer kernel there). Off until a rule tells the two cases apart
+WGRAD_ON_MAIN = False
 # bias_act_bwd_rows (a block per row of P elements) where P is at least this; the element-wise kernel below it
 BIAS_ACT_ROWS_MIN_P = 64
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
@@ -1201,6 +1208,9 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
         # the weight gradient's kernels beside the input gradient's where there are both; our own kernels only: the
         # input gradient may run cuBLAS, and one cuBLAS handle's workspace must not serve two streams at once
         beside = need_x and wgrad in ("tile", "igemm", "tiled") and n * o * p <= WGRAD_BESIDE_MAX_OUTPUTS
-        (dw, db), dx = run_beside(weight_grads, input_grad, beside, defer=wgrad_beside and WGRAD_BESIDE_DEFER)
+        if beside and WGRAD_ON_MAIN:
+            dx, (dw, db) = run_beside(input_grad, weight_grads)
+        else:
+            (dw, db), dx = run_beside(weight_grads, input_grad, beside, defer=wgrad_beside and WGRAD_BESIDE_DEFER)
     return dx, dw, db
 
