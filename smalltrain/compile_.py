@@ -2,8 +2,8 @@
 
 On CUDA the step is run eagerly for a few warm-up calls (so optimizer state and workspaces exist), then captured
 once per input signature (shapes, dtypes, devices) into a graph with static input buffers; later calls copy
-their arguments into those buffers (by a node at the head of the graph whose sources each call sets, where the
-driver allows it), replay, and return the captured outputs without a host sync. Anything that
+their arguments into those buffers (by a node at the head of the graph whose sources each call sets), replay,
+and return the captured outputs without a host sync. Anything that
 cannot be captured (a host sync such as `.item()`) makes it warn once and run that signature eagerly. On the CPU
 the step simply runs eagerly.
 """
@@ -19,8 +19,7 @@ from .tensor import Tensor
 # (graphs.KernelNode), instead of by a cudaMemcpyAsync each queued before it: in the timeline (H100, thirtieth
 # session) 6.5-8.8 us passed from one replay's last kernel to the next's first, the two copies and their gaps
 # among them. H100, thirty-first session, two rounds, us off / on: LeNet-5 b64 59.8, 60.1 / 56.6, 56.6; b512
-# 125.7, 127.6 / 119.7, 119.6; MnistCnn b64 111.5, 111.5 / 107.1, 107.6. Off, and on the emulator (no driver to
-# update a node): the copies before the launch.
+# 125.7, 127.6 / 119.7, 119.6; MnistCnn b64 111.5, 111.5 / 107.1, 107.6. Off: the copies before the launch.
 IN_GRAPH_INPUTS = True
 
 

@@ -229,12 +229,9 @@ def test_new_shapes_capture_a_second_graph_with_a_warning():
 
 
 def _in_graph_inputs(monkeypatch, on):
-    """compile_.IN_GRAPH_INPUTS set to on; whether captured graphs then copy their inputs in a node of their own
-    (a real driver: the emulator cannot update a graph's nodes)."""
+    """compile_.IN_GRAPH_INPUTS set to on (captured graphs then copy their inputs in a node of their own)."""
     from smalltrain import compile_
-    from smalltrain.testing import cuda_emulator
     monkeypatch.setattr(compile_, "IN_GRAPH_INPUTS", on)
-    return on and not cuda_emulator.installed()
 
 
 def _input_nodes(compiled):
@@ -250,7 +247,7 @@ def test_replays_read_new_arguments_contiguous_or_not(in_graph, monkeypatch):
     """Each replay copies its arguments into the static buffers (the contiguous ones by a node at the graph's head
     whose sources the call sets, or with compile_.IN_GRAPH_INPUTS off a device memcpy each; an elementwise copy for
     views): the losses equal the eager step's on the same batches."""
-    nodes = _in_graph_inputs(monkeypatch, in_graph)
+    _in_graph_inputs(monkeypatch, in_graph)
     model, step = _setup("cuda")
     ref_model, ref_step = _setup("cuda")
     compiled = smalltrain.compile(step)
@@ -265,7 +262,7 @@ def test_replays_read_new_arguments_contiguous_or_not(in_graph, monkeypatch):
         got, want = compiled(x, ys[i % 4]), ref_step(xs[i % 4], ys[i % 4])
         np.testing.assert_allclose(float(got.item()), float(want.item()), rtol=1e-5)
     assert compiled.stats["replays"] >= 4
-    assert (len(_input_nodes(compiled)) == 1) if nodes else _input_nodes(compiled) is None
+    assert (len(_input_nodes(compiled)) == 1) if in_graph else _input_nodes(compiled) is None
 
 
 @cuda
@@ -273,7 +270,7 @@ def test_replays_read_new_arguments_contiguous_or_not(in_graph, monkeypatch):
 def test_replays_copy_more_arguments_than_a_node_takes_and_keywords_in_any_order(in_graph, monkeypatch):
     """Five tensor arguments, two of them keywords given in either order: each replay returns its own arguments'
     weighted sums (integer values: exact in float32); with the copies in the graph, in two nodes of up to four."""
-    nodes = _in_graph_inputs(monkeypatch, in_graph)
+    _in_graph_inputs(monkeypatch, in_graph)
     rng = np.random.default_rng(0)
 
     def batch():
@@ -287,7 +284,7 @@ def test_replays_copy_more_arguments_than_a_node_takes_and_keywords_in_any_order
         got = compiled(a, b, c, e=e, d=d) if i % 2 else compiled(a, b, c, d=d, e=e)
         assert float(got.item()) == sum(10 ** k * float(v.sum().item()) for k, v in enumerate(t))
     assert compiled.stats["replays"] == 8 - compiled.warmup
-    assert (len(_input_nodes(compiled)) == 2) if nodes else _input_nodes(compiled) is None
+    assert (len(_input_nodes(compiled)) == 2) if in_graph else _input_nodes(compiled) is None
 
 
 @cuda

@@ -128,6 +128,19 @@ class Kernel:
         self.param_sizes = tuple(sizes[:n])
 
     def __call__(self, grid, block, args, shared_mem=0):
+        _run(self._prepare(grid, block, args, shared_mem)[0])
+
+    def capture_updatable(self, grid, block, args, shared_mem=0):
+        """While a graph is captured: record this launch as a node whose arguments can be replaced before a replay
+        (graphs.updatable_launch's contract, KernelNode's set); returns the node."""
+        if not _capture:
+            raise RuntimeError(f"cuda_emulator: {self.name}: an updatable node outside a capture")
+        run, cells = self._prepare(grid, block, args, shared_mem)
+        _run(run)
+        return _UpdatableNode(self.name, cells)
+
+    def _prepare(self, grid, block, args, shared_mem):
+        """(the launch as a callable, the argument cells it reads when it runs)."""
         grid, block = _dims("grid", grid), _dims("block", block)
         shared_mem = int(shared_mem)
         allowed = max(SMEM_DEFAULT_BYTES, min(self.max_dynamic_shared_size_bytes,
@@ -159,7 +172,32 @@ class Kernel:
         def run(cells=cells):   # the argument cells stay alive as long as a captured graph holds this
             if self._launch(dims, ctypes.c_size_t(shared_mem), ptrs):
                 raise RuntimeError(f"{self.name}: {self.module.lib.st_emu_error().decode()}")
-        _run(run)
+        return run, cells
+
+
+class _UpdatableNode:
+    """A recorded launch whose argument cells set({position: value}) rewrites in place, so that the graph's later
+    replays read the new values: a device array (its address) or None where the launch took an array, a Python int
+    where it took an integer scalar (the cell keeps its width). Replays run when launched here, so none is queued
+    when the arguments change."""
+
+    def __init__(self, name, cells):
+        self.name, self.cells = name, cells
+
+    def set(self, changes):
+        if _capture:
+            raise RuntimeError(f"cuda_emulator: {self.name}: set while the graph's capture has not ended")
+        for i, v in changes.items():
+            v = _unwrap(v)
+            cell = self.cells[i]
+            if isinstance(v, np.ndarray) or v is None:
+                if cell.dtype != np.uint64:
+                    raise TypeError(f"{self.name}: argument {i} was {cell.dtype}, not an array")
+                cell[0] = 0 if v is None else v.ctypes.data
+            elif isinstance(v, (int, np.integer)) and cell.dtype.kind in "iu":
+                cell[0] = v
+            else:
+                raise TypeError(f"{self.name}: argument {i}: cannot set a {cell.dtype} cell to {type(v).__name__}")
 
 
 def _dims(what, d):

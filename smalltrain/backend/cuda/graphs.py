@@ -256,19 +256,18 @@ def constant(host):
     return dev
 
 
-def updatable_capture():
-    """True while a graph whose kernel nodes can be updated between replays is being captured (updatable_launch)."""
-    return bool(_capturing) and _capturing[-1].driver
-
-
 def updatable_launch(kern, grid, block, args, shared_mem=0):
-    """During a capture on a real driver: launch the CuPy kernel `kern` on the current stream as a kernel node whose
-    arguments can be replaced before each replay (KernelNode.set); the node is returned. None, launching nothing,
-    outside a capture or where the graph's nodes cannot be updated (the emulator)."""
-    if not updatable_capture():
+    """During a capture: launch the CuPy kernel `kern` on the current stream as a kernel node whose arguments can be
+    replaced before each replay (`node.set`, KernelNode's); the node is returned. None, launching nothing, outside a
+    capture. On the emulator its kernels record such nodes themselves (testing/cuda_emulator.py
+    capture_updatable)."""
+    if not _capturing:
         return None
-    g, cp, driver = _capturing[-1], cupy(), _Driver.get()
+    g, cp = _capturing[-1], cupy()
     held.flush()   # (a launch held back belongs before this one)
+    if not g.driver:
+        return kern.capture_updatable(grid, block, args, shared_mem)
+    driver = _Driver.get()
     launch_ex(kern, grid, block, args, shared_mem, programmatic=g.programmatic)
     # the node just captured is what the stream's next work would depend on
     status, capture_id, graph = ctypes.c_int(), ctypes.c_uint64(), ctypes.c_void_p()

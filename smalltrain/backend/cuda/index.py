@@ -18,9 +18,9 @@ def copy_many(pairs, updatable=False):
     """dst[...] = src for each (dst, src) pair of C-contiguous arrays of one device with the same number of bytes,
     on the current stream, in one launch per COPY_MAX pairs (index.cu copy_many) instead of a copy each.
 
-    updatable (during a capture on a real driver): each COPY_MAX pairs, empty ones too, are one kernel node whose
-    sources can be replaced before a replay (copy_sources); the nodes are returned (None where the graph's nodes
-    cannot be updated, and nothing is launched then)."""
+    updatable (during a capture): each COPY_MAX pairs, empty ones too, are one kernel node whose sources can be
+    replaced before a replay (copy_sources); the nodes are returned (None outside a capture, where nothing is
+    launched)."""
     op = "copy_many"
     for k, (dst, src) in enumerate(pairs):
         check_array(op, f"dst[{k}]", dst)
@@ -33,7 +33,7 @@ def copy_many(pairs, updatable=False):
             raise RuntimeError(f"{op}: expected dst[{k}] and src[{k}] of the same size in bytes, got {dst.nbytes} and "
                                f"{src.nbytes}")
         same_device(op, dst, src)
-    if updatable and not graphs.updatable_capture():
+    if updatable and not graphs.is_current_stream_capturing():
         return None
     nodes = []
     for i in range(0, len(pairs), COPY_MAX):
