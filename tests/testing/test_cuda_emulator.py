@@ -142,6 +142,30 @@ def test_arguments_are_checked_before_the_kernel_runs(module):
         cuda_emulator.Module(SOURCE, "emulator_test").get_function("nope")
 
 
+def test_an_updatable_node_takes_new_arguments_for_the_later_replays(module):
+    """Kernel.capture_updatable (graphs.updatable_launch's emulated form): the node's set() replaces an array or an
+    integer argument for the replays after it, is refused while the capture is open, and keeps each cell's kind."""
+    kern = module.get_function("block_sum")
+    x, ones, out = np.arange(1, 257, dtype=np.float32), np.ones(256, np.float32), np.zeros(1, np.float32)
+    with pytest.raises(RuntimeError, match="an updatable node outside a capture"):
+        kern.capture_updatable((1,), (256,), (x, out, np.int32(256)))
+    stream = cuda_emulator._Stream()
+    stream.begin_capture()
+    node = kern.capture_updatable((1,), (256,), (x, out, np.int32(256)))
+    with pytest.raises(RuntimeError, match="capture has not ended"):
+        node.set({0: ones})
+    graph = stream.end_capture()
+    graph.launch()
+    assert out[0] == 256 * 257 / 2
+    node.set({0: ones, 2: 100})
+    graph.launch()
+    assert out[0] == 100
+    with pytest.raises(TypeError, match="argument 2 was int32, not an array"):
+        node.set({2: x})
+    with pytest.raises(TypeError, match="cannot set a uint64 cell to float"):
+        node.set({0: 1.5})
+
+
 def _asan_runtime():
     """The path of g++'s AddressSanitizer runtime, or None."""
     try:
