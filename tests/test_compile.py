@@ -228,26 +228,23 @@ def test_new_shapes_capture_a_second_graph_with_a_warning():
     assert compiled.stats["captures"] == 2
 
 
-def _in_graph_inputs(monkeypatch, on):
-    """compile_.IN_GRAPH_INPUTS set to on (captured graphs then copy their inputs in a node of their own)."""
+@pytest.fixture(params=[True, False], ids=["copied_by_the_graph", "copied_before_it"])
+def in_graph(request, monkeypatch):
+    """compile_.IN_GRAPH_INPUTS on (captured graphs copy their inputs in a node of their own) and off."""
     from smalltrain import compile_
-    monkeypatch.setattr(compile_, "IN_GRAPH_INPUTS", on)
+    monkeypatch.setattr(compile_, "IN_GRAPH_INPUTS", request.param)
+    return request.param
 
 
 def _input_nodes(compiled):
     return next(iter(compiled.entries.values()))[4]
 
 
-IN_GRAPH = pytest.mark.parametrize("in_graph", [True, False], ids=["copied_by_the_graph", "copied_before_it"])
-
-
 @cuda
-@IN_GRAPH
-def test_replays_read_new_arguments_contiguous_or_not(in_graph, monkeypatch):
+def test_replays_read_new_arguments_contiguous_or_not(in_graph):
     """Each replay copies its arguments into the static buffers (the contiguous ones by a node at the graph's head
     whose sources the call sets, or with compile_.IN_GRAPH_INPUTS off a device memcpy each; an elementwise copy for
     views): the losses equal the eager step's on the same batches."""
-    _in_graph_inputs(monkeypatch, in_graph)
     model, step = _setup("cuda")
     ref_model, ref_step = _setup("cuda")
     compiled = smalltrain.compile(step)
@@ -266,11 +263,9 @@ def test_replays_read_new_arguments_contiguous_or_not(in_graph, monkeypatch):
 
 
 @cuda
-@IN_GRAPH
-def test_replays_copy_more_arguments_than_a_node_takes_and_keywords_in_any_order(in_graph, monkeypatch):
+def test_replays_copy_more_arguments_than_a_node_takes_and_keywords_in_any_order(in_graph):
     """Five tensor arguments, two of them keywords given in either order: each replay returns its own arguments'
     weighted sums (integer values: exact in float32); with the copies in the graph, in two nodes of up to four."""
-    _in_graph_inputs(monkeypatch, in_graph)
     rng = np.random.default_rng(0)
 
     def batch():
@@ -288,13 +283,11 @@ def test_replays_copy_more_arguments_than_a_node_takes_and_keywords_in_any_order
 
 
 @cuda
-@IN_GRAPH
-def test_replays_queued_without_a_sync_each_read_their_own_argument(in_graph, monkeypatch):
+def test_replays_queued_without_a_sync_each_read_their_own_argument(in_graph):
     """30 calls without a host sync, each output cloned as it comes: each call's argument copy (a node of its own
     replay, whose source the call set, or a copy queued before it) comes after the replay before it, which reads its
     own argument again at its end, after enough work that the host runs far ahead. Each output equals the sum of its
     own call's argument (integer values: exact in float32)."""
-    _in_graph_inputs(monkeypatch, in_graph)
     rng = np.random.default_rng(0)
     xs = [smalltrain.tensor(rng.integers(0, 4, (64, 256)).astype(np.float32), device="cuda") for _ in range(4)]
 

@@ -114,17 +114,22 @@ _PROGRAMMATIC_ATTRIBUTE = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION
                                            value=(1).to_bytes(4, "little") + bytes(60))
 
 
+def _launch_shape(kern, grid, block):
+    """(the CUfunction of the CuPy kernel `kern`, grid and block as three sizes each), as the driver takes them."""
+    return (getattr(kern, "kernel", kern).ptr, tuple(grid) + (1,) * (3 - len(grid)),
+            tuple(block) + (1,) * (3 - len(block)))
+
+
 def launch_ex(kern, grid, block, args, shared_mem=0, programmatic=False):
     """Launch the CuPy kernel `kern` on the current stream through cuLaunchKernelEx, with programmatic stream
     serialization or without attributes (benchmarks/pdl_probe.py compares the two with CuPy's own launch)."""
     cp = cupy()
     driver = _Driver.get()
     values, params = pack_arguments(args, cp.ndarray)   # (values: alive until the launch has copied them)
-    grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+    function, grid, block = _launch_shape(kern, grid, block)
     config = _LaunchConfig(grid, block, int(shared_mem), cp.cuda.get_current_stream().ptr,
                            ctypes.pointer(_PROGRAMMATIC_ATTRIBUTE), int(programmatic))
-    driver.check(driver.cuLaunchKernelEx(ctypes.byref(config), getattr(kern, "kernel", kern).ptr, params, None),
-                 "cuLaunchKernelEx")
+    driver.check(driver.cuLaunchKernelEx(ctypes.byref(config), function, params, None), "cuLaunchKernelEx")
 
 
 _programmatic = {}   # id(RawKernel) -> (RawKernel, its ProgrammaticKernel)
@@ -290,9 +295,10 @@ class KernelNode:
     def __init__(self, cuda_graph, node, kern, grid, block, args, shared_mem):
         self.cuda_graph = cuda_graph
         self.node = ctypes.c_void_p(node)
-        self.values, params = pack_arguments(args, cupy().ndarray)
-        grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
-        self._params = _KernelNodeParams(getattr(kern, "kernel", kern).ptr, grid, block, int(shared_mem),
+        self._array = cupy().ndarray
+        self.values, params = pack_arguments(args, self._array)
+        function, grid, block = _launch_shape(kern, grid, block)
+        self._params = _KernelNodeParams(function, grid, block, int(shared_mem),
                                          ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p)), None, None, None)
         self._keep = params
 
@@ -300,8 +306,8 @@ class KernelNode:
         graph = self.cuda_graph.graph
         if graph is None:
             raise RuntimeError("KernelNode.set: the graph's capture has not ended")
-        for i, v in changes.items():
-            self.values[i].value = v.data.ptr if isinstance(v, cupy().ndarray) else 0 if v is None else v
+        for i, v in changes.items():   # (every call of a compiled step: no lookups per value)
+            self.values[i].value = v.data.ptr if isinstance(v, self._array) else 0 if v is None else v
         driver = graph._driver
         driver.check(driver.cuGraphExecKernelNodeSetParams_v2(graph._exec, self.node, ctypes.byref(self._params)),
                      "cuGraphExecKernelNodeSetParams")

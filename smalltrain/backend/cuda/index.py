@@ -35,7 +35,7 @@ def copy_many(pairs, updatable=False):
         same_device(op, dst, src)
     if updatable and not graphs.is_current_stream_capturing():
         return None
-    nodes = []
+    nodes, kern = [], kernel("index", "copy_many")
     for i in range(0, len(pairs), COPY_MAX):
         group = [(d, s) for d, s in pairs[i:i + COPY_MAX] if d.nbytes or updatable]
         if not group:
@@ -48,7 +48,6 @@ def copy_many(pairs, updatable=False):
         # kernel loops over the grid, so a node's later sources need no other grid
         threads = max(max(d.nbytes // 16 + d.nbytes % 16 if (d.data.ptr | s.data.ptr) % 16 == 0 else d.nbytes
                           for d, s in group), 1)
-        kern = kernel("index", "copy_many")
         if updatable:
             block = min(threads, 256)
             nodes.append(graphs.updatable_launch(kern, (min(-(-threads // block), 2048),), (block,), tuple(args)))
