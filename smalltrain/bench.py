@@ -317,7 +317,8 @@ MODES = {
 TORCH_COMPILE_MODES = ("torch-compile", "torch-reduce-overhead")
 # untimed steps before each timed CUDA run (--run-warmup). H100, captured LeNet-5 b512 timed beside torch's
 # reduce-overhead, two processes each: 3 steps 129.2 / 128.6 us, 100 steps 126.5 / 127.0 (the GPU's clock at 1980 MHz
-# during both); without torch in the process 123.4-124.8
+# during both); without torch in the process 123.4-124.8, though the same code moves 2-6 us between processes
+# (thirty-first session, benchmarks/RESULTS.md calls 10-11)
 RUN_WARMUP_CUDA = 100
 CPU_SETTLE_S = 0.2   # sleep before each timed CPU run: the other mode's idle BLAS / OpenMP threads stop spinning
 
