@@ -30,7 +30,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=Fa
             grad_outputs = (None,) * len(outputs)
         elif isinstance(grad_outputs, Tensor):
             grad_outputs = (grad_outputs,)
-        backward(outputs, grad_outputs, retain_graph)
+        from .engine import slots_paused
+        with slots_paused():   # the results are returned, so none may land in a gradient slot's memory
+            backward(outputs, grad_outputs, retain_graph)
         for t in inputs:
             captured[id(t)] = t.grad
     finally:

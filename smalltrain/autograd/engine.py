@@ -1,4 +1,6 @@
 """The backward engine: iterative reverse topological order, gradient accumulation, unbroadcasting, graph freeing."""
+import weakref
+
 import numpy as np
 
 from . import grad_mode
@@ -129,6 +131,74 @@ def _exclusive(g, taken):
     return True
 
 
+# Gradient slots: the memory a leaf's .grad is to live in (nn.utils.flatten_parameters registers views into one
+# flat buffer). While a node's backward runs, _slot_offers holds (array, slot) for its leaf inputs whose .grad is
+# None, so a kernel that makes such a leaf's gradient may write it into the slot directly (claim_grad); a gradient
+# made anywhere else is copied into the slot (grad_slot_copies counts those copies). _slots_paused: autograd.grad
+# returns gradients instead of accumulating them, so none may land in a slot.
+_grad_slots = {}   # id(leaf) -> (weak reference to the leaf, slot); by identity (Tensor's == is elementwise)
+_slot_offers = []
+_slots_paused = [0]
+grad_slot_copies = [0]
+
+
+def set_grad_slot(leaf, slot):
+    """Make `slot` (an array of the leaf's shape, dtype and device, or None to drop it) the memory of leaf.grad."""
+    key = id(leaf)
+    if slot is None:
+        _grad_slots.pop(key, None)
+    else:
+        _grad_slots[key] = (weakref.ref(leaf, lambda _, key=key: _grad_slots.pop(key, None)), slot)
+
+
+def grad_slot(leaf):
+    """The leaf's gradient slot while it still fits the leaf's array (it may have been replaced since), else None."""
+    entry = _grad_slots.get(id(leaf)) if _grad_slots and not _slots_paused[0] else None
+    if entry is None or entry[0]() is not leaf:
+        return None
+    slot = entry[1]
+    a = leaf.array
+    if type(slot) is not type(a) or slot.shape != a.shape or slot.dtype != a.dtype or \
+            (type(a) is not np.ndarray and slot.device.id != a.device.id):
+        return None
+    return slot
+
+
+def claim_grad(array):
+    """The slot to write the gradient of `array` (a leaf input's array of the running backward, by identity) into,
+    once per pass, or None: the caller then allocates as usual. See _slot_offers."""
+    for i, (a, slot) in enumerate(_slot_offers):
+        if a is array:
+            del _slot_offers[i]
+            return slot
+    return None
+
+
+def _offer_slots(node, only):
+    """Fill _slot_offers for node's backward: its leaf inputs', and, where it makes a prepared gradient for an input
+    (a convolution's input gradient that also sums the producer's weight gradient), that producer's leaf inputs'."""
+    _slot_offers.clear()
+    prepared = node.__dict__.get("prepared_for") or ()
+    owners = [node] + [t._ctx for t, kind in zip(node.inputs, prepared) if kind is not None]
+    for owner in owners:
+        for t in owner.inputs:
+            if t is not None and t._ctx is None and t.grad is None and not t._hooks and t.requires_grad and \
+                    (only is None or id(t) in only):
+                slot = grad_slot(t)
+                if slot is not None:
+                    _slot_offers.append((t.array, slot))
+
+
+class slots_paused:
+    """Within: no gradient is written into or copied to a slot (autograd.grad)."""
+
+    def __enter__(self):
+        _slots_paused[0] += 1
+
+    def __exit__(self, *exc):
+        _slots_paused[0] -= 1
+
+
 def _accumulate_leaf(leaf, g, taken=None):
     if leaf._hooks or leaf._post_hooks or leaf.grad is not None:
         settle()   # each reads g (or adds to .grad) on the current stream: work queued beside must be done
@@ -138,7 +208,14 @@ def _accumulate_leaf(leaf, g, taken=None):
             if r is not None:
                 g = r.array
                 taken = None   # a hook's result may be anything the hook keeps
-    if leaf.grad is None:
+    slot = grad_slot(leaf) if leaf.grad is None and _grad_slots else None
+    if slot is not None:
+        if g is not slot:   # made elsewhere than in the slot (an op that does not claim, a hook, a seed)
+            settle()   # the copy reads g
+            slot[...] = g
+            grad_slot_copies[0] += 1
+        leaf.grad = Tensor._wrap(slot)
+    elif leaf.grad is None:
         # the same upstream array may feed several leaves, and .grad is updated in place later: copy unless
         # the array is exclusively this gradient's
         if taken is not None and _exclusive(g, taken):
@@ -227,6 +304,8 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
             if node.freed:
                 _ = node.saved_tensors   # raises the torch-style "backward through the graph a second time"
             in_grads = NotImplemented
+            if _grad_slots and not _slots_paused[0]:
+                _offer_slots(node, only)
             if grads[0] is UNIT_SEED:   # a hook sees the ones; else the function's prepared gradients if it has any
                 if not node.out_hooks and getattr(node.fn, "backward_unit", None) is not None:
                     in_grads = node.fn.backward_unit(node)
@@ -235,6 +314,7 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
             if node.out_hooks:
                 _run_tensor_hooks(node, grads)
             in_grads = _call_backward(node, grads) if in_grads is NotImplemented else _check_in_grads(node, in_grads)
+            _slot_offers.clear()
             offered = node.__dict__.get("prepared_for") or (None,) * len(node.inputs)   # read before _free clears it
             if not retain_graph:
                 _free(node)
@@ -266,6 +346,7 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
     finally:
         grad_mode._state.enabled = prev
         _pass_only.pop()
+        _slot_offers.clear()
         settle()   # the gradients are the caller's (and the callbacks') to read
     while _callbacks:
         _callbacks.pop(0)()

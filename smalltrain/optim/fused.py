@@ -11,6 +11,7 @@ import numpy as np
 
 from ..backend.cuda import cupy, graphs
 from ..backend.cuda import optim as kernels
+from ..nn.utils import flat_parameters
 from ..tensor import Tensor
 
 
@@ -68,20 +69,71 @@ def eligible(params):
     return live
 
 
+def _flat_params(live):
+    """(parameters, gradients) as two flat arrays where `live` are one FlatParameters' parameters in its order, every
+    array and gradient still its view (nn.utils.flatten_parameters), else None: the kernels then walk one array
+    each instead of a table of the separate ones."""
+    flat = flat_parameters.owner(live[0])
+    if flat is None or len(live) != len(flat.offsets) or not flat.grads_in_place() or \
+            any(p is not q for p, q in zip(live, flat.params)):
+        return None
+    return flat.data, flat.grad
+
+
+def _flat_state(opt, group, live, names):
+    """The state `names` (e.g. exp_avg, exp_avg_sq) of the live parameters as views into one flat array per name,
+    the flat arrays returned in that order; where opt.state holds other arrays (the first step, a loaded state
+    dict), new flat arrays take their values (zeros where a parameter has none yet) and opt.state their views.
+    None while a CUDA graph is captured and they would have to be made: the capture would record the copies, and
+    every replay would redo them."""
+    cache = opt.__dict__.setdefault("_flat_state", {})
+    entry = cache.get(id(group))
+    if entry is not None and entry[0] == names and len(entry[1]) == len(live) and all(
+            p is q and all(opt.state[p].get(name) is view for name, view in zip(names, views))
+            for p, q, views in zip(live, entry[1], entry[3])):
+        return entry[2]
+    if graphs.is_current_stream_capturing():
+        return None
+    cp = cupy()
+    total = sum(p.array.size for p in live)
+    with live[0].array.device:
+        flats = [cp.zeros(total, dtype=live[0].array.dtype) for _ in names]
+    views, off = [], 0
+    for p in live:
+        n, st = p.array.size, opt.state[p]
+        per = []
+        for name, flat in zip(names, flats):
+            view = flat[off:off + n].reshape(p.array.shape)
+            if st.get(name) is not None:
+                view[...] = st[name].array
+            st[name] = Tensor._wrap(view)
+            per.append(st[name])
+        views.append(per)
+        off += n
+    cache[id(group)] = (names, list(live), flats, views)
+    return flats
+
+
 def sgd(opt, group, live):
     momentum = float(group["momentum"])
     bufs, first = None, False
+    flat = _flat_params(live)
+    flat = ([flat[0]], [flat[1]]) if flat is not None else None
     if momentum != 0:
         have = [opt.state[p].get("momentum_buffer") is not None for p in live]
         if any(have) and not all(have):
             return False   # mixed first and later steps: the array code handles that
         first = not have[0]
-        if first:
-            for p in live:
-                # the kernel fills it with the gradient (torch's first step: a copy, no dampening)
-                opt.state[p]["momentum_buffer"] = Tensor._wrap(kernels.cupy().empty_like(p.array))
-        bufs = [opt.state[p]["momentum_buffer"].array for p in live]
-    kernels.sgd_step([p.array for p in live], [p.grad.array for p in live], bufs, lr=float(group["lr"]),
+        bufs = _flat_state(opt, group, live, ("momentum_buffer",)) if flat is not None else None
+        if bufs is None:
+            flat = None
+            if first:
+                for p in live:
+                    # the kernel fills it with the gradient (torch's first step: a copy, no dampening)
+                    opt.state[p]["momentum_buffer"] = Tensor._wrap(kernels.cupy().empty_like(p.array))
+            bufs = [opt.state[p]["momentum_buffer"].array for p in live]
+    params, grads = flat if flat is not None else ([p.array for p in live], [p.grad.array for p in live])
+    kernels.sgd_step(params, grads, bufs, lr=float(group["lr"]),
                      momentum=momentum, dampening=float(group["dampening"]),
                      weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
                      maximize=group["maximize"], first_step=first, hyper=_device_hyper(opt, group, _sgd_values))
@@ -108,9 +160,15 @@ def adam(opt, group, live, init_state):
     entry[3] = live
     beta1, beta2 = (float(b) for b in group["betas"])
     st = [opt.state[p] for p in live]
-    kernels.adam_step([p.array for p in live], [p.grad.array for p in live], [s["exp_avg"].array for s in st],
-                      [s["exp_avg_sq"].array for s in st],
-                      [s["max_exp_avg_sq"].array for s in st] if group["amsgrad"] else None,
+    names = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+    flat = _flat_params(live)
+    state = _flat_state(opt, group, live, names) if flat is not None else None
+    if state is not None:
+        params, grads, moments = [flat[0]], [flat[1]], [[a] for a in state]
+    else:
+        params, grads = [p.array for p in live], [p.grad.array for p in live]
+        moments = [[s[name].array for s in st] for name in names]
+    kernels.adam_step(params, grads, moments[0], moments[1], moments[2] if group["amsgrad"] else None,
                       step=entry[0], lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=float(group["eps"]),
                       weight_decay=float(group["weight_decay"]), amsgrad=group["amsgrad"],
                       maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"],

@@ -73,6 +73,15 @@ def same_device(op, *arrays):
     return first
 
 
+def grad_array(param):
+    """An array for the gradient of `param` (a weight or bias array an op was given): the memory of that leaf's .grad
+    where the running backward pass offers it (autograd.engine.claim_grad: a view into a flat gradient buffer), else
+    a new array of its shape and dtype."""
+    from ...autograd import engine
+    slot = engine.claim_grad(param)
+    return slot if slot is not None else cupy().empty(param.shape, dtype=param.dtype)
+
+
 def contiguous(a):
     """A C-contiguous version of `a` (itself when it already is): kernels index flat memory."""
     return a if a is None or a.flags.c_contiguous else cupy().ascontiguousarray(a)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from . import cupy
 from .. import metadata_cache
 from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, check_float, check_shape, contiguous,
-                      device_attribute, device_counters, get, i32, i32s, i64, launch, launch_or_hold, pair, ptr,
-                      run_beside, same_device, smem_optin_bytes, with_smem)
+                      device_attribute, device_counters, get, grad_array, i32, i32s, i64, launch, launch_or_hold, pair,
+                      ptr, run_beside, same_device, smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
 from .loader import MAX_BLOCKS
 
@@ -656,10 +656,8 @@ def _unpool_wgrad_reduce(plan, into, dtype):
     counter = device_counters("tile_conv_unpool_wgrad", 1) if plan[3] <= UNPOOL_WGRAD_REDUCE_MAX_BLOCKS else None
     if counter is None:
         return None
-    cp = cupy()
     want_b = into.needs[2] and into.bias is not None
-    return (cp.empty(into.weight.shape, dtype=dtype), cp.empty(into.weight.shape[:1], dtype=dtype) if want_b else None,
-            counter)
+    return grad_array(into.weight), grad_array(into.bias) if want_b else None, counter
 
 
 def _into_wgrad(plan, into, ks, dtype):
@@ -848,7 +846,7 @@ def _tile_weight_grad(x, g, saved, with_bias, plan):
     get("conv", f"tile_wgrad_k{ks}_to{to}", g.dtype)(
         (grid,), (threads,), (x, g, partial) + i32s((n, c, h, wd, o) + tuple(saved.out_hw) + (
             saved.pads[0], saved.pads[2], th, rs)), shared_mem=smem)
-    return _reduce_partials(partial, saved.weight.shape, with_bias)
+    return _reduce_partials(partial, saved.weight, saved.bias if with_bias else None)
 
 
 def _direct(x_shape, w_shape, out_hw, groups, itemsize):
@@ -1040,7 +1038,7 @@ def _igemm_weight_grad(x, g, saved, with_bias):
         (splits * tiles,), (threads,), (x, g, partial) + _int_args(
             x.shape, saved.weight.shape, saved.out_hw, saved.stride, saved.pads, saved.dilation)
         + (i32(splits), i32(with_bias)))
-    return _reduce_partials(partial, saved.weight.shape, with_bias)
+    return _reduce_partials(partial, saved.weight, saved.bias if with_bias else None)
 
 
 def _wgrad_splits(o, kb, positions, tiles, threads):
@@ -1051,15 +1049,14 @@ def _wgrad_splits(o, kb, positions, tiles, threads):
                       (_FITS32 - 1) // (o * kb)))
 
 
-def _reduce_partials(partial, w_shape, with_bias):
-    """dw [O, C, KH, KW] and db [O] (or None) from partial [S, O*(C*KH*KW + 1)]: wgrad_reduce, blocks of 32
-    outputs x G row groups, the S rows summed in a fixed order; G (1..32) gives each thread about _WR_ROWS rows,
-    so that few outputs over many rows (LeNet-5's first layer: 156 x 528) still spread over many threads."""
-    cp = cupy()
-    o, cg, kh, kw = w_shape
+def _reduce_partials(partial, w, b):
+    """dw [O, C, KH, KW] of the weight w and db [O] (None where the bias b is None: none wanted) from partial [S,
+    O*(C*KH*KW + 1)]: wgrad_reduce, blocks of 32 outputs x G row groups, the S rows summed in a fixed order; G
+    (1..32) gives each thread about _WR_ROWS rows, so that few outputs over many rows (LeNet-5's first layer: 156 x
+    528) still spread over many threads. dw and db are grad_array's (a leaf's gradient slot where offered)."""
+    o, cg, kh, kw = w.shape
     k = cg * kh * kw
-    dw = cp.empty((o, cg, kh, kw), dtype=partial.dtype)
-    db = cp.empty((o,), dtype=partial.dtype) if with_bias else None
+    dw, db = grad_array(w), grad_array(b) if b is not None else None
     groups = max(1, min(32, -(-partial.shape[0] // _WR_ROWS)))
     get("conv", "wgrad_reduce", partial.dtype)((-(-o * (k + 1) // 32),), (32 * groups,), (
         partial, dw, ptr(db), i32(partial.shape[0]), i32(o), i32(k)))
@@ -1083,7 +1080,7 @@ def _weight_grad(x, g, saved, with_bias):
                                        saved.dilation) + (i32(tq), i32(with_bias))
     get("conv", f"wgrad_partial_r{r}", g.dtype)((blocks,), (threads,), args,
                                                 shared_mem=_wgrad_smem(o, k, tq, g.dtype.itemsize))
-    return _reduce_partials(partial, saved.weight.shape, with_bias)
+    return _reduce_partials(partial, saved.weight, saved.bias if with_bias else None)
 
 
 def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=False, dpool=None, dwdb=None):
@@ -1167,7 +1164,7 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
 
         def weight_grads():
             if wgrad == "given":
-                return _reduce_partials(wpartial, w.shape, want_b)
+                return _reduce_partials(wpartial, w, saved.bias if want_b else None)
             if wgrad == "tile":   # dw and db from x in one kernel and its reduction
                 return _tile_weight_grad(saved.x, g, saved, want_b, _tile_wgrad_plan(saved, dtype.itemsize))
             if wgrad == "igemm":

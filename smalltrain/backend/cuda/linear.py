@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from . import conv as conv_kernels
 from . import cupy
-from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, contiguous, device_counters, get, i32,
-                      i32s, i64, launch, launch_or_hold, ptr, run_beside, smem_optin_bytes, with_smem)
+from ._common import (SMEM_DEFAULT_BYTES, check_array, check_dtype, contiguous, device_counters, get, grad_array,
+                      i32, i32s, i64, launch, launch_or_hold, ptr, run_beside, smem_optin_bytes, with_smem)
 from .blas import gemm, sum_rows
 from .conv import ACTIVATIONS, ProducerGrad, _sm_count, bias_act_backward, check_affine
 
@@ -182,7 +182,7 @@ def linear_act_backward(dout, saved, needs=(True, True, True)):
         gT = cp.empty((f, m), dtype=x.dtype)
         bias_act_backward(dout, None if y is None else contiguous(y.T), saved.bias, gT, m, f, 1, act)
         dx = gemm(gT.T, w) if need_x else None
-        dw = gemm(gT, x) if need_w else None
+        dw = gemm(gT, x, out=grad_array(w)) if need_w else None
         db = sum_rows(gT, 1) if need_b else None
     return dx, dw, db
 
@@ -200,8 +200,8 @@ def _small_backward(dout, saved, m, k, f, need_x, need_w, need_b, act):
     cp = cupy()
     x, w, y = saved.x, saved.weight, saved.y
     dx = cp.empty((m, k), dtype=x.dtype) if need_x else None
-    dw = cp.empty((f, k), dtype=x.dtype) if need_w else None
-    db = cp.empty((f,), dtype=x.dtype) if need_b else None
+    dw = grad_array(w) if need_w else None
+    db = grad_array(saved.bias) if need_b else None
     blocks_dx = _tiles(m, k) if need_x else 0
     blocks = blocks_dx + _dw_tiles(f, k, need_w, need_b)
     if blocks == 0:
@@ -228,8 +228,8 @@ def _wide_backward(dout, saved, m, k, f, need_x, need_w, need_b, act, conv=None)
     if conv is not None:
         p, yc, bc, actc = k // conv.weight.shape[0], conv.y, conv.bias, ACTIVATIONS[conv.activation]
     dx = cp.empty((m, k) if conv is None else (k // p, m * p), dtype=x.dtype) if need_x else None
-    dw = cp.empty((f, k), dtype=x.dtype) if need_w else None
-    db = cp.empty((f,), dtype=x.dtype) if need_b else None
+    dw = grad_array(w) if need_w else None
+    db = grad_array(saved.bias) if need_b else None
     if dx is None and dw is None and db is None:
         return dx, dw, db
     ysm, ysf = _y_strides(y, x.dtype.itemsize)
@@ -440,8 +440,7 @@ def linear_chain_backward(dout, saved, need_x=True, needs=None, into=None, wgrad
         grads, starts, total = [], [], 0
         for i in range(layers):
             need_w, need_b = needs[i][0], needs[i][1] and bs[i] is not None
-            grads.append((cp.empty(ws[i].shape, dtype=x.dtype) if need_w else None,
-                          cp.empty(bs[i].shape, dtype=x.dtype) if need_b else None))
+            grads.append((grad_array(ws[i]) if need_w else None, grad_array(bs[i]) if need_b else None))
             starts.append(total)
             total += _dw_tiles(widths[i + 1], widths[i], need_w, need_b)
         if total:
