@@ -45,6 +45,9 @@ THROUGHPUT_MODELS = {
     "mlp": "MLP 784-256-10 (ReLU), Adam lr 1e-3",
 }
 DEFAULT_CONFIGS = (("lenet5", 64), ("lenet5", 512), ("cnn", 64))
+# smalltrain's parameters made views into one flat buffer (nn.utils.flatten_parameters) before its optimizer is made
+# (an A/B knob: benchmarks/RESULTS.md, thirty-second session)
+FLAT_PARAMETERS = False
 TRAIN_SIZE = 60000
 
 
@@ -108,6 +111,8 @@ def make_step(lib, model, device, xs, ys, mode="eager"):
         raise ValueError(f"unknown mode {mode!r} for {lib.__name__}; expected one of {', '.join(modes)}")
     lib.manual_seed(0)
     net = build(lib, model).to(device)
+    if FLAT_PARAMETERS and not is_torch:
+        lib.nn.utils.flatten_parameters(net.parameters())
     capturable = is_torch and mode == "reduce-overhead" and str(device).startswith("cuda")
     opt = make_optimizer(lib, model, net.parameters(), capturable)
     F = lib.nn.functional

@@ -75,6 +75,10 @@ class Reducer:
         for b in self.buckets:
             for i in b.param_ids:
                 self.bucket_of[i] = b.index
+        if gradient_as_bucket_view:   # each gradient made in its bucket view where the op can (engine's slots)
+            for b in self.buckets:
+                for slot, i in enumerate(b.param_ids):
+                    engine.set_grad_slot(self.params[i], b.views[slot])
         me = weakref.ref(self)  # the hooks must not keep a discarded wrapper's reducer alive
         self.handles = [p.register_post_accumulate_grad_hook(lambda p, me=me: (me() or _Dead).on_grad(p))
                         for p in self.params]

@@ -226,25 +226,31 @@ def test_a_gradient_from_outside_forward_raises_instead_of_desynchronizing():
     engine._callbacks.clear()   # the aborted backward left its flush queued
 
 
-def test_single_process_steps_with_set_to_none_and_bucket_views():
+def test_single_process_steps_with_set_to_none_and_bucket_views(device):
+    """With gradient_as_bucket_view each .grad is its bucket's view; on CUDA the linear kernel writes it there
+    itself (no copy: the engine's gradient slots)."""
     import smalltrain as st
     from smalltrain import nn
+    from smalltrain.autograd import engine
     from smalltrain.nn.parallel import DistributedDataParallel as DDP
     rng = np.random.default_rng(0)
     for as_view in (False, True):
-        a, b = nn.Linear(4, 3), nn.Linear(4, 3)
+        a, b = nn.Linear(4, 3).to(device), nn.Linear(4, 3).to(device)
         b.load_state_dict(a.state_dict())
         group = FakeGroup()
         ddp = DDP(a, process_group=group, gradient_as_bucket_view=as_view)
+        copies = engine.grad_slot_copies[0]
         for step in range(3):
-            x = st.tensor(rng.standard_normal((5, 4)).astype(np.float32))
+            x = st.tensor(rng.standard_normal((5, 4)).astype(np.float32), device=device)
             ddp.zero_grad(set_to_none=True)
             b.zero_grad(set_to_none=True)
             (ddp(x) ** 2).sum().backward()
             (b(x) ** 2).sum().backward()
-            for p, q in zip(a.parameters(), b.parameters()):
-                np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy())
+            for p, q, view in zip(a.parameters(), b.parameters(), ddp.reducer.buckets[0].views[::-1]):
+                np.testing.assert_array_equal(p.grad.cpu().numpy(), q.grad.cpu().numpy())
+                assert (p.grad.array is view) == as_view
                 p.array -= 0.1 * p.grad.array
                 q.array -= 0.1 * q.grad.array
         assert group.reduced == [4 * 3 + 3 + 2] * 3                      # one bucket (+2 flags) per step
         assert ddp.reducer.last_early == 1 and ddp.reducer.last_flushed == 0
+        assert engine.grad_slot_copies[0] - copies == (2 * 3 if as_view and device == "cpu" else 0)
