@@ -174,15 +174,28 @@ def claim_grad(array):
     return None
 
 
-def _offer_slots(node, only):
+def _used_once(order):
+    """The ids of the leaves with a gradient slot that exactly one input edge of the pass's nodes reaches: only their
+    slots are offered, so a claimed slot is the one gradient its leaf gets in the pass (a leaf used twice has its
+    first gradient copied into the slot and the second added)."""
+    uses = {}
+    for node in order:
+        for t in node.inputs:
+            if t is not None and t._ctx is None and id(t) in _grad_slots:
+                uses[id(t)] = uses.get(id(t), 0) + 1
+    return {k for k, n in uses.items() if n == 1}
+
+
+def _offer_slots(node, once, only):
     """Fill _slot_offers for node's backward: its leaf inputs', and, where it makes a prepared gradient for an input
-    (a convolution's input gradient that also sums the producer's weight gradient), that producer's leaf inputs'."""
+    (a convolution's input gradient that also sums the producer's weight gradient), that producer's leaf inputs';
+    of those used once in the pass (`once`) and still without a .grad."""
     _slot_offers.clear()
     prepared = node.__dict__.get("prepared_for") or ()
     owners = [node] + [t._ctx for t, kind in zip(node.inputs, prepared) if kind is not None]
     for owner in owners:
         for t in owner.inputs:
-            if t is not None and t._ctx is None and t.grad is None and not t._hooks and t.requires_grad and \
+            if t is not None and id(t) in once and t.grad is None and not t._hooks and t.requires_grad and \
                     (only is None or id(t) in only):
                 slot = grad_slot(t)
                 if slot is not None:
@@ -297,6 +310,7 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
     try:
         order = _topological_order(roots)
         _offer_prepared(order, [(id(t._ctx), t._out_idx) for t in tensors if t._ctx is not None])
+        once = _used_once(order) if _grad_slots and not _slots_paused[0] else None
         for node in order:
             grads = pending.pop(id(node), None)
             if grads is None:
@@ -304,8 +318,8 @@ def run_backward(tensors, grad_tensors, retain_graph=False, inputs=None):
             if node.freed:
                 _ = node.saved_tensors   # raises the torch-style "backward through the graph a second time"
             in_grads = NotImplemented
-            if _grad_slots and not _slots_paused[0]:
-                _offer_slots(node, only)
+            if once:
+                _offer_slots(node, once, only)
             if grads[0] is UNIT_SEED:   # a hook sees the ones; else the function's prepared gradients if it has any
                 if not node.out_hooks and getattr(node.fn, "backward_unit", None) is not None:
                     in_grads = node.fn.backward_unit(node)
