@@ -119,7 +119,7 @@ def pooled_paths(cp, conv, specs, rng):
                 def run():
                     with limits(conv, {"UNPOOL_WGRAD": fused}):
                         handed = conv._tile_dx(full, saved, into)   # (None where tile_conv does not take it)
-                    return None if handed is None else conv._reduce_partials(handed.wpartial, into.weight.shape, True)
+                    return None if handed is None else conv._reduce_partials(handed.wpartial, into.weight, into.bias)
                 return run
             pairs.append(("dx into layer 1, its dw, db", "tile_conv_unpool + pooled_wgrad", into_grads(False),
                           "tile_conv_unpool_wgrad", into_grads(True)))
