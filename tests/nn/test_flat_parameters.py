@@ -52,6 +52,11 @@ def test_values_kept_and_parameters_are_views_in_order(device):
     assert _shares(model.fc3.weight.grad.array, flat.grad)
     assert np.all(_host(model.fc3.weight.grad.array) == 1)
     assert flat.intact() and not flat.grads_in_place()   # the other parameters have no gradient yet
+    st.manual_seed(1)
+    other = models.LeNet5().to(device)
+    model.load_state_dict(other.state_dict())   # copies in place: the views stay
+    assert flat.intact()
+    assert np.array_equal(_host(flat.data), np.concatenate([_host(p.array).reshape(-1) for p in other.parameters()]))
 
 
 @pytest.mark.parametrize("model_cls", [models.LeNet5, models.MnistCnn], ids=["lenet5", "cnn"])
