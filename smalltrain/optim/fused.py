@@ -70,22 +70,22 @@ def eligible(params):
 
 
 def _flat_params(live):
-    """(parameters, gradients) as two flat arrays where `live` are one FlatParameters' parameters in its order, every
-    array and gradient still its view (nn.utils.flatten_parameters), else None: the kernels then walk one array
-    each instead of a table of the separate ones."""
+    """The FlatParameters (nn.utils.flatten_parameters) whose parameters `live` are, in its order, every array and
+    gradient still its view, else None: the kernels then walk its two flat arrays instead of a table of the
+    separate ones (the zeros between the parameters stay zero under every update)."""
     flat = flat_parameters.owner(live[0])
     if flat is None or len(live) != len(flat.offsets) or not flat.grads_in_place() or \
             any(p is not q for p, q in zip(live, flat.params)):
         return None
-    return flat.data, flat.grad
+    return flat
 
 
-def _flat_state(opt, group, live, names):
+def _flat_state(opt, group, live, names, flat):
     """The state `names` (e.g. exp_avg, exp_avg_sq) of the live parameters as views into one flat array per name,
-    the flat arrays returned in that order; where opt.state holds other arrays (the first step, a loaded state
-    dict), new flat arrays take their values (zeros where a parameter has none yet) and opt.state their views.
-    None while a CUDA graph is captured and they would have to be made: the capture would record the copies, and
-    every replay would redo them."""
+    laid out as the FlatParameters `flat`, the flat arrays returned in that order; where opt.state holds other
+    arrays (the first step, a loaded state dict), new flat arrays take their values (zeros where a parameter has
+    none yet) and opt.state their views. None while a CUDA graph is captured and they would have to be made: the
+    capture would record the copies, and every replay would redo them."""
     cache = opt.__dict__.setdefault("_flat_state", {})
     entry = cache.get(id(group))
     if entry is not None and entry[0] == names and len(entry[1]) == len(live) and all(
@@ -95,11 +95,10 @@ def _flat_state(opt, group, live, names):
     if graphs.is_current_stream_capturing():
         return None
     cp = cupy()
-    total = sum(p.array.size for p in live)
     with live[0].array.device:
-        flats = [cp.zeros(total, dtype=live[0].array.dtype) for _ in names]
-    views, off = [], 0
-    for p in live:
+        flats = [cp.zeros_like(flat.data) for _ in names]
+    views = []
+    for p, off in zip(live, flat.offsets):
         n, st = p.array.size, opt.state[p]
         per = []
         for name, flat in zip(names, flats):
@@ -109,7 +108,6 @@ def _flat_state(opt, group, live, names):
             st[name] = Tensor._wrap(view)
             per.append(st[name])
         views.append(per)
-        off += n
     cache[id(group)] = (names, list(live), flats, views)
     return flats
 
@@ -118,13 +116,12 @@ def sgd(opt, group, live):
     momentum = float(group["momentum"])
     bufs, first = None, False
     flat = _flat_params(live)
-    flat = ([flat[0]], [flat[1]]) if flat is not None else None
     if momentum != 0:
         have = [opt.state[p].get("momentum_buffer") is not None for p in live]
         if any(have) and not all(have):
             return False   # mixed first and later steps: the array code handles that
         first = not have[0]
-        bufs = _flat_state(opt, group, live, ("momentum_buffer",)) if flat is not None else None
+        bufs = _flat_state(opt, group, live, ("momentum_buffer",), flat) if flat is not None else None
         if bufs is None:
             flat = None
             if first:
@@ -132,7 +129,8 @@ def sgd(opt, group, live):
                     # the kernel fills it with the gradient (torch's first step: a copy, no dampening)
                     opt.state[p]["momentum_buffer"] = Tensor._wrap(kernels.cupy().empty_like(p.array))
             bufs = [opt.state[p]["momentum_buffer"].array for p in live]
-    params, grads = flat if flat is not None else ([p.array for p in live], [p.grad.array for p in live])
+    params, grads = ([flat.data], [flat.grad]) if flat is not None else \
+        ([p.array for p in live], [p.grad.array for p in live])
     kernels.sgd_step(params, grads, bufs, lr=float(group["lr"]),
                      momentum=momentum, dampening=float(group["dampening"]),
                      weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
@@ -162,9 +160,9 @@ def adam(opt, group, live, init_state):
     st = [opt.state[p] for p in live]
     names = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
     flat = _flat_params(live)
-    state = _flat_state(opt, group, live, names) if flat is not None else None
+    state = _flat_state(opt, group, live, names, flat) if flat is not None else None
     if state is not None:
-        params, grads, moments = [flat[0]], [flat[1]], [[a] for a in state]
+        params, grads, moments = [flat.data], [flat.grad], [[a] for a in state]
     else:
         params, grads = [p.array for p in live], [p.grad.array for p in live]
         moments = [[s[name].array for s in st] for name in names]

@@ -44,11 +44,16 @@ def test_values_kept_and_parameters_are_views_in_order(device):
     model.fc3.weight.grad = st.ones(*model.fc3.weight.shape, device=device)   # a gradient already there is kept
     flat = flatten_parameters(model.parameters())
     params = list(model.parameters())
-    assert flat.data.shape == (sum(b.size for b in before),) and flat.offsets[0] == 0
+    # each parameter 256-byte aligned (64 floats), the gaps zero
+    assert flat.offsets == [int(o) for o in np.cumsum([0] + [-(-b.size // 64) * 64 for b in before[:-1]])]
+    assert flat.data.shape == (flat.offsets[-1] + -(-before[-1].size // 64) * 64,)
+    data = _host(flat.data)
     for p, b, off in zip(params, before, flat.offsets):
         assert np.array_equal(_host(p.array), b)
         assert _shares(p.array, flat.data)
-        assert np.array_equal(_host(flat.data[off:off + b.size]), b.reshape(-1))
+        assert np.array_equal(data[off:off + b.size], b.reshape(-1))
+        data[off:off + b.size] = 0
+    assert not data.any()
     assert _shares(model.fc3.weight.grad.array, flat.grad)
     assert np.all(_host(model.fc3.weight.grad.array) == 1)
     assert flat.intact() and not flat.grads_in_place()   # the other parameters have no gradient yet
@@ -56,7 +61,8 @@ def test_values_kept_and_parameters_are_views_in_order(device):
     other = models.LeNet5().to(device)
     model.load_state_dict(other.state_dict())   # copies in place: the views stay
     assert flat.intact()
-    assert np.array_equal(_host(flat.data), np.concatenate([_host(p.array).reshape(-1) for p in other.parameters()]))
+    assert all(np.array_equal(_host(flat.data[off:off + p.array.size]), _host(p.array).reshape(-1))
+               for p, off in zip(other.parameters(), flat.offsets))
 
 
 @pytest.mark.parametrize("model_cls", [models.LeNet5, models.MnistCnn], ids=["lenet5", "cnn"])
@@ -166,7 +172,7 @@ def test_a_replaced_array_detaches_its_parameter(device):
     """vector_to_parameters (or model.to) gives the parameters other arrays: the optimizer then updates the separate
     arrays (the gradients still land in the flat buffer while they fit it); after .double() they no longer fit."""
     plain, flat_model, flat = _pair(models.LeNet5, device)
-    fresh = st.tensor(_host(flat.data).copy(), device=device)
+    fresh = st.tensor(np.concatenate([_host(p.array).reshape(-1) for p in flat_model.parameters()]), device=device)
     nn.utils.vector_to_parameters(fresh, flat_model.parameters())
     assert not flat.intact()
     for step in range(3):
