@@ -72,7 +72,7 @@ def eligible(params):
 def _flat_params(live):
     """The FlatParameters (nn.utils.flatten_parameters) whose parameters `live` are, in its order, every array and
     gradient still its view, else None: the kernels then walk its two flat arrays instead of a table of the
-    separate ones (the zeros between the parameters stay zero under every update)."""
+    separate ones (the gaps between the parameters are updated as elements with a zero gradient, and never read)."""
     flat = flat_parameters.owner(live[0])
     if flat is None or len(live) != len(flat.offsets) or not flat.grads_in_place() or \
             any(p is not q for p, q in zip(live, flat.params)):
@@ -101,8 +101,8 @@ def _flat_state(opt, group, live, names, flat):
     for p, off in zip(live, flat.offsets):
         n, st = p.array.size, opt.state[p]
         per = []
-        for name, flat in zip(names, flats):
-            view = flat[off:off + n].reshape(p.array.shape)
+        for name, buf in zip(names, flats):
+            view = buf[off:off + n].reshape(p.array.shape)
             if st.get(name) is not None:
                 view[...] = st[name].array
             st[name] = Tensor._wrap(view)

@@ -17,15 +17,15 @@ from ..module import typename
 
 # each parameter's offset rounded up to this many bytes, as CuPy aligns its allocations: the kernels take their
 # vector loads and stores (float4) only on aligned arrays, and a flat LeNet-5 with the parameters packed end to end
-# trained 2.1-2.5 us a step slower on an H100 (benchmarks/RESULTS.md, thirty-second session). The gaps stay zero,
-# which every fused optimizer update keeps zero.
+# trained 2.1-2.5 us a step slower on an H100 (benchmarks/RESULTS.md, thirty-second session). The gaps start as
+# zeros; the fused optimizers update them as elements with a zero gradient, and nothing reads them.
 ALIGN_BYTES = 256
 _owners = {}   # id(parameter) -> (weak reference to it, the FlatParameters it is a view of); by identity
 
 
 class FlatParameters:
     """Parameters as views into `data` and their gradients as views into `grad` (flat arrays, in the order given,
-    each parameter at an offset of a multiple of ALIGN_BYTES; the gaps between them hold zeros).
+    each parameter at an offset of a multiple of ALIGN_BYTES; the gaps between them start as zeros).
 
     `params[i].array` is `data[offsets[i]:offsets[i] + numel].reshape(shape)`, and once a backward pass (or the
     constructor, for a gradient already there) gives it a gradient, `params[i].grad.array` is the same slice of
