@@ -112,6 +112,10 @@ _TILE_WG_BLOCKS_PER_SM = 4    # the grid: tiles spread evenly over at most this 
                               # second layer backward 63.2 us with 4, 68.9 with 2; LeNet-5's first at b512 53.1, 57.2)
 _TILE_WG_TO8_THREADS = 128    # 8 channels per thread where that makes a block of at least this many threads
 _TILE_WG_ROWS = None          # rows per tile if set (tests: partial tiles), else the most the shared memory holds
+# fewer rows per tile where the tiles would leave part of the grid's slots empty (_filling_rows); off until timed:
+# the thirty-first session measured 3 rows instead of 4 at -2.4 us for MnistCnn b64 (and +us for LeNet-5 b512, which
+# this rule leaves alone: its tiles outnumber the slots)
+_TILE_WG_FILL = False
 _TILE_WG_GRID = None          # blocks if set (tests: one block walking every tile)
 _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the largest divisor of TH that fits
 TILE_WGRAD = True
@@ -436,8 +440,8 @@ def _tile_knobs():
     SM count: part of the plans' cache keys."""
     return (TILE_CONV, TILE_WGRAD, _TILE_THREADS, _TILE_BLOCKS_PER_SM, _TILE_MIN_THREADS, _TILE_TO8_THREADS_PER_SM,
             _TILE_ROWS, _TILE_SPLIT_THREADS_PER_SM, _TILE_SPLIT_MAX_THREADS, _TILE_SPLITS, _TILE_WG_THREADS,
-            _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_GRID, _TILE_WG_SPLIT, _SMEM_BYTES,
-            TILE_TO6, _TILE_TO6_THREADS_PER_SM, _sm_count())
+            _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_FILL, _TILE_WG_GRID, _TILE_WG_SPLIT,
+            _SMEM_BYTES, TILE_TO6, _TILE_TO6_THREADS_PER_SM, _sm_count())
 
 
 def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize, even_rows=False):
@@ -825,6 +829,8 @@ def _tile_wgrad_plan_for(x_shape, w_shape, out_hw, stride, dilation, groups, ite
     if not fits:
         return None
     th = fits[-1] if _TILE_WG_ROWS is not None else -(-ho // -(-ho // fits[-1]))
+    if _TILE_WG_FILL and _TILE_WG_ROWS is None:
+        th = _filling_rows(n, ho, th, _TILE_WG_BLOCKS_PER_SM * knobs[-1], knobs[-1])
     splits = [d for d in range(1, max(th, _TILE_WG_SPLIT or 1) + 1) if base * d <= _TILE_WG_THREADS
               and (d == 1 or base * d * to * kh * itemsize <= _SMEM_BYTES)]   # the row groups' sums meet in smem
     rs = [d for d in splits if th % d == 0][-1] if _TILE_WG_SPLIT not in splits else _TILE_WG_SPLIT
@@ -983,6 +989,26 @@ def _int_args(x_shape, w_shape, out_hw, stride, pads, dilation):
 
 def _sm_count():
     return device_attribute("MultiProcessorCount")
+
+
+def _filling_rows(n, ho, th, slots, sms):
+    """tile_wgrad's rows per tile under _TILE_WG_FILL: where n images in tiles of th rows make fewer tiles than the
+    grid has slots, the fewest rows (evened out over the image) whose tiles still fit the slots without more rows
+    on the busiest SM; else th. MnistCnn b64's second layer on 132 SMs: 4 rows make 384 tiles for 528 slots, 3 per
+    SM and 12 rows; 3 rows make 512 tiles, 4 per SM and 12 rows; 2 rows 768 tiles, over the slots."""
+    def tiles(t):
+        return n * -(-ho // t)
+    if tiles(th) >= slots:
+        return th
+    busiest = -(-tiles(th) // sms) * th
+    best = th
+    for t in range(th - 1, 0, -1):
+        t = -(-ho // -(-ho // t))   # evened out: the same number of tiles a column, rows spread evenly
+        if tiles(t) > slots:
+            break
+        if -(-tiles(t) // sms) * t <= busiest:
+            best = min(best, t)
+    return best
 
 
 def _wgrad_kernel(saved, itemsize):
