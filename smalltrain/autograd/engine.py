@@ -1,8 +1,7 @@
 """The backward engine: iterative reverse topological order, gradient accumulation, unbroadcasting, graph freeing."""
-import weakref
-
 import numpy as np
 
+from .._identity_map import IdentityWeakMap
 from . import grad_mode
 from .function import Tensor   # the Tensor class, bound once tensor.py has loaded (function.py imports it)
 
@@ -136,7 +135,7 @@ def _exclusive(g, taken):
 # None, so a kernel that makes such a leaf's gradient may write it into the slot directly (claim_grad); a gradient
 # made anywhere else is copied into the slot (grad_slot_copies counts those copies). _slots_paused: autograd.grad
 # returns gradients instead of accumulating them, so none may land in a slot.
-_grad_slots = {}   # id(leaf) -> (weak reference to the leaf, slot); by identity (Tensor's == is elementwise)
+_grad_slots = IdentityWeakMap()   # leaf -> slot
 _slot_offers = []
 _slots_paused = [0]
 grad_slot_copies = [0]
@@ -144,19 +143,17 @@ grad_slot_copies = [0]
 
 def set_grad_slot(leaf, slot):
     """Make `slot` (an array of the leaf's shape, dtype and device, or None to drop it) the memory of leaf.grad."""
-    key = id(leaf)
     if slot is None:
-        _grad_slots.pop(key, None)
+        _grad_slots.drop(leaf)
     else:
-        _grad_slots[key] = (weakref.ref(leaf, lambda _, key=key: _grad_slots.pop(key, None)), slot)
+        _grad_slots.set(leaf, slot)
 
 
 def grad_slot(leaf):
     """The leaf's gradient slot while it still fits the leaf's array (it may have been replaced since), else None."""
-    entry = _grad_slots.get(id(leaf)) if _grad_slots and not _slots_paused[0] else None
-    if entry is None or entry[0]() is not leaf:
+    slot = _grad_slots.get_for(leaf) if _grad_slots and not _slots_paused[0] else None
+    if slot is None:
         return None
-    slot = entry[1]
     a = leaf.array
     if type(slot) is not type(a) or slot.shape != a.shape or slot.dtype != a.dtype or \
             (type(a) is not np.ndarray and slot.device.id != a.device.id):

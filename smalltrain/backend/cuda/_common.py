@@ -6,7 +6,7 @@ import operator
 
 import numpy as np
 
-from ...autograd import held
+from ...autograd import engine, held
 from . import cupy
 from . import graphs
 from .graphs import is_current_stream_capturing
@@ -77,7 +77,6 @@ def grad_array(param):
     """An array for the gradient of `param` (a weight or bias array an op was given): the memory of that leaf's .grad
     where the running backward pass offers it (autograd.engine.claim_grad: a view into a flat gradient buffer), else
     a new array of its shape and dtype."""
-    from ...autograd import engine
     slot = engine.claim_grad(param)
     return slot if slot is not None else cupy().empty(param.shape, dtype=param.dtype)
 
@@ -259,7 +258,6 @@ def run_beside(side_work, main_work, enabled=True, defer=False):
         join_now()
         raise
     if defer:
-        from ...autograd import engine
         engine.defer_join(lambda: (join_now(), side_work, main_work))   # the works' references live until then
     else:
         join_now()

@@ -10,6 +10,7 @@ import weakref
 
 import numpy as np
 
+from ..._identity_map import IdentityWeakMap
 from ...autograd import engine
 from ...ops._util import xp_of
 from ...tensor import Tensor
@@ -20,7 +21,7 @@ from ..module import typename
 # trained 2.1-2.5 us a step slower on an H100 (benchmarks/RESULTS.md, thirty-second session). The gaps start as
 # zeros; the fused optimizers update them as elements with a zero gradient, and nothing reads them.
 ALIGN_BYTES = 256
-_owners = {}   # id(parameter) -> (weak reference to it, the FlatParameters it is a view of); by identity
+_owners = IdentityWeakMap()   # parameter -> the FlatParameters it is a view of
 
 
 class FlatParameters:
@@ -59,8 +60,7 @@ class FlatParameters:
                 gview[...] = p.grad.array
                 p.grad = Tensor._wrap(gview)
             engine.set_grad_slot(p, gview)
-            _owners[id(p)] = (weakref.ref(p), self)
-            weakref.finalize(p, _owners.pop, id(p), None)
+            _owners.set(p, self)
             self._views.append(view)
             self._grad_views.append(gview)
 
@@ -84,8 +84,7 @@ class FlatParameters:
 
 def owner(param):
     """The FlatParameters whose view `param` is, or None."""
-    entry = _owners.get(id(param))
-    return entry[1] if entry is not None and entry[0]() is param else None
+    return _owners.get_for(param)
 
 
 def flatten_parameters(parameters):
