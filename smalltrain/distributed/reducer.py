@@ -8,6 +8,7 @@ Buckets are reduced strictly in order 0, 1, 2, ... on every rank, so the ranks' 
 Each buffer ends with one flag per parameter (1 where this rank had a gradient): the all-reduced flags tell
 which parameters no rank had a gradient for; their .grad stays None (the others treat a missing gradient as 0).
 """
+import warnings
 import weakref
 
 from ..autograd import engine
@@ -31,6 +32,18 @@ class Bucket:
             off += n
         self.pending = 0          # parameters still waiting for gradients in this backward
         self.reduced = False
+
+
+def _warn_if_flattened(params):
+    """The bucket views become the gradients' slots, replacing the flat gradient buffer that flatten_parameters
+    registered: the fused optimizers then see the gradients outside that buffer and update one array at a time."""
+    from ..nn.utils.flat_parameters import owner
+    flat = [i for i, p in enumerate(params) if owner(p) is not None]
+    if flat:
+        warnings.warn(f"DistributedDataParallel(gradient_as_bucket_view=True): {len(flat)} of {len(params)} "
+                      "parameters are flattened (flatten_parameters); their gradients will live in the DDP buckets "
+                      "instead of the flat gradient buffer, so the optimizer no longer updates them as one flat "
+                      "buffer", stacklevel=4)
 
 
 def _zeros(xp, like, n):
@@ -76,6 +89,7 @@ class Reducer:
             for i in b.param_ids:
                 self.bucket_of[i] = b.index
         if gradient_as_bucket_view:   # each gradient made in its bucket view where the op can (engine's slots)
+            _warn_if_flattened(self.params)
             for b in self.buckets:
                 for slot, i in enumerate(b.param_ids):
                     engine.set_grad_slot(self.params[i], b.views[slot])

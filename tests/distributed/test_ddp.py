@@ -254,3 +254,28 @@ def test_single_process_steps_with_set_to_none_and_bucket_views(device):
         assert group.reduced == [4 * 3 + 3 + 2] * 3                      # one bucket (+2 flags) per step
         assert ddp.reducer.last_early == 1 and ddp.reducer.last_flushed == 0
         assert engine.grad_slot_copies[0] - copies == (2 * 3 if as_view and device == "cpu" else 0)
+
+
+def test_bucket_views_over_flattened_parameters_warn_and_take_the_slots():
+    """gradient_as_bucket_view on flattened parameters: the bucket views replace the flat gradient buffer as the
+    gradients' home, which the constructor says; without bucket views nothing is said and the buffer stays."""
+    import warnings
+
+    import smalltrain as st
+    from smalltrain import nn
+    from smalltrain.nn.parallel import DistributedDataParallel as DDP
+    from smalltrain.nn.utils import flatten_parameters
+    x = st.tensor(np.ones((2, 4), np.float32))
+    for as_view in (False, True):
+        model = nn.Linear(4, 3)
+        flat = flatten_parameters(model.parameters())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ddp = DDP(model, process_group=FakeGroup(), gradient_as_bucket_view=as_view)
+        said = [str(w.message) for w in caught if "flattened" in str(w.message)]
+        assert said == ([] if not as_view else [
+            "DistributedDataParallel(gradient_as_bucket_view=True): 2 of 2 parameters are flattened "
+            "(flatten_parameters); their gradients will live in the DDP buckets instead of the flat gradient "
+            "buffer, so the optimizer no longer updates them as one flat buffer"])
+        ddp(x).sum().backward()
+        assert flat.grads_in_place() == (not as_view)
