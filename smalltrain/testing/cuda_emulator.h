@@ -159,7 +159,8 @@ inline size_t dynamic_shared_bytes;
 inline unsigned long long exchange[1024];   // a shuffle's values, by thread
 inline std::string error;
 inline unsigned long long block_serial;                       // counts the blocks run, to poison once per block
-inline std::vector<std::pair<void*, unsigned long long>> poisoned;   // static shared variable -> block it was poisoned in
+// static shared variable -> the block it was poisoned in
+inline std::vector<std::pair<void*, unsigned long long>> poisoned;
 
 // Every `__shared__` declaration is followed by this call (cuda_emulator.py adds it): the first thread of a block
 // to reach it fills the variable with 0xFF bytes, so that no block reads what an earlier block (or launch) left.
@@ -344,7 +345,8 @@ inline int launch(void (*kernel)(A...), const unsigned* dims, size_t shared_byte
     }
     ::operator delete(dynamic_shared_base, std::align_val_t(16));
     dynamic_shared_bytes = shared_bytes;
-    dynamic_shared_base = static_cast<unsigned char*>(::operator new(shared_bytes ? shared_bytes : 1, std::align_val_t(16)));
+    dynamic_shared_base = static_cast<unsigned char*>(
+        ::operator new(shared_bytes ? shared_bytes : 1, std::align_val_t(16)));
     body = [&] { call(kernel, args, std::index_sequence_for<A...>{}); };
     error.clear();
     for (unsigned z = 0; z < gridDim.z; ++z)
