@@ -1,5 +1,5 @@
 # The thirty-third session's first device call: the tests of the commits not yet run on a GPU (the aligned flat
-# buffers, the identity map, _TILE_WG_FILL's plans), then an A/B of the captured step under the untimed knobs,
+# buffers, the identity map, _TILE_WG_FILL's plans, the wgrad-first rule), then an A/B of the captured step under the untimed knobs,
 # three rounds alternating, then the bench beside torch's reduce-overhead mode.
 export CUPY_CACHE_DIR=$PWD/.kcache CUPY_TF32=0 PYTHONUNBUFFERED=1
 mkdir -p "$CUPY_CACHE_DIR" && [ -f .kcache.tgz ] && tar -xzf .kcache.tgz -C "$CUPY_CACHE_DIR"
@@ -8,12 +8,13 @@ mkdir -p "$CUPY_CACHE_DIR" && [ -f .kcache.tgz ] && tar -xzf .kcache.tgz -C "$CU
 } 2>&1 | tee "$OUT/env.txt"
 timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider -n 8 tests/nn/test_flat_parameters.py \
   tests/test_compile.py tests/test_identity_map.py tests/distributed/test_ddp.py \
-  "tests/cuda/test_kernels.py" -k "flat or tile_wgrad or filling or identity or bucket or compile or ddp" \
+  "tests/cuda/test_kernels.py" -k "flat or tile_wgrad or filling or identity or bucket or compile or ddp or beside or wgrad_first" \
   > "$OUT/pytest.log" 2>&1; grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/pytest.log" | sort -u | head; tail -1 "$OUT/pytest.log"
 K=smalltrain.backend.cuda.conv
 for round in 1 2 3; do
   for s in base "$K._TILE_WG_FILL=True" "smalltrain.bench.FLAT_PARAMETERS=True" \
-           "$K._TILE_WG_FILL=True smalltrain.bench.FLAT_PARAMETERS=True" "$K.WGRAD_ON_MAIN=True"; do
+           "$K.WGRAD_ON_MAIN=True" \
+           "$K.WGRAD_FIRST_MAX_AREA_RATIO=1.5 $K._TILE_WG_FILL=True"; do
     sets=""; [ "$s" != base ] && for x in $s; do sets="$sets --set $x"; done
     echo "round $round: $s"
     timeout 60 python3 benchmarks/bench_compile.py --modes smalltrain-compiled --no-torch $sets 2>&1 \

@@ -186,6 +186,12 @@ WGRAD_BESIDE_DEFER = True
 # MnistCnn b64 106.5, 107.1 / 104.2, 104.7; LeNet-5 b512 120.8, 124.5 / 123.0, 124.7 (its input gradient is the
 # longer kernel there). Off until a rule tells the two cases apart
 WGRAD_ON_MAIN = False
+# ... or by a rule (_wgrad_first): the weight gradient first where the input gradient's transposed convolution, which
+# visits every input position (h * w), covers at most this many times the output positions (oh * ow) that the weight
+# gradient sums over; both then do about the same multiply-adds, and the weight gradient is the slower kernel of the
+# two. MnistCnn's 3x3 on 26x26: 676 / 576 = 1.17; LeNet-5's 5x5 on 12x12: 144 / 64 = 2.25 (its input gradient, with
+# the first layer's weight gradient fused in, is the longer kernel). None: off (WGRAD_ON_MAIN alone decides)
+WGRAD_FIRST_MAX_AREA_RATIO = None
 # bias_act_bwd_rows (a block per row of P elements) where P is at least this; the element-wise kernel below it
 BIAS_ACT_ROWS_MIN_P = 64
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
@@ -991,6 +997,12 @@ def _sm_count():
     return device_attribute("MultiProcessorCount")
 
 
+def _wgrad_first(in_hw, out_hw, max_ratio):
+    """WGRAD_FIRST_MAX_AREA_RATIO's rule: True where the input's positions are at most max_ratio times the
+    output's (None: never)."""
+    return max_ratio is not None and in_hw[0] * in_hw[1] <= max_ratio * out_hw[0] * out_hw[1]
+
+
 def _filling_rows(n, ho, th, slots, sms):
     """tile_wgrad's rows per tile under _TILE_WG_FILL: where n images in tiles of th rows make fewer tiles than the
     grid has slots, the fewest rows (evened out over the image) whose tiles still fit the slots without more rows
@@ -1231,7 +1243,7 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
         # the weight gradient's kernels beside the input gradient's where there are both; our own kernels only: the
         # input gradient may run cuBLAS, and one cuBLAS handle's workspace must not serve two streams at once
         beside = need_x and wgrad in ("tile", "igemm", "tiled") and n * o * p <= WGRAD_BESIDE_MAX_OUTPUTS
-        if beside and WGRAD_ON_MAIN:
+        if beside and (WGRAD_ON_MAIN or _wgrad_first((h, wd), saved.out_hw, WGRAD_FIRST_MAX_AREA_RATIO)):
             dx, (dw, db) = run_beside(input_grad, weight_grads)
         else:
             (dw, db), dx = run_beside(weight_grads, input_grad, beside, defer=wgrad_beside and WGRAD_BESIDE_DEFER)
