@@ -428,15 +428,6 @@ def test_filling_rows_shrinks_tiles_only_while_the_grid_has_empty_slots():
     assert conv_kernels._filling_rows(600, 5, 5, 528, 132) == 5
 
 
-def test_wgrad_first_where_the_input_has_few_more_positions_than_the_output():
-    """WGRAD_FIRST_MAX_AREA_RATIO's rule at 1.5: MnistCnn's second layer (26x26 in, 24x24 out: 1.17) puts its weight
-    gradient first; LeNet-5's (12x12 in, 8x8 out: 2.25) keeps its input gradient first; None never decides."""
-    assert conv_kernels._wgrad_first((26, 26), (24, 24), 1.5)
-    assert not conv_kernels._wgrad_first((12, 12), (8, 8), 1.5)
-    assert conv_kernels._wgrad_first((12, 12), (8, 8), 2.25)
-    assert not conv_kernels._wgrad_first((26, 26), (24, 24), None)
-
-
 @pytest.mark.parametrize("rows", [1, 37, 528, 1100])   # one row; a partial batch; LeNet-5's first layer; 3 batches
 def test_wgrad_reduce_sums_the_rows_in_its_fixed_order(rows, rng):
     """wgrad_reduce's sums bit-equal to the order it promises (conv.cu): thread group r adds rows r, r + G, ... in

@@ -112,9 +112,11 @@ _TILE_WG_BLOCKS_PER_SM = 4    # the grid: tiles spread evenly over at most this 
                               # second layer backward 63.2 us with 4, 68.9 with 2; LeNet-5's first at b512 53.1, 57.2)
 _TILE_WG_TO8_THREADS = 128    # 8 channels per thread where that makes a block of at least this many threads
 _TILE_WG_ROWS = None          # rows per tile if set (tests: partial tiles), else the most the shared memory holds
-# fewer rows per tile where the tiles would leave part of the grid's slots empty (_filling_rows); off until timed:
-# the thirty-first session measured 3 rows instead of 4 at -2.4 us for MnistCnn b64 (and +us for LeNet-5 b512, which
-# this rule leaves alone: its tiles outnumber the slots)
+# fewer rows per tile where the tiles would leave part of the grid's slots empty (_filling_rows): the thirty-first
+# session measured 3 rows instead of 4 at -2.4 us for MnistCnn b64 (and +us for LeNet-5 b512, which this rule leaves
+# alone: its tiles outnumber the slots). Thirty-third session, H100, three rounds alternating, us on / off: MnistCnn
+# 106.9 / 106.7 / 107.3 against 108.2 / 107.5 / 107.7, LeNet-5 b64 58.3 / 57.8 / 58.1 against 57.3 / 56.8 / 56.9 (its
+# layers' 24 -> 3 and 8 -> 1 rows restage each input row's KS - 1 neighbours more often), b512 within its spread. Off
 _TILE_WG_FILL = False
 _TILE_WG_GRID = None          # blocks if set (tests: one block walking every tile)
 _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the largest divisor of TH that fits
@@ -184,14 +186,11 @@ WGRAD_BESIDE_DEFER = True
 # timeline (thirty-first session): its input gradient on the main stream ended at 85.5 us, its weight gradient's
 # blocks that found no room beside it started late and ended at 101.6. H100, that session, two rounds, us off / on:
 # MnistCnn b64 106.5, 107.1 / 104.2, 104.7; LeNet-5 b512 120.8, 124.5 / 123.0, 124.7 (its input gradient is the
-# longer kernel there). Off until a rule tells the two cases apart
+# longer kernel there). Thirty-third session, H100, three rounds: MnistCnn 107.4 / 107.6 / 107.4 against 108.2 / 107.5 /
+# 107.7 off, LeNet-5 b64 66.9 / 66.4 / 66.2 against 57.3 / 56.8 / 56.9 (b512 within its spread); a rule putting it
+# first only where the input has at most 1.5x the output's positions (MnistCnn's second layer: 676 / 576), with
+# _TILE_WG_FILL, made MnistCnn 110.7-110.8. Off: no case gains
 WGRAD_ON_MAIN = False
-# ... or by a rule (_wgrad_first): the weight gradient first where the input gradient's transposed convolution, which
-# visits every input position (h * w), covers at most this many times the output positions (oh * ow) that the weight
-# gradient sums over; both then do about the same multiply-adds, and the weight gradient is the slower kernel of the
-# two. MnistCnn's 3x3 on 26x26: 676 / 576 = 1.17; LeNet-5's 5x5 on 12x12: 144 / 64 = 2.25 (its input gradient, with
-# the first layer's weight gradient fused in, is the longer kernel). None: off (WGRAD_ON_MAIN alone decides)
-WGRAD_FIRST_MAX_AREA_RATIO = None
 # bias_act_bwd_rows (a block per row of P elements) where P is at least this; the element-wise kernel below it
 BIAS_ACT_ROWS_MIN_P = 64
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
@@ -997,12 +996,6 @@ def _sm_count():
     return device_attribute("MultiProcessorCount")
 
 
-def _wgrad_first(in_hw, out_hw, max_ratio):
-    """WGRAD_FIRST_MAX_AREA_RATIO's rule: True where the input's positions are at most max_ratio times the
-    output's (None: never)."""
-    return max_ratio is not None and in_hw[0] * in_hw[1] <= max_ratio * out_hw[0] * out_hw[1]
-
-
 def _filling_rows(n, ho, th, slots, sms):
     """tile_wgrad's rows per tile under _TILE_WG_FILL: where n images in tiles of th rows make fewer tiles than the
     grid has slots, the fewest rows (evened out over the image) whose tiles still fit the slots without more rows
@@ -1243,7 +1236,7 @@ def conv2d_backward(dout, saved, g=None, into=None, wpartial=None, wgrad_beside=
         # the weight gradient's kernels beside the input gradient's where there are both; our own kernels only: the
         # input gradient may run cuBLAS, and one cuBLAS handle's workspace must not serve two streams at once
         beside = need_x and wgrad in ("tile", "igemm", "tiled") and n * o * p <= WGRAD_BESIDE_MAX_OUTPUTS
-        if beside and (WGRAD_ON_MAIN or _wgrad_first((h, wd), saved.out_hw, WGRAD_FIRST_MAX_AREA_RATIO)):
+        if beside and WGRAD_ON_MAIN:
             dx, (dw, db) = run_beside(input_grad, weight_grads)
         else:
             (dw, db), dx = run_beside(weight_grads, input_grad, beside, defer=wgrad_beside and WGRAD_BESIDE_DEFER)
