@@ -420,11 +420,15 @@ def test_tile_wgrad_is_bit_repeatable(rng):
 def test_filling_rows_shrinks_tiles_only_while_the_grid_has_empty_slots():
     """_TILE_WG_FILL's rule on 132 SMs x 4 slots: MnistCnn b64's second layer (24 rows, 4 a tile: 384 tiles) takes
     3 rows (512 tiles, still 12 rows on the busiest SM), not 2 (768 tiles, over the 528 slots); at b512 the tiles
-    outnumber the slots and the rows stay; 24 rows in one tile for 64 images (LeNet-5's first layer) become 3."""
+    outnumber the slots and the rows stay; 24 rows in one tile for 64 images (LeNet-5's first layer) become 3. With
+    min_rows (the launcher passes KS - 1), LeNet-5 b64's second layer (8 rows) stops at 4, not 1."""
     assert conv_kernels._filling_rows(64, 24, 4, 528, 132) == 3
+    assert conv_kernels._filling_rows(64, 24, 4, 528, 132, 2) == 3
     assert conv_kernels._filling_rows(512, 24, 4, 528, 132) == 4
     assert conv_kernels._filling_rows(64, 24, 24, 528, 132) == 3
+    assert conv_kernels._filling_rows(64, 24, 24, 528, 132, 4) == 4
     assert conv_kernels._filling_rows(64, 8, 8, 528, 132) == 1
+    assert conv_kernels._filling_rows(64, 8, 8, 528, 132, 4) == 4
     assert conv_kernels._filling_rows(600, 5, 5, 528, 132) == 5
 
 

@@ -116,7 +116,8 @@ _TILE_WG_ROWS = None          # rows per tile if set (tests: partial tiles), els
 # session measured 3 rows instead of 4 at -2.4 us for MnistCnn b64 (and +us for LeNet-5 b512, which this rule leaves
 # alone: its tiles outnumber the slots). Thirty-third session, H100, three rounds alternating, us on / off: MnistCnn
 # 106.9 / 106.7 / 107.3 against 108.2 / 107.5 / 107.7, LeNet-5 b64 58.3 / 57.8 / 58.1 against 57.3 / 56.8 / 56.9 (its
-# layers' 24 -> 3 and 8 -> 1 rows restage each input row's KS - 1 neighbours more often), b512 within its spread. Off
+# second layer's 8 -> 1 rows restage each input row's KS - 1 neighbours more often), b512 within its spread. Since
+# then no tile takes fewer than KS - 1 rows (that layer: 8 -> 4). Off
 _TILE_WG_FILL = False
 _TILE_WG_GRID = None          # blocks if set (tests: one block walking every tile)
 _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the largest divisor of TH that fits
@@ -835,7 +836,7 @@ def _tile_wgrad_plan_for(x_shape, w_shape, out_hw, stride, dilation, groups, ite
         return None
     th = fits[-1] if _TILE_WG_ROWS is not None else -(-ho // -(-ho // fits[-1]))
     if _TILE_WG_FILL and _TILE_WG_ROWS is None:
-        th = _filling_rows(n, ho, th, _TILE_WG_BLOCKS_PER_SM * knobs[-1], knobs[-1])
+        th = _filling_rows(n, ho, th, _TILE_WG_BLOCKS_PER_SM * knobs[-1], knobs[-1], kh - 1)
     splits = [d for d in range(1, max(th, _TILE_WG_SPLIT or 1) + 1) if base * d <= _TILE_WG_THREADS
               and (d == 1 or base * d * to * kh * itemsize <= _SMEM_BYTES)]   # the row groups' sums meet in smem
     rs = [d for d in splits if th % d == 0][-1] if _TILE_WG_SPLIT not in splits else _TILE_WG_SPLIT
@@ -996,11 +997,12 @@ def _sm_count():
     return device_attribute("MultiProcessorCount")
 
 
-def _filling_rows(n, ho, th, slots, sms):
+def _filling_rows(n, ho, th, slots, sms, min_rows=1):
     """tile_wgrad's rows per tile under _TILE_WG_FILL: where n images in tiles of th rows make fewer tiles than the
-    grid has slots, the fewest rows (evened out over the image) whose tiles still fit the slots without more rows
-    on the busiest SM; else th. MnistCnn b64's second layer on 132 SMs: 4 rows make 384 tiles for 528 slots, 3 per
-    SM and 12 rows; 3 rows make 512 tiles, 4 per SM and 12 rows; 2 rows 768 tiles, over the slots."""
+    grid has slots, the fewest rows (evened out over the image), at least min_rows (KS - 1: a tile stages KS - 1
+    input rows beyond its own, so fewer rows would stage more than twice its rows), whose tiles still fit the slots
+    without more rows on the busiest SM; else th. MnistCnn b64's second layer on 132 SMs: 4 rows make 384 tiles for
+    528 slots, 3 per SM and 12 rows; 3 rows make 512 tiles, 4 per SM and 12 rows; 2 rows 768 tiles, over the slots."""
     def tiles(t):
         return n * -(-ho // t)
     if tiles(th) >= slots:
@@ -1009,7 +1011,7 @@ def _filling_rows(n, ho, th, slots, sms):
     best = th
     for t in range(th - 1, 0, -1):
         t = -(-ho // -(-ho // t))   # evened out: the same number of tiles a column, rows spread evenly
-        if tiles(t) > slots:
+        if tiles(t) > slots or t < min_rows:
             break
         if -(-tiles(t) // sms) * t <= busiest:
             best = min(best, t)
