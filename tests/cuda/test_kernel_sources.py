@@ -363,14 +363,15 @@ def test_tile_conv_plans(monkeypatch):
     # tile) or 2 (as many halo rows staged as output rows)
     to, th, threads, blocks, smem, cs = conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)
     assert (to, th, threads, blocks, cs) == (4, 4, 192, 384, 1) and smem == (144 * 32 + 16 * 6 * 28) * 4
-    # channel splits where the grid leaves the SMs few threads: its input gradient (5 of 26 rows a block, the fewest
-    # giving _TILE_MIN_THREADS = 128 threads: 384 blocks of 140 threads, 407 per SM) in 2 groups of 16 channels,
-    # within 1024 threads per SM (the default); the forward (558) stays whole
-    assert conv._TILE_SPLIT_THREADS_PER_SM == 1024 and conv._TILE_MIN_THREADS == 128
-    assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[1:] == (5, 280, 384, (288 * 16 + 32 * 7 * 32) * 4, 2)
+    # channel splits where the grid leaves the SMs few threads: its input gradient (no row count within a block's
+    # 256 threads gives _TILE_MIN_THREADS = 256, so the rows that waste the least: 4 of 26 a block, 448 blocks of 112
+    # threads, 380 per SM) in 2 groups of 16 channels, within 1024 threads per SM (the default); the forward (558)
+    # stays whole
+    assert conv._TILE_SPLIT_THREADS_PER_SM == 1024 and conv._TILE_MIN_THREADS == 256
+    assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[1:] == (4, 224, 448, (288 * 16 + 32 * 6 * 32) * 4, 2)
     assert conv._tile_plan(64, 16, (26, 26), 32, (24, 24), 3, 4)[5] == 1
     monkeypatch.setattr(conv, "_TILE_SPLITS", 3)   # forced: 3 groups of 10, 11, 11 channels; their sums in smem
-    assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[4:] == ((288 * 16 + 32 * 7 * 32) * 4, 3)
+    assert conv._tile_plan(64, 32, (24, 24), 16, (26, 26), 3, 4)[4:] == ((288 * 16 + 32 * 6 * 32) * 4, 3)
     monkeypatch.setattr(conv, "_TILE_SPLITS", None)
     monkeypatch.setattr(conv, "_TILE_SPLIT_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv, "_TILE_TO8_THREADS_PER_SM", 256)

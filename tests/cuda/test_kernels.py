@@ -362,19 +362,15 @@ def test_tile_conv_linear_epilogue_replays_as_a_cuda_graph(rng):
             assert_close(logits, want, 1e-5 * np.sqrt(32 * 24 * 24) / 8, name="replayed logits")
 
 
-@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "rows split", "one block, 2-row tiles",
-                                  "rows to fill the grid"])
+@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "rows split", "one block, 2-row tiles"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES)
 def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
     """tile_wgrad's dw and db (and no db without a bias) against the float64 reference on tile_conv's cases, as
     planned and with each choice forced: 4 or 8 channels per thread, the rows of a tile split over 2 or 3 thread
     groups (their sums added at the end), one block walking every tile of 2 rows through both staging buffers (the
-    last tile of an odd row count partial), fewer rows a tile where the tiles leave grid slots empty
-    (_TILE_WG_FILL)."""
+    last tile of an odd row count partial)."""
     shape, o, ks, padding, activation, bias = case
-    if plan == "rows to fill the grid":
-        monkeypatch.setattr(conv_kernels, "_TILE_WG_FILL", True)
     if plan == "4 channels":
         monkeypatch.setattr(conv_kernels, "_TILE_WG_TO8_THREADS", 1 << 30)
     if plan == "8 channels":
@@ -415,21 +411,6 @@ def test_tile_wgrad_is_bit_repeatable(rng):
     for _ in range(3):
         again = ops.conv2d_backward(dout, saved)
         assert all(bool(cp.array_equal(a, b)) for a, b in zip(first, again))
-
-
-def test_filling_rows_shrinks_tiles_only_while_the_grid_has_empty_slots():
-    """_TILE_WG_FILL's rule on 132 SMs x 4 slots: MnistCnn b64's second layer (24 rows, 4 a tile: 384 tiles) takes
-    3 rows (512 tiles, still 12 rows on the busiest SM), not 2 (768 tiles, over the 528 slots); at b512 the tiles
-    outnumber the slots and the rows stay; 24 rows in one tile for 64 images (LeNet-5's first layer) become 3. With
-    min_rows (the launcher passes KS - 1), LeNet-5 b64's second layer (8 rows) stops at 4, not 1."""
-    assert conv_kernels._filling_rows(64, 24, 4, 528, 132) == 3
-    assert conv_kernels._filling_rows(64, 24, 4, 528, 132, 2) == 3
-    assert conv_kernels._filling_rows(512, 24, 4, 528, 132) == 4
-    assert conv_kernels._filling_rows(64, 24, 24, 528, 132) == 3
-    assert conv_kernels._filling_rows(64, 24, 24, 528, 132, 4) == 4
-    assert conv_kernels._filling_rows(64, 8, 8, 528, 132) == 1
-    assert conv_kernels._filling_rows(64, 8, 8, 528, 132, 4) == 4
-    assert conv_kernels._filling_rows(600, 5, 5, 528, 132) == 5
 
 
 @pytest.mark.parametrize("rows", [1, 37, 528, 1100])   # one row; a partial batch; LeNet-5's first layer; 3 batches

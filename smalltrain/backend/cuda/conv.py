@@ -72,9 +72,13 @@ _TILE_KS = (3, 5)             # kernel sizes tile_conv is compiled for (ST_TILE 
 _TILE_TW = 4                  # output columns per thread (conv.cu ST_TW)
 _TILE_THREADS = 256           # threads per block at most (fewer where the rows' tiles are spread, below)
 _TILE_BLOCKS_PER_SM = 2       # rows per block chosen for at least this many blocks per SM ...
-_TILE_MIN_THREADS = 128       # ... of at least this many threads where the rows allow. H200, captured steps with 64 /
+_TILE_MIN_THREADS = 256       # ... of at least this many threads where the rows allow. H200, captured steps with 64 /
                               # 128: MnistCnn b64 132.7 / 129.9-130.1 us (its conv2 input gradient: 5-row tiles, 384
-                              # blocks of 280 threads, for 4-row ones, 448 of 224); LeNet-5's plans are the same
+                              # blocks of 280 threads, for 4-row ones, 448 of 224); LeNet-5's plans are the same.
+# H100, thirty-third session, three rounds alternating, 256 against 128: MnistCnn b64 105.6 / 106.4 / 105.8 against
+# 108.3 / 108.3 / 108.2 us, where no row count of that input gradient reaches 256 threads (a block holds at most 256),
+# so the least wasteful rows take it: 4 again, 448 blocks of 224 (the kernels have changed since the H200 figures);
+# LeNet-5's plans are the same at b64 and b512
 _TILE_TO8_THREADS_PER_SM = 1024  # 8 channels per thread where that leaves this many threads per SM, else 4
 # ... or 6 where that computes no dead channel and 4 or 8 would (LeNet-5's 6-channel first layer and its input
 # gradient into it: a quarter of those kernels' products are padding at 4 or 8) and the grid keeps
@@ -112,13 +116,6 @@ _TILE_WG_BLOCKS_PER_SM = 4    # the grid: tiles spread evenly over at most this 
                               # second layer backward 63.2 us with 4, 68.9 with 2; LeNet-5's first at b512 53.1, 57.2)
 _TILE_WG_TO8_THREADS = 128    # 8 channels per thread where that makes a block of at least this many threads
 _TILE_WG_ROWS = None          # rows per tile if set (tests: partial tiles), else the most the shared memory holds
-# fewer rows per tile where the tiles would leave part of the grid's slots empty (_filling_rows): the thirty-first
-# session measured 3 rows instead of 4 at -2.4 us for MnistCnn b64 (and +us for LeNet-5 b512, which this rule leaves
-# alone: its tiles outnumber the slots). Thirty-third session, H100, three rounds alternating, us on / off: MnistCnn
-# 106.9 / 106.7 / 107.3 against 108.2 / 107.5 / 107.7, LeNet-5 b64 58.3 / 57.8 / 58.1 against 57.3 / 56.8 / 56.9 (its
-# second layer's 8 -> 1 rows restage each input row's KS - 1 neighbours more often), b512 within its spread. Since
-# then no tile takes fewer than KS - 1 rows (that layer: 8 -> 4). Off
-_TILE_WG_FILL = False
 _TILE_WG_GRID = None          # blocks if set (tests: one block walking every tile)
 _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the largest divisor of TH that fits
 TILE_WGRAD = True
@@ -190,7 +187,7 @@ WGRAD_BESIDE_DEFER = True
 # longer kernel there). Thirty-third session, H100, three rounds: MnistCnn 107.4 / 107.6 / 107.4 against 108.2 / 107.5 /
 # 107.7 off, LeNet-5 b64 66.9 / 66.4 / 66.2 against 57.3 / 56.8 / 56.9 (b512 within its spread); a rule putting it
 # first only where the input has at most 1.5x the output's positions (MnistCnn's second layer: 676 / 576), with
-# _TILE_WG_FILL, made MnistCnn 110.7-110.8. Off: no case gains
+# fewer tile_wgrad rows, made MnistCnn 110.7-110.8. Off: no case gains
 WGRAD_ON_MAIN = False
 # bias_act_bwd_rows (a block per row of P elements) where P is at least this; the element-wise kernel below it
 BIAS_ACT_ROWS_MIN_P = 64
@@ -446,7 +443,7 @@ def _tile_knobs():
     SM count: part of the plans' cache keys."""
     return (TILE_CONV, TILE_WGRAD, _TILE_THREADS, _TILE_BLOCKS_PER_SM, _TILE_MIN_THREADS, _TILE_TO8_THREADS_PER_SM,
             _TILE_ROWS, _TILE_SPLIT_THREADS_PER_SM, _TILE_SPLIT_MAX_THREADS, _TILE_SPLITS, _TILE_WG_THREADS,
-            _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_FILL, _TILE_WG_GRID, _TILE_WG_SPLIT,
+            _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_GRID, _TILE_WG_SPLIT,
             _SMEM_BYTES, TILE_TO6, _TILE_TO6_THREADS_PER_SM, _sm_count())
 
 
@@ -835,8 +832,6 @@ def _tile_wgrad_plan_for(x_shape, w_shape, out_hw, stride, dilation, groups, ite
     if not fits:
         return None
     th = fits[-1] if _TILE_WG_ROWS is not None else -(-ho // -(-ho // fits[-1]))
-    if _TILE_WG_FILL and _TILE_WG_ROWS is None:
-        th = _filling_rows(n, ho, th, _TILE_WG_BLOCKS_PER_SM * knobs[-1], knobs[-1], kh - 1)
     splits = [d for d in range(1, max(th, _TILE_WG_SPLIT or 1) + 1) if base * d <= _TILE_WG_THREADS
               and (d == 1 or base * d * to * kh * itemsize <= _SMEM_BYTES)]   # the row groups' sums meet in smem
     rs = [d for d in splits if th % d == 0][-1] if _TILE_WG_SPLIT not in splits else _TILE_WG_SPLIT
@@ -995,27 +990,6 @@ def _int_args(x_shape, w_shape, out_hw, stride, pads, dilation):
 
 def _sm_count():
     return device_attribute("MultiProcessorCount")
-
-
-def _filling_rows(n, ho, th, slots, sms, min_rows=1):
-    """tile_wgrad's rows per tile under _TILE_WG_FILL: where n images in tiles of th rows make fewer tiles than the
-    grid has slots, the fewest rows (evened out over the image), at least min_rows (KS - 1: a tile stages KS - 1
-    input rows beyond its own, so fewer rows would stage more than twice its rows), whose tiles still fit the slots
-    without more rows on the busiest SM; else th. MnistCnn b64's second layer on 132 SMs: 4 rows make 384 tiles for
-    528 slots, 3 per SM and 12 rows; 3 rows make 512 tiles, 4 per SM and 12 rows; 2 rows 768 tiles, over the slots."""
-    def tiles(t):
-        return n * -(-ho // t)
-    if tiles(th) >= slots:
-        return th
-    busiest = -(-tiles(th) // sms) * th
-    best = th
-    for t in range(th - 1, 0, -1):
-        t = -(-ho // -(-ho // t))   # evened out: the same number of tiles a column, rows spread evenly
-        if tiles(t) > slots or t < min_rows:
-            break
-        if -(-tiles(t) // sms) * t <= busiest:
-            best = min(best, t)
-    return best
 
 
 def _wgrad_kernel(saved, itemsize):
