@@ -1,5 +1,6 @@
 # The thirty-third session's last device call: the tests of the new tile_conv plan (_TILE_MIN_THREADS = 256) and of the
-# removed _TILE_WG_FILL, the new default against the old one (three rounds alternating), the bench beside torch.
+# removed _TILE_WG_FILL, the new default against the old one and the channel splits under it (three rounds
+# alternating), the bench beside torch.
 export CUPY_CACHE_DIR=$PWD/.kcache CUPY_TF32=0 PYTHONUNBUFFERED=1
 mkdir -p "$CUPY_CACHE_DIR" && [ -f .kcache.tgz ] && tar -xzf .kcache.tgz -C "$CUPY_CACHE_DIR"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -10,7 +11,7 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 tests/cuda/test_kernel
 grep -oE "(FAILED|ERROR) tests/[^ ]+" "$OUT/pytest.log" | sort -u | head; tail -1 "$OUT/pytest.log"
 K=smalltrain.backend.cuda.conv
 for round in 1 2 3; do
-  for s in base "$K._TILE_MIN_THREADS=128"; do
+  for s in base "$K._TILE_MIN_THREADS=128" "$K._TILE_SPLIT_THREADS_PER_SM=2048" "$K._TILE_SPLIT_THREADS_PER_SM=512"; do
     sets=""; [ "$s" != base ] && sets="--set $s"
     echo "round $round: $s"
     timeout 60 python3 benchmarks/bench_compile.py --modes smalltrain-compiled --no-torch $sets 2>&1 \
