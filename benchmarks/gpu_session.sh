@@ -18,7 +18,8 @@
 # each instruction's warp-stall samples.
 # The ab stage (not in the default STAGES) times the captured step under each setting of AB, space-separated
 # settings of comma-separated MODULE.NAME=VALUE knobs (e.g. AB="$K.INTO_POOLED=False $K.INTO_POOLED=True" with
-# K=smalltrain.backend.cuda.conv), two rounds alternating, on AB_CONFIGS (default lenet5:64 lenet5:512 cnn:64);
+# K=smalltrain.backend.cuda.conv), rounds alternating (AB_ROUNDS, default "1 2"), on AB_CONFIGS (default lenet5:64
+# lenet5:512 cnn:64);
 # with AB_BASE (below) the code before a change as the setting "base" first.
 # KCACHE_OUT=1 packs the compiled kernels into $OUT/kcache.tgz; carried back as .kcache.tgz (the device tool's carry),
 # a later call's warm stage takes seconds instead of ~2 minutes (below).
@@ -152,7 +153,7 @@ stage ab && [ -n "${AB_BASE:-}" ] && [ ! -d "$AB_BASE/smalltrain/datasets/data" 
   cp -r smalltrain/datasets/data "$AB_BASE/smalltrain/datasets/"
 # the benchmarks run float32 only (the warm stage, where it ran, compiled the base's beside the tree's)
 stage ab && ! stage warm && [ -n "${AB_BASE:-}" ] && warm_kernels "$AB_BASE" 1
-stage ab && for round in 1 2; do for setting in ${AB_BASE:+base} ${AB:-}; do
+stage ab && for round in ${AB_ROUNDS:-1 2}; do for setting in ${AB_BASE:+base} ${AB:-}; do
   echo "$setting (round $round)"
   sets=(); dir=.
   if [ "$setting" = base ]; then dir=$AB_BASE; else knob_args sets "$setting"; fi
