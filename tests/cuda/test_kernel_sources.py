@@ -341,7 +341,8 @@ def test_tile_wgrad_plans(monkeypatch):
         return conv._tile_wgrad_plan(saved, itemsize)
     # MnistCnn's second layer at batch 64: 4 x 49 threads of 8 channels, 4-row tiles (two buffers of 23 KB), the 384
     # tiles one per block (up to 4 blocks per SM); at batch 512 the 3,072 tiles 6 per block
-    assert plan((64, 16, 26, 26), (32, 16, 3, 3), (24, 24)) == (8, 4, 1, 196, 384, 2 * (32 * 4 * 24 + 16 * 6 * 28) * 4)
+    assert plan((64, 16, 26, 26), (32, 16, 3, 3), (24, 24)) == (8, 4, 1, 196, 384, 2 * (32 * 4 * 24 + 16 * 6 * 28) * 4,
+                                                                1)
     assert plan((512, 16, 26, 26), (32, 16, 3, 3), (24, 24))[4] == 512
     # LeNet-5's first layer: 2 x 6 threads of 4 channels, whole images, the rows over 12 groups
     assert plan((512, 1, 28, 28), (6, 1, 5, 5), (24, 24))[:5] == (4, 24, 12, 144, 512)
@@ -349,6 +350,13 @@ def test_tile_wgrad_plans(monkeypatch):
         assert plan((4, 16, 26, 26), (32, 16, 3, 3), (24, 24), **geometry) is None, geometry
     assert plan((4, 16, 26, 26), (32, 16, 7, 7), (20, 20)) is None        # not compiled
     assert plan((4, 64, 26, 26), (32, 64, 3, 3), (24, 24)) is None        # 4 x 193 threads
+    # TILE_WG_BIAS_SPREAD: without the bias threads where that saves a warp (MnistCnn's second layer: 192 threads,
+    # 6 warps, not 196; LeNet-5's first: 120, not 144), not where it does not (LeNet-5's second at b64: 240 or 248,
+    # 8 warps either way)
+    monkeypatch.setattr(conv, "TILE_WG_BIAS_SPREAD", True)
+    assert plan((64, 16, 26, 26), (32, 16, 3, 3), (24, 24))[3::3] == (192, 0)
+    assert plan((512, 1, 28, 28), (6, 1, 5, 5), (24, 24))[3::3] == (120, 0)
+    assert plan((64, 6, 12, 12), (16, 6, 5, 5), (8, 8))[3::3] == (248, 1)
     monkeypatch.setattr(conv, "TILE_WGRAD", False)
     assert plan((64, 16, 26, 26), (32, 16, 3, 3), (24, 24)) is None
 

@@ -362,14 +362,16 @@ def test_tile_conv_linear_epilogue_replays_as_a_cuda_graph(rng):
             assert_close(logits, want, 1e-5 * np.sqrt(32 * 24 * 24) / 8, name="replayed logits")
 
 
-@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "rows split", "one block, 2-row tiles"])
+@pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "rows split", "one block, 2-row tiles",
+                                  "no bias threads", "no bias threads, rows split"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES)
 def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
     """tile_wgrad's dw and db (and no db without a bias) against the float64 reference on tile_conv's cases, as
     planned and with each choice forced: 4 or 8 channels per thread, the rows of a tile split over 2 or 3 thread
     groups (their sums added at the end), one block walking every tile of 2 rows through both staging buffers (the
-    last tile of an odd row count partial)."""
+    last tile of an odd row count partial), the bias summed without bias threads (TILE_WG_BIAS_SPREAD) by slices of
+    the other threads, alone and beside a row split."""
     shape, o, ks, padding, activation, bias = case
     if plan == "4 channels":
         monkeypatch.setattr(conv_kernels, "_TILE_WG_TO8_THREADS", 1 << 30)
@@ -381,6 +383,11 @@ def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
     if plan == "one block, 2-row tiles":
         monkeypatch.setattr(conv_kernels, "_TILE_WG_ROWS", 2)
         monkeypatch.setattr(conv_kernels, "_TILE_WG_GRID", 1)
+    if plan.startswith("no bias threads"):
+        monkeypatch.setattr(conv_kernels, "TILE_WG_BIAS_SPREAD", "always")
+    if plan == "no bias threads, rows split":
+        monkeypatch.setattr(conv_kernels, "_TILE_WG_ROWS", 6)
+        monkeypatch.setattr(conv_kernels, "_TILE_WG_SPLIT", 2)
     x = rng.standard_normal(shape).astype(dtype)
     w = (rng.standard_normal((o, shape[1], ks, ks)) * 0.5).astype(dtype)
     b = rng.standard_normal(o).astype(dtype) if bias else None
@@ -389,10 +396,12 @@ def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
     if tile is None:   # only MnistCnn's second layer at 4 channels a thread: 8 x 49 threads, over a block's 256
         assert plan == "4 channels" and -(-o // 4) * (shape[1] * ks + 1) > 256
         return
-    to, th, rs, threads, grid = tile[:5]
+    to, th, rs, threads, grid, _, wb = tile
     assert plan not in ("4 channels", "8 channels") or to == int(plan[0])
+    # no bias threads wherever each channel keeps a thread: C*KS*RS >= TO (LeNet-5's first layer: 5 taps of 4 or 8)
+    assert wb == (0 if plan.startswith("no bias threads") and shape[1] * ks * rs >= to else 1)
     # the forced split where 3 row groups fit in a block (threads, and their sums in shared memory)
-    base, itemsize = threads // rs, np.dtype(dtype).itemsize
+    base, itemsize = threads // rs + (-(-o // to) if wb == 0 else 0), np.dtype(dtype).itemsize
     split_fits = 3 * base <= 256 and 3 * base * to * ks * itemsize <= 48 * 1024
     assert plan != "rows split" or (th <= 6 and (rs == 3) == split_fits)
     assert plan != "one block, 2-row tiles" or (grid == 1 and th <= 2)

@@ -118,6 +118,12 @@ _TILE_WG_TO8_THREADS = 128    # 8 channels per thread where that makes a block o
 _TILE_WG_ROWS = None          # rows per tile if set (tests: partial tiles), else the most the shared memory holds
 _TILE_WG_GRID = None          # blocks if set (tests: one block walking every tile)
 _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the largest divisor of TH that fits
+# tile_wgrad without its bias threads (one per channel group, ci == C*KS) where dropping them saves a warp: the other
+# threads then sum each channel's staged g in slices (conv.cu WB == 0). MnistCnn's second layer: 4 x (48 + 1) = 196
+# threads, 7 warps, the last with 4 live lanes (one warp in seven issuing for 4 threads; ncu, thirty-third session:
+# 24.5 us alone for 170M multiply-adds), 6 full warps without. LeNet-5's second layer: 124 or 120, 4 warps either
+# way. Off: not timed yet. Tests set "always": wherever every channel keeps a thread to sum it
+TILE_WG_BIAS_SPREAD = False
 TILE_WGRAD = True
 # conv2d_backward writes its input gradient as the previous convolution's g where its caller passes `into`
 INTO_PRODUCER = True
@@ -444,7 +450,7 @@ def _tile_knobs():
     return (TILE_CONV, TILE_WGRAD, _TILE_THREADS, _TILE_BLOCKS_PER_SM, _TILE_MIN_THREADS, _TILE_TO8_THREADS_PER_SM,
             _TILE_ROWS, _TILE_SPLIT_THREADS_PER_SM, _TILE_SPLIT_MAX_THREADS, _TILE_SPLITS, _TILE_WG_THREADS,
             _TILE_WG_BLOCKS_PER_SM, _TILE_WG_TO8_THREADS, _TILE_WG_ROWS, _TILE_WG_GRID, _TILE_WG_SPLIT,
-            _SMEM_BYTES, TILE_TO6, _TILE_TO6_THREADS_PER_SM, _sm_count())
+            TILE_WG_BIAS_SPREAD, _SMEM_BYTES, TILE_TO6, _TILE_TO6_THREADS_PER_SM, _sm_count())
 
 
 def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize, even_rows=False):
@@ -804,12 +810,13 @@ def _tile_wgrad_plan(saved, itemsize):
 
 @metadata_cache
 def _tile_wgrad_plan_for(x_shape, w_shape, out_hw, stride, dilation, groups, itemsize, knobs):
-    """(TO, TH, RS, threads, grid, shared memory) of tile_wgrad for this convolution, or None where it does not take
+    """(TO, TH, RS, threads, grid, shared memory, WB) of tile_wgrad for this convolution, or None where it does not take
     it (TILE_WGRAD off, not tile_conv's geometry or kernel sizes, a block of over _TILE_WG_THREADS threads, tiles too
     large for the shared memory, 32-bit indices). TO: 8 channels per thread where that makes _TILE_WG_TO8_THREADS
     threads (MnistCnn's second layer: 4 x 49), else 4. TH: the most rows whose two tile buffers fit, evened out over
     the image. RS: threads per row group, the largest divisor of TH within _TILE_WG_THREADS (LeNet-5's first layer:
-    12 of 2 x 6 threads). The grid spreads the tiles evenly over up to _TILE_WG_BLOCKS_PER_SM blocks per SM."""
+    12 of 2 x 6 threads). The grid spreads the tiles evenly over up to _TILE_WG_BLOCKS_PER_SM blocks per SM. WB: 1
+    with a bias thread per channel group, 0 without (the kernel's other threads sum the bias; TILE_WG_BIAS_SPREAD)."""
     n, c, h, wd = x_shape
     o, cg, kh, kw = w_shape
     ho, wo = out_hw
@@ -841,18 +848,23 @@ def _tile_wgrad_plan_for(x_shape, w_shape, out_hw, stride, dilation, groups, ite
     if o * (cg * kh * kw + 1) * grid >= _FITS32:
         return None
     red = base * rs * to * kh * itemsize if rs > 1 else 0
-    return to, th, rs, base * rs, grid, max(buffers(th), red)
+    # without the bias threads (TILE_WG_BIAS_SPREAD) where that saves a warp and every channel keeps a thread to sum it
+    spread = op // to * (ci - 1) * rs
+    fewer_warps = -(-spread // 32) < -(-base * rs // 32)
+    if TILE_WG_BIAS_SPREAD and (fewer_warps or TILE_WG_BIAS_SPREAD == "always") and spread >= op:
+        return to, th, rs, spread, grid, max(buffers(th), red, spread * itemsize), 0
+    return to, th, rs, base * rs, grid, max(buffers(th), red), 1
 
 
 def _tile_weight_grad(x, g, saved, with_bias, plan):
     """(dw, db or None) by tile_wgrad (its partial rows, one per block) and wgrad_reduce."""
-    to, th, rs, threads, grid, smem = plan
+    to, th, rs, threads, grid, smem, wb = plan
     n, c, h, wd = saved.x_shape
     o, _, ks, _ = saved.weight.shape
     partial = cupy().empty((grid, o * (c * ks * ks + 1)), dtype=g.dtype)
     get("conv", f"tile_wgrad_k{ks}_to{to}", g.dtype)(
         (grid,), (threads,), (x, g, partial) + i32s((n, c, h, wd, o) + tuple(saved.out_hw) + (
-            saved.pads[0], saved.pads[2], th, rs)), shared_mem=smem)
+            saved.pads[0], saved.pads[2], th, rs, wb)), shared_mem=smem)
     return _reduce_partials(partial, saved.weight, saved.bias if with_bias else None)
 
 

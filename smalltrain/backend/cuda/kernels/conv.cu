@@ -1311,19 +1311,37 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
 // g), over the rows rs, rs + RS, ... of each tile; per 4 columns it loads 8 x values and TO 4-vectors of g (shared by
 // the warp: broadcasts) for TO*KS*4 FMAs. RS > 1 (few channels and taps: LeNet-5's first layer) splits the rows over
 // RS threads, whose sums are added in rs order at the end (deterministic, like the fixed tile order).
+// WB == 0 (conv.py TILE_WG_BIAS_SPREAD): no bias threads (ci < C*KS only); instead S = blockDim / OP threads per output
+// channel each sum a fixed slice of the channel's staged g rows [TH][GW] per tile, and the S sums are added in slice
+// order at the end: a few loads and adds a tile, where a bias thread per channel group would add a warp of few live
+// lanes (MnistCnn's second layer: 4 x (48 + 1) = 196 threads, 7 warps; without them 192, 6).
+// tile_wgrad's bias sums without bias threads (WB == 0): this thread's slice t % S of channel t / S's staged g rows
+// [slab] (S = blockDim / OP threads a channel, the slices contiguous and in order; threads from OP*S on sum nothing)
+template <typename T>
+__device__ __forceinline__ T st_bias_slice(const T* gs, int OP, int slab) {
+    const int S = blockDim.x / OP, bo = threadIdx.x / S, chunk = (slab + S - 1) / S;
+    const int b0 = min(slab, (int)(threadIdx.x - bo * S) * chunk), b1 = min(slab, b0 + chunk);
+    T sum = T(0);
+    if (bo < OP)
+        for (int e = b0; e < b1; ++e) sum += gs[bo * slab + e];
+    return sum;
+}
+
 template <typename T, int KS, int TO>
 __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ partial, int N, int C,
-                           int H, int W, int O, int Ho, int Wo, int pt, int pl, int TH, int RS) {
+                           int H, int W, int O, int Ho, int Wo, int pt, int pl, int TH, int RS, int WB) {
     static_assert(KS >= 1 && KS <= 5 && TO % 4 == 0, "tile_wgrad: 8 x values per 4 columns cover 4 + KS - 1");
     extern __shared__ unsigned char st_smem[];
     const int CG = (Wo + ST_TW - 1) / ST_TW, GW = CG * ST_TW, WP = GW + 4, RP = TH + KS - 1, P = Ho * Wo;
-    const int OG = (O + TO - 1) / TO, OP = OG * TO, CI = C * KS + 1, K = C * KS * KS;
+    const int OG = (O + TO - 1) / TO, OP = OG * TO, CI = C * KS + WB, K = C * KS * KS;
     const int tiles = (Ho + TH - 1) / TH, total = N * tiles;
     const int GS = OP * TH * GW, XS = C * RP * WP;   // one buffer: g's tile, then x's
     T* buf = reinterpret_cast<T*>(st_smem);
     const int ci = threadIdx.x % CI, rest = threadIdx.x / CI, rs = rest % RS, og = rest / RS;
-    const bool bias = ci == C * KS;
+    const bool bias = ci == C * KS;   // (never where WB == 0)
     const int c = bias ? 0 : ci / KS, i = bias ? 0 : ci - (ci / KS) * KS;
+    // WB == 0: thread t < OP*S sums slice t % S (of S) of channel t / S's staged g rows into bsum (st_bias_slice)
+    T bsum = T(0);
     auto stage = [&](int t, T* gs) {   // by cp.async, coordinates by st_walk3
         const int n = t / tiles, r0 = (t - n * tiles) * TH;
         st_walk3 gw(TH, GW);   // (o, row, column)
@@ -1356,6 +1374,7 @@ __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* 
         __syncthreads();
         const T* gs = buf + cur * (GS + XS);
         const T* xs = gs + GS;
+        if (!WB) bsum += st_bias_slice(gs, OP, TH * GW);
         if (og < OG) {
             for (int row = rs; row < TH; row += RS) {
                 const T* grow = gs + (og * TO * TH + row) * GW;
@@ -1383,6 +1402,17 @@ __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* 
         }
         __syncthreads();   // this buffer is restaged by the next iteration's prefetch
         cur ^= 1;
+    }
+    if (!WB) {   // channel t / S's S slice sums, added in slice order by its first thread (every copy has landed)
+        const int S = blockDim.x / OP, bo = threadIdx.x / S;
+        buf[threadIdx.x] = bsum;
+        __syncthreads();
+        if (threadIdx.x == bo * S && bo < O) {
+            T v = buf[threadIdx.x];
+            for (int r = 1; r < S; ++r) v += buf[threadIdx.x + r];
+            partial[blockIdx.x * (O * (K + 1)) + bo * (K + 1) + K] = v;
+        }
+        __syncthreads();   // buf is the row groups' reduction below
     }
     if (RS > 1) {   // the RS row groups' sums, added in rs order by the rs == 0 thread
         T* red = buf;   // [threads][TO*KS], the staging buffers' memory (every copy has landed: the last wait)
@@ -1625,9 +1655,9 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     extern "C" __global__ void __launch_bounds__(ST_TILE_WG_THREADS, sizeof(T) == 4 && KS * TO <= 24 ? 3 : 1)    \
     tile_wgrad_k##KS##_to##TO##_##S(const T* x, const T* g, T* partial, int N, int C,                              \
                                                              int H, int W, int O, int Ho, int Wo, int pt, int pl,  \
-                                                             int TH, int RS) {                                     \
+                                                             int TH, int RS, int WB) {                             \
         ST_GRID_WAIT();                                                                                            \
-        tile_wgrad<T, KS, TO>(x, g, partial, N, C, H, W, O, Ho, Wo, pt, pl, TH, RS);                               \
+        tile_wgrad<T, KS, TO>(x, g, partial, N, C, H, W, O, Ho, Wo, pt, pl, TH, RS, WB);                           \
     }
 
 #define ST_POOLED_WGRAD(T, S, KS)                                                                                  \
