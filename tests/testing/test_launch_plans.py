@@ -1,0 +1,42 @@
+"""benchmarks/launch_plans.py, the emulator's record of the kernels a training step launches: MnistCnn b64's eager
+step under the defaults and under an older tile_conv plan knob, in processes of their own, with the one plan that
+knob changes reported. Needs g++ for the emulator (skips without)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from smalltrain.testing import cuda_emulator
+
+if not cuda_emulator.available():
+    pytest.skip("no g++ to compile kernels for the emulator", allow_module_level=True)
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "launch_plans.py")
+
+
+def test_a_knob_that_changes_one_plan_reports_that_plan():
+    run = subprocess.run([sys.executable, SCRIPT, "--config", "cnn:64", "--set",
+                          "smalltrain.backend.cuda.conv._TILE_MIN_THREADS=128"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    head, _, diff = run.stdout.partition("\nunder ")
+    base = head.splitlines()
+    assert base[0] == "cnn:64 eager: 9 launches under the defaults"
+    # conv1 forward, conv2 with the linear layer, the loss, the linear layer's backward, conv2's weight gradient and
+    # its reduction, conv2's input gradient with conv1's weight gradient and its reduction, SGD
+    assert [line.split()[0] for line in base[1:]] == [
+        "direct_fwd_ob8_f32", "tile_conv_lin_k3_to4_f32", "cross_entropy_fwd_reduce_f32", "wide_bwd_f32",
+        "tile_wgrad_k3_to8_f32", "wgrad_reduce_f32", "tile_conv_wgrad_k3_to4_f32", "wgrad_reduce_f32", "sgd_step_f32"]
+    assert "tile_conv_wgrad_k3_to4_f32 grid [448] block [224] smem 43008" in base
+    changed = [line for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("---", "+++"))]
+    assert changed == ["-tile_conv_wgrad_k3_to4_f32 grid [448] block [224] smem 43008",
+                       "-wgrad_reduce_f32 grid [5] block [896] smem 0",
+                       "+tile_conv_wgrad_k3_to4_f32 grid [384] block [280] smem 47104",
+                       "+wgrad_reduce_f32 grid [5] block [768] smem 0"]
+
+
+def test_an_unknown_knob_fails_with_its_name():
+    run = subprocess.run([sys.executable, SCRIPT, "--config", "cnn:64", "--set",
+                          "smalltrain.backend.cuda.conv.NO_SUCH_KNOB=1"], capture_output=True, text=True, timeout=600)
+    assert run.returncode != 0 and "has no attribute 'NO_SUCH_KNOB'" in run.stdout + run.stderr
