@@ -1,5 +1,5 @@
-"""The kernels a training step launches and their plans (grid, block, dynamic shared memory), recorded on the CUDA
-emulator: no GPU needed. It shows what a knob changes before any device time goes into timing it.
+"""The kernels a training step launches and their plans (grid, block, dynamic shared memory, scalar arguments), recorded
+on the CUDA emulator: no GPU needed. It shows what a knob changes before any device time goes into timing it.
 
   python benchmarks/launch_plans.py --config cnn:64 --set smalltrain.backend.cuda.conv._TILE_MIN_THREADS=128
 
@@ -16,11 +16,14 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
 def record(config, mode):
-    """[(kernel name, grid, block, dynamic shared bytes)] of one step of `config` ("model:batch") in `mode`."""
+    """[(kernel name, grid, block, dynamic shared bytes, scalar arguments)] of one step of `config` ("model:batch")
+    in `mode`."""
     from smalltrain.testing import cuda_emulator
     cuda_emulator.install()
     import smalltrain
@@ -32,8 +35,11 @@ def record(config, mode):
 
     def recorded(kernel, grid, block, args, shared_mem):
         if recording[0] and (mode == "eager" or cuda_emulator._capture):
+            # the scalar arguments too (rows per tile, row groups, ...: a plan's choices the launch shape may hide);
+            # arrays as "*", their addresses differ from run to run
+            scalars = tuple(a.item() if isinstance(a, np.generic) else "*" for a in map(cuda_emulator._unwrap, args))
             launches.append((kernel.name, tuple(grid) if isinstance(grid, (tuple, list)) else (grid,),
-                             tuple(block) if isinstance(block, (tuple, list)) else (block,), int(shared_mem)))
+                             tuple(block) if isinstance(block, (tuple, list)) else (block,), int(shared_mem), scalars))
         return prepare(kernel, grid, block, args, shared_mem)
 
     cuda_emulator.Kernel._prepare = recorded
@@ -47,7 +53,8 @@ def record(config, mode):
 
 
 def lines(launches):
-    return [f"{name} grid {list(grid)} block {list(block)} smem {smem}" for name, grid, block, smem in launches]
+    return [f"{name} grid {list(grid)} block {list(block)} smem {smem} args ({' '.join(map(str, scalars))})"
+            for name, grid, block, smem, scalars in launches]
 
 
 def run_recorder(config, mode, settings):

@@ -28,12 +28,23 @@ def test_a_knob_that_changes_one_plan_reports_that_plan():
     assert [line.split()[0] for line in base[1:]] == [
         "direct_fwd_ob8_f32", "tile_conv_lin_k3_to4_f32", "cross_entropy_fwd_reduce_f32", "wide_bwd_f32",
         "tile_wgrad_k3_to8_f32", "wgrad_reduce_f32", "tile_conv_wgrad_k3_to4_f32", "wgrad_reduce_f32", "sgd_step_f32"]
-    assert "tile_conv_wgrad_k3_to4_f32 grid [448] block [224] smem 43008" in base
+    # its input gradient: 448 blocks of 4 rows (the 17th scalar argument) in 2 channel splits, 224 threads
+    conv = ("tile_conv_wgrad_k3_to4_f32 grid [{}] block [{}] smem {} args (* * * * * 64 32 24 24 576 36864 16 26 26 "
+            "2 2 {} 2 1 1 1 0 0 0 0 0 0 0 * 28 28 0 0 * 0)")
+    assert conv.format(448, 224, 43008, 4) in base
     changed = [line for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("---", "+++"))]
-    assert changed == ["-tile_conv_wgrad_k3_to4_f32 grid [448] block [224] smem 43008",
-                       "-wgrad_reduce_f32 grid [5] block [896] smem 0",
-                       "+tile_conv_wgrad_k3_to4_f32 grid [384] block [280] smem 47104",
-                       "+wgrad_reduce_f32 grid [5] block [768] smem 0"]
+    assert changed == ["-" + conv.format(448, 224, 43008, 4), "-wgrad_reduce_f32 grid [5] block [896] smem 0 args "
+                       "(* * * 448 16 9)", "+" + conv.format(384, 280, 47104, 5),
+                       "+wgrad_reduce_f32 grid [5] block [768] smem 0 args (* * * 384 16 9)"]
+
+
+def test_a_knob_that_changes_nothing_says_so():
+    run = subprocess.run([sys.executable, SCRIPT, "--config", "cnn:64", "--set",
+                          "smalltrain.backend.cuda.conv._TILE_WG_GRID=None"], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.rstrip().endswith("under smalltrain.backend.cuda.conv._TILE_WG_GRID=None: 9 launches, "
+                                        "the same plans")
 
 
 def test_an_unknown_knob_fails_with_its_name():
