@@ -168,7 +168,9 @@ __device__ __forceinline__ bool st_isnan(double x) { return isnan(x); }
 
 template <typename T> __device__ __forceinline__ T st_neg_inf();
 template <> __device__ __forceinline__ float st_neg_inf<float>() { return __int_as_float(0xff800000); }
-template <> __device__ __forceinline__ double st_neg_inf<double>() { return __longlong_as_double(0xfff0000000000000LL); }
+template <> __device__ __forceinline__ double st_neg_inf<double>() {
+    return __longlong_as_double(0xfff0000000000000LL);
+}
 template <typename T> __device__ __forceinline__ T st_nan();
 template <> __device__ __forceinline__ float st_nan<float>() { return __int_as_float(0x7fc00000); }
 template <> __device__ __forceinline__ double st_nan<double>() { return __longlong_as_double(0x7ff8000000000000LL); }
