@@ -1,5 +1,6 @@
 # The thirty-third session's last device call, left to the next session (the device time ran out): the kernels
-# compiled (conv.cu changed after the carried .kcache.tgz: tile_wgrad's WB), the tests of the new tile_conv plan
+# compiled (every module changed after the carried .kcache.tgz: tile_wgrad's WB, common.cuh; ~2 min, and
+# KCACHE_OUT=1 returns the new cache as kcache.tgz, to be carried as .kcache.tgz), the tests of the new tile_conv plan
 # (_TILE_MIN_THREADS = 256), of the removed _TILE_WG_FILL and of tile_wgrad without bias threads, then an A/B
 # (gpu_session.sh's ab stage, AB_ROUNDS alternating; MORE_AB: more settings) of the new default against the old one
 # and of TILE_WG_BIAS_SPREAD, then the bench beside torch's reduce-overhead mode.
