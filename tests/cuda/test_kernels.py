@@ -401,7 +401,7 @@ def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
     # no bias threads wherever each channel keeps a thread: C*KS*RS >= TO (LeNet-5's first layer: 5 taps of 4 or 8)
     assert wb == (0 if plan.startswith("no bias threads") and shape[1] * ks * rs >= to else 1)
     # the forced split where 3 row groups fit in a block (threads, and their sums in shared memory)
-    base, itemsize = threads // rs + (-(-o // to) if wb == 0 else 0), np.dtype(dtype).itemsize
+    base, itemsize = threads // rs, np.dtype(dtype).itemsize
     split_fits = 3 * base <= 256 and 3 * base * to * ks * itemsize <= 48 * 1024
     assert plan != "rows split" or (th <= 6 and (rs == 3) == split_fits)
     assert plan != "one block, 2-row tiles" or (grid == 1 and th <= 2)

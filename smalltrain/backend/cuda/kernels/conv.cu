@@ -1301,6 +1301,18 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     }
 }
 
+// tile_wgrad's bias sums without bias threads (WB == 0): this thread's slice t % S of channel t / S's staged g rows
+// [slab] (S = blockDim / OP threads a channel, the slices contiguous and in order; threads from OP*S on sum nothing)
+template <typename T>
+__device__ __forceinline__ T st_bias_slice(const T* gs, int OP, int slab) {
+    const int S = blockDim.x / OP, bo = threadIdx.x / S, chunk = (slab + S - 1) / S;
+    const int b0 = min(slab, (int)(threadIdx.x - bo * S) * chunk), b1 = min(slab, b0 + chunk);
+    T sum = T(0);
+    if (bo < OP)
+        for (int e = b0; e < b1; ++e) sum += gs[bo * slab + e];
+    return sum;
+}
+
 // tile_wgrad: the weight and bias gradients of the convolutions tile_conv takes (stride 1, undilated, groups == 1,
 // square KS x KS), as partial[s, o*(K+1) + k] (k == K: the bias) like igemm_wgrad's, for wgrad_reduce:
 //     dw[o, c, i, j] = sum over (n, r, s) of g[o, n, r, s] * x[n, c, r + i - pt, s + j - pl],  db[o] = sum of g[o]
@@ -1315,18 +1327,6 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
 // channel each sum a fixed slice of the channel's staged g rows [TH][GW] per tile, and the S sums are added in slice
 // order at the end: a few loads and adds a tile, where a bias thread per channel group would add a warp of few live
 // lanes (MnistCnn's second layer: 4 x (48 + 1) = 196 threads, 7 warps; without them 192, 6).
-// tile_wgrad's bias sums without bias threads (WB == 0): this thread's slice t % S of channel t / S's staged g rows
-// [slab] (S = blockDim / OP threads a channel, the slices contiguous and in order; threads from OP*S on sum nothing)
-template <typename T>
-__device__ __forceinline__ T st_bias_slice(const T* gs, int OP, int slab) {
-    const int S = blockDim.x / OP, bo = threadIdx.x / S, chunk = (slab + S - 1) / S;
-    const int b0 = min(slab, (int)(threadIdx.x - bo * S) * chunk), b1 = min(slab, b0 + chunk);
-    T sum = T(0);
-    if (bo < OP)
-        for (int e = b0; e < b1; ++e) sum += gs[bo * slab + e];
-    return sum;
-}
-
 template <typename T, int KS, int TO>
 __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ partial, int N, int C,
                            int H, int W, int O, int Ho, int Wo, int pt, int pl, int TH, int RS, int WB) {
@@ -1342,6 +1342,7 @@ __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* 
     const int c = bias ? 0 : ci / KS, i = bias ? 0 : ci - (ci / KS) * KS;
     // WB == 0: thread t < OP*S sums slice t % S (of S) of channel t / S's staged g rows into bsum (st_bias_slice)
     T bsum = T(0);
+    T* row_out = partial + blockIdx.x * (O * (K + 1));   // this block's partial row
     auto stage = [&](int t, T* gs) {   // by cp.async, coordinates by st_walk3
         const int n = t / tiles, r0 = (t - n * tiles) * TH;
         st_walk3 gw(TH, GW);   // (o, row, column)
@@ -1410,7 +1411,7 @@ __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* 
         if (threadIdx.x == bo * S && bo < O) {
             T v = buf[threadIdx.x];
             for (int r = 1; r < S; ++r) v += buf[threadIdx.x + r];
-            partial[blockIdx.x * (O * (K + 1)) + bo * (K + 1) + K] = v;
+            row_out[bo * (K + 1) + K] = v;
         }
         __syncthreads();   // buf is the row groups' reduction below
     }
@@ -1431,7 +1432,6 @@ __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* 
         }
     }
     if (og >= OG) return;
-    T* row_out = partial + blockIdx.x * (O * (K + 1));
 #pragma unroll
     for (int u = 0; u < TO; ++u) {
         const int o = og * TO + u;
