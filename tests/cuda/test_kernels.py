@@ -363,7 +363,8 @@ def test_tile_conv_linear_epilogue_replays_as_a_cuda_graph(rng):
 
 
 @pytest.mark.parametrize("plan", ["as planned", "4 channels", "8 channels", "rows split", "one block, 2-row tiles",
-                                  "no bias threads", "no bias threads, rows split"])
+                                  "no bias threads", "no bias threads, rows split", "vector copies",
+                                  "vector copies, one block, 2-row tiles"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", TILE_CASES)
 def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
@@ -371,8 +372,11 @@ def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
     planned and with each choice forced: 4 or 8 channels per thread, the rows of a tile split over 2 or 3 thread
     groups (their sums added at the end), one block walking every tile of 2 rows through both staging buffers (the
     last tile of an odd row count partial), the bias summed without bias threads (TILE_WG_BIAS_SPREAD) by slices of
-    the other threads, alone and beside a row split."""
+    the other threads, alone and beside a row split, the rows staged 16 or 8 bytes a copy where aligned
+    (TILE_WG_VEC_STAGE), alone and through both buffers."""
     shape, o, ks, padding, activation, bias = case
+    if plan.startswith("vector copies"):
+        monkeypatch.setattr(conv_kernels, "TILE_WG_VEC_STAGE", True)
     if plan == "4 channels":
         monkeypatch.setattr(conv_kernels, "_TILE_WG_TO8_THREADS", 1 << 30)
     if plan == "8 channels":
@@ -380,7 +384,7 @@ def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
     if plan == "rows split":
         monkeypatch.setattr(conv_kernels, "_TILE_WG_ROWS", 6)
         monkeypatch.setattr(conv_kernels, "_TILE_WG_SPLIT", 3)
-    if plan == "one block, 2-row tiles":
+    if plan.endswith("one block, 2-row tiles"):
         monkeypatch.setattr(conv_kernels, "_TILE_WG_ROWS", 2)
         monkeypatch.setattr(conv_kernels, "_TILE_WG_GRID", 1)
     if plan.startswith("no bias threads"):
@@ -404,9 +408,41 @@ def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
     base, itemsize = threads // rs, np.dtype(dtype).itemsize
     split_fits = 3 * base <= 256 and 3 * base * to * ks * itemsize <= 48 * 1024
     assert plan != "rows split" or (th <= 6 and (rs == 3) == split_fits)
-    assert plan != "one block, 2-row tiles" or (grid == 1 and th <= 2)
+    assert not plan.endswith("one block, 2-row tiles") or (grid == 1 and th <= 2)
     assert conv_kernels._wgrad_kernel(saved, np.dtype(dtype).itemsize) == "tile"
     _check_weight_grads(x, w, b, saved, ((1, 1), _pads(padding, (ks, ks), (1, 1)), (1, 1), 1), activation, rng)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tile_wgrad_vector_copies_are_bit_equal(dtype, rng, monkeypatch):
+    """TILE_WG_VEC_STAGE: the same dw and db bits as element copies on every tile case (only the staging changes),
+    with the widths _copy_bytes gives: MnistCnn's second layer's g rows (24 wide) 16 bytes a copy, its x rows (26
+    wide) 8 in float32 and 16 in float64; 13-wide rows one element."""
+    widths = []
+    real = conv_kernels._copy_bytes
+    monkeypatch.setattr(conv_kernels, "_copy_bytes", lambda *a: widths.append(real(*a)) or widths[-1])
+    for shape, o, ks, padding, activation, bias in TILE_CASES:
+        x = g(rng.standard_normal(shape).astype(dtype))
+        w = g((rng.standard_normal((o, shape[1], ks, ks)) * 0.5).astype(dtype))
+        b = g(rng.standard_normal(o).astype(dtype)) if bias else None
+        out, saved = ops.conv2d_forward(x, w, b, 1, padding, 1, 1, activation)
+        if conv_kernels._tile_wgrad_plan(saved, np.dtype(dtype).itemsize) is None:
+            continue
+        n, _, ho, wo = out.shape
+        grad = g(rng.standard_normal((o, n * ho * wo)).astype(dtype))   # the output's g, [O, N*P]
+        grads = {}
+        for on in (False, True):
+            monkeypatch.setattr(conv_kernels, "TILE_WG_VEC_STAGE", on)
+            widths.clear()
+            grads[on] = conv_kernels._tile_weight_grad(
+                x, grad, saved, bias, conv_kernels._tile_wgrad_plan(saved, np.dtype(dtype).itemsize))
+        assert len(widths) == 2, widths   # g's, then x's
+        if shape == (4, 16, 26, 26):
+            assert widths == [16, 8 if dtype == np.float32 else 16]
+        if shape[3] == 13:
+            assert widths == [0, 0]
+        for got, want in zip(grads[True], grads[False]):
+            assert (got is None) == (want is None) and (got is None or bool(cp.array_equal(got, want)))
 
 
 def test_tile_wgrad_is_bit_repeatable(rng):
@@ -1246,16 +1282,17 @@ def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, prod
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("x_shape, w_shape, pad, vectors", [
-    ((4, 6, 12, 12), (16, 6, 5, 5), 0, True),     # LeNet-5's second layer: forward and input gradient
-    ((2, 3, 12, 16), (4, 3, 5, 5), 2, None),      # left padding 2: 16-byte copies in float64 only
-    ((2, 16, 26, 26), (32, 16, 3, 3), 0, None),   # MnistCnn's second layer: 26-wide rows, float64 only
-    ((2, 3, 9, 25), (4, 3, 3, 3), 0, False),      # 25-wide rows: element copies
+@pytest.mark.parametrize("x_shape, w_shape, pad, widths", [
+    # the forward's bytes a copy (float32 without and with TILE_VEC_STAGE_8, float64)
+    ((4, 6, 12, 12), (16, 6, 5, 5), 0, (16, 16, 16)),   # LeNet-5's second layer: forward and input gradient
+    ((2, 3, 12, 16), (4, 3, 5, 5), 2, (0, 8, 16)),      # left padding 2
+    ((2, 16, 26, 26), (32, 16, 3, 3), 0, (0, 8, 16)),   # MnistCnn's second layer: 26-wide rows
+    ((2, 3, 9, 25), (4, 3, 3, 3), 0, (0, 0, 0)),        # 25-wide rows: element copies
 ])
-def test_tile_conv_stages_16_bytes_a_copy_where_aligned(x_shape, w_shape, pad, vectors, dtype, rng, monkeypatch):
-    """TILE_VEC_STAGE: tile_conv's input rows staged 16 bytes a copy where the strides, row width and left padding
-    allow it (_tile_vec_stage), else an element a copy: the forward and the input gradient bit-equal to the knob
-    off."""
+def test_tile_conv_stages_vectors_where_aligned(x_shape, w_shape, pad, widths, dtype, rng, monkeypatch):
+    """TILE_VEC_STAGE (and TILE_VEC_STAGE_8, float32): tile_conv's input rows staged 16 (8) bytes a copy where the
+    strides, row width and left padding allow it (_tile_vec_stage), else an element a copy: the forward and the
+    input gradient bit-equal to both knobs off."""
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     x = g(rng.standard_normal(x_shape).astype(dtype))
     w = g((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype))
@@ -1264,18 +1301,21 @@ def test_tile_conv_stages_16_bytes_a_copy_where_aligned(x_shape, w_shape, pad, v
     real = conv_kernels._tile_vec_stage
     monkeypatch.setattr(conv_kernels, "_tile_vec_stage", lambda *a: taken.append(real(*a)) or taken[-1])
     results = {}
-    for on in (False, True):
-        monkeypatch.setattr(conv_kernels, "TILE_VEC_STAGE", on)
+    settings = ((False, False), (True, False), (True, True))
+    for setting in settings:
+        monkeypatch.setattr(conv_kernels, "TILE_VEC_STAGE", setting[0])
+        monkeypatch.setattr(conv_kernels, "TILE_VEC_STAGE_8", setting[1])
         taken.clear()
         out, saved = ops.conv2d_forward(x, w, b, 1, pad, 1, 1, "gelu")
         dout = g(np.random.default_rng(1).standard_normal(out.shape).astype(dtype))
-        results[on] = (out,) + tuple(ops.conv2d_backward(dout, saved))
-        assert taken and not (any(taken) and not on), taken   # the forward, and the input gradient where tile_conv
-                                                                # takes it
-    want = vectors if vectors is not None else dtype == np.float64
-    assert taken[0] == want, taken   # the forward (the input gradient's left padding is KS - 1 - pad)
-    for got, off in zip(results[True], results[False]):
-        assert bool(cp.array_equal(got, off))
+        results[setting] = (out,) + tuple(ops.conv2d_backward(dout, saved))
+        # the forward (the input gradient's left padding is KS - 1 - pad, its rows the output's)
+        want = 0 if not setting[0] else widths[2] if dtype == np.float64 else widths[int(setting[1])]
+        assert taken and taken[0] == want, (setting, taken)
+        assert setting[0] or not any(taken), taken   # the input gradient too, where tile_conv takes it
+    for setting in settings[1:]:
+        for got, off in zip(results[setting], results[settings[0]]):
+            assert bool(cp.array_equal(got, off))
 
 
 def test_tile_conv_pool_declines_other_poolings():

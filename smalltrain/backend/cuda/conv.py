@@ -96,6 +96,10 @@ _TILE_TO6_THREADS_PER_SM = 512
 # rounds, twenty-fourth session), us off / on: LeNet-5 b64 80.5 / 80.4 against 78.9 / 78.7, b512 151.0 / 150.8
 # against 147.2 / 146.9, MnistCnn b64 129.3 / 128.1 against 127.0 / 129.6
 TILE_VEC_STAGE = True
+# ... else (float32) 8 bytes a copy where the same holds for 8 bytes: MnistCnn's second layer's forward (26-wide rows)
+# and its input gradient (24-wide rows of g, 2 columns of left padding). ncu's source page (H100, thirty-fourth
+# session, eager step): the element copies of x are 12-18% of those kernels' instructions. Off: not timed yet
+TILE_VEC_STAGE_8 = False
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -122,8 +126,15 @@ _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the
 # threads then sum each channel's staged g in slices (conv.cu WB == 0). MnistCnn's second layer: 4 x (48 + 1) = 196
 # threads, 7 warps, the last with 4 live lanes (one warp in seven issuing for 4 threads; ncu, thirty-third session:
 # 24.5 us alone for 170M multiply-adds), 6 full warps without. LeNet-5's second layer: 124 or 120, 4 warps either
-# way. Off: not timed yet. Tests set "always": wherever every channel keeps a thread to sum it
+# way. H100, thirty-fourth session, three rounds: MnistCnn b64 108.1 / 108.1 / 107.9 us against 105.3 x 3 with the
+# bias threads (its slices' loads then had 16-way bank conflicts; now interleaved 4-vectors), LeNet-5 the same.
+# Off until the new slices are timed. Tests set "always": wherever every channel keeps a thread to sum it
 TILE_WG_BIAS_SPREAD = False
+# tile_wgrad stages the rows of g and x 16 or 8 bytes a copy where they are aligned (_copy_bytes), else an element a
+# copy. ncu's source page (H100, thirty-fourth session, eager step): MnistCnn's second layer's element copies were 23%
+# of tile_wgrad's instructions (~40 a copy, 64-bit address arithmetic); its g rows take 16 bytes, x's 26-wide rows 8.
+# Off: not timed yet
+TILE_WG_VEC_STAGE = False
 TILE_WGRAD = True
 # conv2d_backward writes its input gradient as the previous convolution's g where its caller passes `into`
 INTO_PRODUCER = True
@@ -610,18 +621,28 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
-        + (ptr(pool_idx),) + wgrad_args + (i32(int(_tile_vec_stage(inp, in_chw, in_strides, pads))),) + (ce or ()),
+        + (ptr(pool_idx),) + wgrad_args + (i32(_tile_vec_stage(inp, in_chw, in_strides, pads)),) + (ce or ()),
         shared_mem=smem)
 
 
 def _tile_vec_stage(inp, in_chw, in_strides, pads):
-    """Whether tile_conv stages `inp` (read as [N, C, H, W] with image and channel strides in_strides, the
-    correlation's pads (top, bottom, left, right)) 16 bytes a copy: TILE_VEC_STAGE on, inp 16-byte aligned, and its
-    strides, row width and left padding multiples of 16 bytes' elements (a copy then lies wholly inside a row or
-    wholly in the padding; the shared rows' width is a multiple of 4 elements)."""
-    v = 16 // inp.dtype.itemsize
-    return (TILE_VEC_STAGE and inp.data.ptr % 16 == 0 and in_chw[2] % v == 0 and pads[2] % v == 0
-            and in_strides[0] % v == 0 and in_strides[1] % v == 0)
+    """The bytes per copy tile_conv stages `inp` with (read as [N, C, H, W] with image and channel strides
+    in_strides, the correlation's pads (top, bottom, left, right)): _copy_bytes with TILE_VEC_STAGE and
+    TILE_VEC_STAGE_8, 0 (an element a copy) where neither applies."""
+    return _copy_bytes(inp, in_chw[2], pads[2], in_strides, TILE_VEC_STAGE, TILE_VEC_STAGE_8)
+
+
+def _copy_bytes(arr, width, left, strides, vec16, vec8):
+    """The bytes per cp.async copy a kernel can stage rows of `arr` with (rows `width` wide, `left` columns of zero
+    padding before each in shared memory, whose rows are a multiple of 4 elements wide; strides: the element
+    strides between rows' planes): 16 (vec16 on) or 8 (vec8 on, float32: two elements) where arr is that many bytes
+    aligned and the width, the padding and the strides are multiples of that many bytes' elements (a copy then lies
+    wholly inside a row or wholly in the padding), else 0."""
+    for size, on in ((16, vec16), (8, vec8 and arr.dtype.itemsize == 4)):
+        v = size // arr.dtype.itemsize
+        if on and arr.data.ptr % size == 0 and width % v == 0 and left % v == 0 and all(s % v == 0 for s in strides):
+            return size
+    return 0
 
 
 def _wgrad_epilogue_smem(plan, ks, itemsize):
@@ -862,9 +883,13 @@ def _tile_weight_grad(x, g, saved, with_bias, plan):
     n, c, h, wd = saved.x_shape
     o, _, ks, _ = saved.weight.shape
     partial = cupy().empty((grid, o * (c * ks * ks + 1)), dtype=g.dtype)
+    # the rows of g (no padding) and of x (the left padding) staged 16 or 8 bytes a copy where aligned
+    gb = _copy_bytes(g, saved.out_hw[1], 0, (saved.out_hw[0] * saved.out_hw[1],), TILE_WG_VEC_STAGE, TILE_WG_VEC_STAGE)
+    xb = _copy_bytes(x, wd, saved.pads[2], (c * h * wd, h * wd), TILE_WG_VEC_STAGE, TILE_WG_VEC_STAGE)
     get("conv", f"tile_wgrad_k{ks}_to{to}", g.dtype)(
         (grid,), (threads,), (x, g, partial) + i32s((n, c, h, wd, o) + tuple(saved.out_hw) + (
-            saved.pads[0], saved.pads[2], th, rs, wb)), shared_mem=smem)
+            saved.pads[0], saved.pads[2], th, rs, wb, gb or g.dtype.itemsize, xb or x.dtype.itemsize)),
+        shared_mem=smem)
     return _reduce_partials(partial, saved.weight, saved.bias if with_bias else None)
 
 

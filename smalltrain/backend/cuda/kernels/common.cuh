@@ -63,18 +63,31 @@ __device__ __forceinline__ void st_async_copy(T* dst, const T* src, bool valid) 
     *dst = valid ? *src : T(0);
 #endif
 }
-// 16 bytes src -> dst by cp.async, both 16-byte aligned (the caller's guarantee; the emulator checks it)
-template <typename T>
-__device__ __forceinline__ void st_async_copy16(T* dst, const T* src) {
+// B (8 or 16) bytes src -> dst by cp.async, both B-byte aligned (the caller's guarantee; the emulator checks it);
+// !valid writes zeros (src is then not read, but must still be a valid, aligned address)
+template <int B, typename T>
+__device__ __forceinline__ void st_async_copy_vec(T* dst, const T* src, bool valid) {
+    static_assert(B == 8 || B == 16, "st_async_copy_vec: 8 or 16 bytes");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+    if (B == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 8 : 0));
 #elif defined(ST_EMULATOR)
-    if (reinterpret_cast<size_t>(dst) % 16 || reinterpret_cast<size_t>(src) % 16) __builtin_trap();
-    st_emu::async_copy(dst, src, 16);
+    if (reinterpret_cast<size_t>(dst) % B || reinterpret_cast<size_t>(src) % B) __builtin_trap();
+    st_emu::async_copy(dst, valid ? src : nullptr, B);
 #else
-    for (int v = 0; v < int(16 / sizeof(T)); ++v) dst[v] = src[v];
+    for (int v = 0; v < int(B / sizeof(T)); ++v) dst[v] = valid ? src[v] : T(0);
 #endif
+}
+// `bytes` (16, 8 or sizeof(T): one element) src -> dst by cp.async, as st_async_copy_vec or st_async_copy: the
+// staging loops whose copy width the launcher picks from the rows' alignment (a branch the whole block takes alike)
+template <typename T>
+__device__ __forceinline__ void st_async_copy_bytes(T* dst, const T* src, bool valid, int bytes) {
+    if (bytes == 16) st_async_copy_vec<16>(dst, src, valid);
+    else if (bytes == 8 && sizeof(T) < 8) st_async_copy_vec<8>(dst, src, valid);
+    else st_async_copy(dst, src, valid);
 }
 __device__ __forceinline__ void st_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -656,8 +656,8 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // dx goes through that pooling's backward too, to its maximum's position in each 2x2 window of the producer's g
 // [O, N, 4P] (y [O, N, 4P] read there only: common.cuh pooled_act_grad, pidx [N, O, Ho, Wo] its indices) and 0
 // elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. vstage (conv.py
-// _tile_vec_stage): the input's rows are staged 16 bytes a copy (its strides, the left padding and the row width
-// multiples of 16 bytes' elements) instead of an element a copy. A block
+// _tile_vec_stage): the input's rows are staged vstage (16 or 8) bytes a copy (its strides, the left padding and the
+// row width multiples of vstage bytes' elements) instead of an element a copy (0). A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
 // where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
@@ -901,26 +901,14 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         }
     }
     const T* inn = in + n * in_sn;
-    if (vstage) {   // 16 bytes a copy: each slot of V columns wholly inside a row or wholly padding
-        constexpr int V = 16 / sizeof(T);
-        st_walk3 xv(RP, WP / V);   // (c, row, slot)
-        for (int e = threadIdx.x; e < C * RP * (WP / V); e += blockDim.x, xv.next()) {
-            const int h = r0 + xv.b - pt, wc = xv.c * V - pl;
-            T* dst = xs + (xv.a * RP + xv.b) * WP + xv.c * V;
-            if (h >= 0 && h < Hi && wc >= 0 && wc < Wi) {
-                st_async_copy16(dst, inn + xv.a * in_sc + h * Wi + wc);
-            } else {
-#pragma unroll
-                for (int v = 0; v < V; ++v) dst[v] = T(0);
-            }
-        }
-    } else {
-        st_walk3 xw(RP, WP);   // (c, row, column)
-        for (int e = threadIdx.x; e < C * RP * WP; e += blockDim.x, xw.next()) {
-            const int h = r0 + xw.b - pt, wc = xw.c - pl;
-            const bool inside = h >= 0 && h < Hi && wc >= 0 && wc < Wi;
-            st_async_copy(xs + e, inside ? inn + xw.a * in_sc + h * Wi + wc : inn, inside);
-        }
+    // the input's rows vstage (16 or 8) bytes a copy, each slot of V columns wholly inside a row or wholly padding,
+    // or (vstage == 0) an element a copy
+    const int XB = vstage ? vstage : int(sizeof(T)), V = XB / int(sizeof(T));
+    st_walk3 xw(RP, WP / V);   // (c, row, slot)
+    for (int e = threadIdx.x; e < C * RP * (WP / V); e += blockDim.x, xw.next()) {
+        const int h = r0 + xw.b - pt, wc = xw.c * V - pl;
+        const bool inside = h >= 0 && h < Hi && wc >= 0 && wc < Wi;
+        st_async_copy_bytes(xs + e * V, inside ? inn + xw.a * in_sc + h * Wi + wc : inn, inside, XB);
     }
     if (UNPOOL_WG) {   // the tiles' copies a group waited for now, the prefetch's another, waited for after the loop
         st_async_commit();
@@ -1301,15 +1289,23 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     }
 }
 
-// tile_wgrad's bias sums without bias threads (WB == 0): this thread's slice t % S of channel t / S's staged g rows
-// [slab] (S = blockDim / OP threads a channel, the slices contiguous and in order; threads from OP*S on sum nothing)
+// tile_wgrad's bias sums without bias threads (WB == 0): this thread's slice s = t % S of channel t / S's staged g
+// rows [slab] (S = blockDim / OP threads a channel; threads from OP*S on sum nothing): the 4-vectors s, s + S, ... of
+// the slab (slab a multiple of 4: the rows are GW wide). Interleaved, so that a quarter warp's 16-byte loads mostly
+// fall in different banks (the first version's contiguous slices put a warp's scalar loads in two banks, 16-way
+// conflicts; H100, thirty-fourth session: MnistCnn b64 108.1 us against 105.3 with the bias threads)
 template <typename T>
 __device__ __forceinline__ T st_bias_slice(const T* gs, int OP, int slab) {
-    const int S = blockDim.x / OP, bo = threadIdx.x / S, chunk = (slab + S - 1) / S;
-    const int b0 = min(slab, (int)(threadIdx.x - bo * S) * chunk), b1 = min(slab, b0 + chunk);
+    const int S = blockDim.x / OP, bo = threadIdx.x / S, U = slab / 4;
     T sum = T(0);
-    if (bo < OP)
-        for (int e = b0; e < b1; ++e) sum += gs[bo * slab + e];
+    if (bo < OP) {
+        const T* gc = gs + bo * slab;
+        for (int u = threadIdx.x - bo * S; u < U; u += S) {
+            T v[4];
+            load4(gc + 4 * u, v);
+            sum += ((v[0] + v[1]) + v[2]) + v[3];
+        }
+    }
     return sum;
 }
 
@@ -1325,11 +1321,14 @@ __device__ __forceinline__ T st_bias_slice(const T* gs, int OP, int slab) {
 // RS threads, whose sums are added in rs order at the end (deterministic, like the fixed tile order).
 // WB == 0 (conv.py TILE_WG_BIAS_SPREAD): no bias threads (ci < C*KS only); instead S = blockDim / OP threads per output
 // channel each sum a fixed slice of the channel's staged g rows [TH][GW] per tile, and the S sums are added in slice
-// order at the end: a few loads and adds a tile, where a bias thread per channel group would add a warp of few live
-// lanes (MnistCnn's second layer: 4 x (48 + 1) = 196 threads, 7 warps; without them 192, 6).
+// order at the end: a few loads and adds a tile, where a bias thread per channel group adds a warp of few live lanes
+// and its branch (MnistCnn's second layer: 4 x (48 + 1) = 196 threads, 7 warps, without them 192, 6; ncu's source
+// page, H100: 4 of the 7 warps run the bias branch's 32 adds beside the products' 123 instructions each row and 4
+// columns, 8% of the kernel's instructions).
 template <typename T, int KS, int TO>
 __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ partial, int N, int C,
-                           int H, int W, int O, int Ho, int Wo, int pt, int pl, int TH, int RS, int WB) {
+                           int H, int W, int O, int Ho, int Wo, int pt, int pl, int TH, int RS, int WB, int GB,
+                           int XB) {
     static_assert(KS >= 1 && KS <= 5 && TO % 4 == 0, "tile_wgrad: 8 x values per 4 columns cover 4 + KS - 1");
     extern __shared__ unsigned char st_smem[];
     const int CG = (Wo + ST_TW - 1) / ST_TW, GW = CG * ST_TW, WP = GW + 4, RP = TH + KS - 1, P = Ho * Wo;
@@ -1343,21 +1342,24 @@ __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* 
     // WB == 0: thread t < OP*S sums slice t % S (of S) of channel t / S's staged g rows into bsum (st_bias_slice)
     T bsum = T(0);
     T* row_out = partial + blockIdx.x * (O * (K + 1));   // this block's partial row
+    // the copies' elements: GB and XB bytes a copy (conv.py _copy_bytes: 16 or 8 where the rows allow, else one
+    // element), each slot of VG (VX) columns wholly inside a row or wholly padding
+    const int VG = GB / int(sizeof(T)), VX = XB / int(sizeof(T));
     auto stage = [&](int t, T* gs) {   // by cp.async, coordinates by st_walk3
         const int n = t / tiles, r0 = (t - n * tiles) * TH;
-        st_walk3 gw(TH, GW);   // (o, row, column)
-        for (int e = threadIdx.x; e < GS; e += blockDim.x, gw.next()) {
-            const int r = r0 + gw.b;
-            const bool inside = gw.a < O && r < Ho && gw.c < Wo;
-            st_async_copy(gs + e, inside ? g + (gw.a * N + n) * P + r * Wo + gw.c : g, inside);
+        st_walk3 gw(TH, GW / VG);   // (o, row, slot)
+        for (int e = threadIdx.x; e < GS / VG; e += blockDim.x, gw.next()) {
+            const int r = r0 + gw.b, col = gw.c * VG;
+            const bool inside = gw.a < O && r < Ho && col < Wo;
+            st_async_copy_bytes(gs + e * VG, inside ? g + (gw.a * N + n) * P + r * Wo + col : g, inside, GB);
         }
         T* xs = gs + GS;
         const T* xn = x + n * C * H * W;
-        st_walk3 xw(RP, WP);   // (c, row, column): rows r0 - pt .., columns -pl ..
-        for (int e = threadIdx.x; e < XS; e += blockDim.x, xw.next()) {
-            const int h = r0 + xw.b - pt, wc = xw.c - pl;
+        st_walk3 xw(RP, WP / VX);   // (c, row, slot): rows r0 - pt .., columns -pl ..
+        for (int e = threadIdx.x; e < XS / VX; e += blockDim.x, xw.next()) {
+            const int h = r0 + xw.b - pt, wc = xw.c * VX - pl;
             const bool inside = h >= 0 && h < H && wc >= 0 && wc < W;
-            st_async_copy(xs + e, inside ? xn + (xw.a * H + h) * W + wc : xn, inside);
+            st_async_copy_bytes(xs + e * VX, inside ? xn + (xw.a * H + h) * W + wc : xn, inside, XB);
         }
         st_async_commit();
     };
@@ -1655,9 +1657,9 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     extern "C" __global__ void __launch_bounds__(ST_TILE_WG_THREADS, sizeof(T) == 4 && KS * TO <= 24 ? 3 : 1)    \
     tile_wgrad_k##KS##_to##TO##_##S(const T* x, const T* g, T* partial, int N, int C,                              \
                                                              int H, int W, int O, int Ho, int Wo, int pt, int pl,  \
-                                                             int TH, int RS, int WB) {                             \
+                                                             int TH, int RS, int WB, int GB, int XB) {             \
         ST_GRID_WAIT();                                                                                            \
-        tile_wgrad<T, KS, TO>(x, g, partial, N, C, H, W, O, Ho, Wo, pt, pl, TH, RS, WB);                           \
+        tile_wgrad<T, KS, TO>(x, g, partial, N, C, H, W, O, Ho, Wo, pt, pl, TH, RS, WB, GB, XB);                   \
     }
 
 #define ST_POOLED_WGRAD(T, S, KS)                                                                                  \
