@@ -339,8 +339,10 @@ def test_tile_wgrad_plans(monkeypatch):
                                 stride=(1, 1), dilation=(1, 1), groups=1, pads=(0, 0, 0, 0))
         saved.__dict__.update(geometry)
         return conv._tile_wgrad_plan(saved, itemsize)
-    # MnistCnn's second layer at batch 64: 4 x 49 threads of 8 channels, 4-row tiles (two buffers of 23 KB), the 384
-    # tiles one per block (up to 4 blocks per SM); at batch 512 the 3,072 tiles 6 per block
+    # with the bias threads (one per channel group): MnistCnn's second layer at batch 64: 4 x 49 threads of 8
+    # channels, 4-row tiles (two buffers of 23 KB), the 384 tiles one per block (up to 4 blocks per SM); at batch 512
+    # the 3,072 tiles 6 per block
+    monkeypatch.setattr(conv, "TILE_WG_BIAS_SPREAD", False)
     assert plan((64, 16, 26, 26), (32, 16, 3, 3), (24, 24)) == (8, 4, 1, 196, 384, 2 * (32 * 4 * 24 + 16 * 6 * 28) * 4,
                                                                 1)
     assert plan((512, 16, 26, 26), (32, 16, 3, 3), (24, 24))[4] == 512

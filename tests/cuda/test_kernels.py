@@ -373,10 +373,12 @@ def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
     groups (their sums added at the end), one block walking every tile of 2 rows through both staging buffers (the
     last tile of an odd row count partial), the bias summed without bias threads (TILE_WG_BIAS_SPREAD) by slices of
     the other threads, alone and beside a row split, the rows staged 16 or 8 bytes a copy where aligned
-    (TILE_WG_VEC_STAGE), alone and through both buffers."""
+    (TILE_WG_VEC_STAGE), alone and through both buffers. The forced choices run with the bias threads and element
+    copies unless they name the other; "as planned" with the defaults."""
     shape, o, ks, padding, activation, bias = case
-    if plan.startswith("vector copies"):
-        monkeypatch.setattr(conv_kernels, "TILE_WG_VEC_STAGE", True)
+    if plan != "as planned":   # the forced choices with the bias threads and element copies unless they name them
+        monkeypatch.setattr(conv_kernels, "TILE_WG_BIAS_SPREAD", False)
+        monkeypatch.setattr(conv_kernels, "TILE_WG_VEC_STAGE", plan.startswith("vector copies"))
     if plan == "4 channels":
         monkeypatch.setattr(conv_kernels, "_TILE_WG_TO8_THREADS", 1 << 30)
     if plan == "8 channels":
@@ -403,7 +405,7 @@ def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
     to, th, rs, threads, grid, _, wb = tile
     assert plan not in ("4 channels", "8 channels") or to == int(plan[0])
     # no bias threads wherever each channel keeps a thread: C*KS*RS >= TO (LeNet-5's first layer: 5 taps of 4 or 8)
-    assert wb == (0 if plan.startswith("no bias threads") and shape[1] * ks * rs >= to else 1)
+    assert plan == "as planned" or wb == (0 if plan.startswith("no bias threads") and shape[1] * ks * rs >= to else 1)
     # the forced split where 3 row groups fit in a block (threads, and their sums in shared memory)
     base, itemsize = threads // rs, np.dtype(dtype).itemsize
     split_fits = 3 * base <= 256 and 3 * base * to * ks * itemsize <= 48 * 1024

@@ -28,9 +28,10 @@ def test_a_knob_that_changes_one_plan_reports_that_plan():
     assert [line.split()[0] for line in base[1:]] == [
         "direct_fwd_ob8_f32", "tile_conv_lin_k3_to4_f32", "cross_entropy_fwd_reduce_f32", "wide_bwd_f32",
         "tile_wgrad_k3_to8_f32", "wgrad_reduce_f32", "tile_conv_wgrad_k3_to4_f32", "wgrad_reduce_f32", "sgd_step_f32"]
-    # its input gradient: 448 blocks of 4 rows (the 17th scalar argument) in 2 channel splits, 224 threads
+    # its input gradient: 448 blocks of 4 rows (the 17th scalar argument) in 2 channel splits, 224 threads, g's
+    # 24-wide rows staged 8 bytes a copy (the last)
     conv = ("tile_conv_wgrad_k3_to4_f32 grid [{}] block [{}] smem {} args (* * * * * 64 32 24 24 576 36864 16 26 26 "
-            "2 2 {} 2 1 1 1 0 0 0 0 0 0 0 * 28 28 0 0 * 0)")
+            "2 2 {} 2 1 1 1 0 0 0 0 0 0 0 * 28 28 0 0 * 8)")
     assert conv.format(448, 224, 43008, 4) in base
     changed = [line for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("---", "+++"))]
     assert changed == ["-" + conv.format(448, 224, 43008, 4), "-wgrad_reduce_f32 grid [5] block [896] smem 0 args "

@@ -99,7 +99,7 @@ TILE_VEC_STAGE = True
 # ... else (float32) 8 bytes a copy where the same holds for 8 bytes: MnistCnn's second layer's forward (26-wide rows)
 # and its input gradient (24-wide rows of g, 2 columns of left padding). ncu's source page (H100, thirty-fourth
 # session, eager step): the element copies of x are 12-18% of those kernels' instructions. Off: not timed yet
-TILE_VEC_STAGE_8 = False
+TILE_VEC_STAGE_8 = True
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -129,12 +129,12 @@ _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the
 # way. H100, thirty-fourth session, three rounds: MnistCnn b64 108.1 / 108.1 / 107.9 us against 105.3 x 3 with the
 # bias threads (its slices' loads then had 16-way bank conflicts; now interleaved 4-vectors), LeNet-5 the same.
 # Off until the new slices are timed. Tests set "always": wherever every channel keeps a thread to sum it
-TILE_WG_BIAS_SPREAD = False
+TILE_WG_BIAS_SPREAD = True
 # tile_wgrad stages the rows of g and x 16 or 8 bytes a copy where they are aligned (_copy_bytes), else an element a
 # copy. ncu's source page (H100, thirty-fourth session, eager step): MnistCnn's second layer's element copies were 23%
 # of tile_wgrad's instructions (~40 a copy, 64-bit address arithmetic); its g rows take 16 bytes, x's 26-wide rows 8.
 # Off: not timed yet
-TILE_WG_VEC_STAGE = False
+TILE_WG_VEC_STAGE = True
 TILE_WGRAD = True
 # conv2d_backward writes its input gradient as the previous convolution's g where its caller passes `into`
 INTO_PRODUCER = True
