@@ -98,7 +98,12 @@ _TILE_TO6_THREADS_PER_SM = 512
 TILE_VEC_STAGE = True
 # ... else (float32) 8 bytes a copy where the same holds for 8 bytes: MnistCnn's second layer's forward (26-wide rows)
 # and its input gradient (24-wide rows of g, 2 columns of left padding). ncu's source page (H100, thirty-fourth
-# session, eager step): the element copies of x are 12-18% of those kernels' instructions. Off: not timed yet
+# session, eager step): the element copies of x are 12-18% of those kernels' instructions. H100, thirty-fourth
+# session, the captured step, two rounds beside the tree before (05c257d), us: MnistCnn b64 100.4 / 100.6 with this,
+# TILE_WG_VEC_STAGE and TILE_WG_BIAS_SPREAD, against 105.3 / 105.3; LeNet-5 b512 121.3 / 121.3 against 123.9 /
+# 124.1, b64 57.2 / 57.2 against 57.1 / 57.0. Each alone: MnistCnn 105.0 / 105.0 (this), 105.1 / 105.0
+# (TILE_WG_VEC_STAGE), 111.5 / 110.0 (TILE_WG_BIAS_SPREAD); all three off 110.1 / 110.1: element copies now pass
+# through st_async_copy_bytes' width branch, which costs where a kernel still stages by elements
 TILE_VEC_STAGE_8 = True
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
@@ -128,12 +133,13 @@ _TILE_WG_SPLIT = None         # row groups if set and they fit (tests), else the
 # 24.5 us alone for 170M multiply-adds), 6 full warps without. LeNet-5's second layer: 124 or 120, 4 warps either
 # way. H100, thirty-fourth session, three rounds: MnistCnn b64 108.1 / 108.1 / 107.9 us against 105.3 x 3 with the
 # bias threads (its slices' loads then had 16-way bank conflicts; now interleaved 4-vectors), LeNet-5 the same.
-# Off until the new slices are timed. Tests set "always": wherever every channel keeps a thread to sum it
+# With the interleaved slices it pays only beside vector staging (TILE_VEC_STAGE_8's figures). Tests set "always":
+# wherever every channel keeps a thread to sum it
 TILE_WG_BIAS_SPREAD = True
 # tile_wgrad stages the rows of g and x 16 or 8 bytes a copy where they are aligned (_copy_bytes), else an element a
 # copy. ncu's source page (H100, thirty-fourth session, eager step): MnistCnn's second layer's element copies were 23%
 # of tile_wgrad's instructions (~40 a copy, 64-bit address arithmetic); its g rows take 16 bytes, x's 26-wide rows 8.
-# Off: not timed yet
+# Timed with TILE_VEC_STAGE_8 (its figures)
 TILE_WG_VEC_STAGE = True
 TILE_WGRAD = True
 # conv2d_backward writes its input gradient as the previous convolution's g where its caller passes `into`
