@@ -1319,12 +1319,12 @@ __device__ __forceinline__ T st_bias_slice(const T* gs, int OP, int slab) {
 // g), over the rows rs, rs + RS, ... of each tile; per 4 columns it loads 8 x values and TO 4-vectors of g (shared by
 // the warp: broadcasts) for TO*KS*4 FMAs. RS > 1 (few channels and taps: LeNet-5's first layer) splits the rows over
 // RS threads, whose sums are added in rs order at the end (deterministic, like the fixed tile order).
-// WB == 0 (conv.py TILE_WG_BIAS_SPREAD): no bias threads (ci < C*KS only); instead S = blockDim / OP threads per output
-// channel each sum a fixed slice of the channel's staged g rows [TH][GW] per tile, and the S sums are added in slice
-// order at the end: a few loads and adds a tile, where a bias thread per channel group adds a warp of few live lanes
-// and its branch (MnistCnn's second layer: 4 x (48 + 1) = 196 threads, 7 warps, without them 192, 6; ncu's source
-// page, H100: 4 of the 7 warps run the bias branch's 32 adds beside the products' 123 instructions each row and 4
-// columns, 8% of the kernel's instructions).
+// WB == 0 (conv.py TILE_WG_BIAS_SPREAD, the default where it saves a warp: MnistCnn's second layer): no bias threads
+// (ci < C*KS only); instead S = blockDim / OP threads per output channel each sum a fixed slice of the channel's
+// staged g rows [TH][GW] per tile, and the S sums are added in slice order at the end: a few loads and adds a tile,
+// where a bias thread per channel group adds a warp of few live lanes and its branch (MnistCnn's second layer:
+// 4 x (48 + 1) = 196 threads, 7 warps, without them 192, 6; ncu's source page, H100: 4 of the 7 warps run the bias
+// branch's 32 adds beside the products' 123 instructions each row and 4 columns, 8% of the kernel's instructions).
 template <typename T, int KS, int TO>
 __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ partial, int N, int C,
                            int H, int W, int O, int Ho, int Wo, int pt, int pl, int TH, int RS, int WB, int GB,
