@@ -21,7 +21,7 @@
 # K=smalltrain.backend.cuda.conv), rounds alternating (AB_ROUNDS, default "1 2"), on AB_CONFIGS (default lenet5:64
 # lenet5:512 cnn:64);
 # with AB_BASE (below) the code before a change as the setting "base" first.
-# KCACHE_OUT=1 packs the compiled kernels into $OUT/kcache.tgz; carried back as .kcache.tgz (the device tool's carry),
+# KCACHE_OUT=1 packs the compiled kernels into $OUT/kcache.tgz.partaa, ab, ...; carried back as .kcache.tgz.partaa, ...
 # a later call's warm stage takes seconds instead of ~2 minutes (below).
 set -u
 STAGES=" ${STAGES:-warm tests nccl bench compile speedrun train ncu host profile} "
@@ -47,10 +47,13 @@ elif sys.argv[2] == '1': loader.compile_module(loader.read_source(sys.argv[1])) 
 # CuPy's disk cache of compiled kernels inside the tree (ignored by git), so that a later call can carry it (the device
 # tool's `carry`) and skip the warm stage's ~130 s of NVRTC: the cache's keys hold the source, the
 # options and NVRTC's version, so a stale or foreign entry is a miss, never a wrong kernel. KCACHE_OUT=1 packs it
-# into $OUT/kcache.tgz at the end (with what the other stages compiled), to be carried as .kcache.tgz.
+# into $OUT/kcache.tgz.part* at the end (with what the other stages compiled), to be carried as .kcache.tgz.part*.
 # A packed cache carried as .kcache.tgz (the first: 5.6 MB, against 31 MB unpacked) is unpacked first.
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.kcache}
+# A cache over the device tool's 16 MiB a returned file comes back in parts, .kcache.tgz.partaa, ab, ...: carry them
+# all (they are joined here in name order).
 [ -f .kcache.tgz ] && mkdir -p "$CUPY_CACHE_DIR" && tar -xzf .kcache.tgz -C "$CUPY_CACHE_DIR"
+ls .kcache.tgz.part* >/dev/null 2>&1 && mkdir -p "$CUPY_CACHE_DIR" && cat .kcache.tgz.part* | tar -xz -C "$CUPY_CACHE_DIR"
 # WARM_DTYPES: the element types the warm stage compiles (default "1 2"; "1" where only benchmarks run, which are
 # float32: half the compiles). With the ab stage and AB_BASE, the base tree's float32 modules compile beside them.
 if stage warm; then
@@ -162,4 +165,7 @@ stage ab && for round in ${AB_ROUNDS:-1 2}; do for setting in ${AB_BASE:+base} $
   grep -q '^model:batch' /tmp/ab_run.txt && sed -n '/^model:batch/,$p' /tmp/ab_run.txt || tail -5 /tmp/ab_run.txt
 done; done | tee "$OUT/ab.txt"
 # (an if, not `[ ] &&`: the script's last command sets its exit status, 1 without KCACHE_OUT otherwise)
-if [ -n "${KCACHE_OUT:-}" ]; then tar -czf "$OUT/kcache.tgz" -C "$CUPY_CACHE_DIR" . && ls -l "$OUT/kcache.tgz"; fi
+# (in 15 MB parts, under the device tool's 16 MiB a file; the thirty-fourth session's cache was 17.5 MB)
+if [ -n "${KCACHE_OUT:-}" ]; then
+  tar -cz -C "$CUPY_CACHE_DIR" . | split -b 15000000 - "$OUT/kcache.tgz.part" && ls -l "$OUT"/kcache.tgz.part*
+fi

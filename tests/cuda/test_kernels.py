@@ -419,7 +419,7 @@ def test_tile_wgrad(case, dtype, plan, rng, monkeypatch):
 def test_tile_wgrad_vector_copies_are_bit_equal(dtype, rng, monkeypatch):
     """TILE_WG_VEC_STAGE: the same dw and db bits as element copies on every tile case (only the staging changes),
     with the widths _copy_bytes gives: MnistCnn's second layer's g rows (24 wide) 16 bytes a copy, its x rows (26
-    wide) 8 in float32 and 16 in float64; 13-wide rows one element."""
+    wide) 8 in float32 and 16 in float64; 13-wide rows one element (its itemsize)."""
     widths = []
     real = conv_kernels._copy_bytes
     monkeypatch.setattr(conv_kernels, "_copy_bytes", lambda *a: widths.append(real(*a)) or widths[-1])
@@ -442,7 +442,7 @@ def test_tile_wgrad_vector_copies_are_bit_equal(dtype, rng, monkeypatch):
         if shape == (4, 16, 26, 26):
             assert widths == [16, 8 if dtype == np.float32 else 16]
         if shape[3] == 13:
-            assert widths == [0, 0]
+            assert widths == [np.dtype(dtype).itemsize] * 2
         for got, want in zip(grads[True], grads[False]):
             assert (got is None) == (want is None) and (got is None or bool(cp.array_equal(got, want)))
 
@@ -1287,9 +1287,9 @@ def test_input_gradient_from_the_pooled_gradient(case, dtype, unpool_wgrad, prod
 @pytest.mark.parametrize("x_shape, w_shape, pad, widths", [
     # the forward's bytes a copy (float32 without and with TILE_VEC_STAGE_8, float64)
     ((4, 6, 12, 12), (16, 6, 5, 5), 0, (16, 16, 16)),   # LeNet-5's second layer: forward and input gradient
-    ((2, 3, 12, 16), (4, 3, 5, 5), 2, (0, 8, 16)),      # left padding 2
-    ((2, 16, 26, 26), (32, 16, 3, 3), 0, (0, 8, 16)),   # MnistCnn's second layer: 26-wide rows
-    ((2, 3, 9, 25), (4, 3, 3, 3), 0, (0, 0, 0)),        # 25-wide rows: element copies
+    ((2, 3, 12, 16), (4, 3, 5, 5), 2, (4, 8, 16)),      # left padding 2
+    ((2, 16, 26, 26), (32, 16, 3, 3), 0, (4, 8, 16)),   # MnistCnn's second layer: 26-wide rows
+    ((2, 3, 9, 25), (4, 3, 3, 3), 0, (4, 4, 8)),        # 25-wide rows: element copies
 ])
 def test_tile_conv_stages_vectors_where_aligned(x_shape, w_shape, pad, widths, dtype, rng, monkeypatch):
     """TILE_VEC_STAGE (and TILE_VEC_STAGE_8, float32): tile_conv's input rows staged 16 (8) bytes a copy where the
@@ -1312,9 +1312,11 @@ def test_tile_conv_stages_vectors_where_aligned(x_shape, w_shape, pad, widths, d
         dout = g(np.random.default_rng(1).standard_normal(out.shape).astype(dtype))
         results[setting] = (out,) + tuple(ops.conv2d_backward(dout, saved))
         # the forward (the input gradient's left padding is KS - 1 - pad, its rows the output's)
-        want = 0 if not setting[0] else widths[2] if dtype == np.float64 else widths[int(setting[1])]
+        itemsize = np.dtype(dtype).itemsize
+        want = itemsize if not setting[0] else widths[2] if dtype == np.float64 else widths[int(setting[1])]
         assert taken and taken[0] == want, (setting, taken)
-        assert setting[0] or not any(taken), taken   # the input gradient too, where tile_conv takes it
+        # the input gradient too, where tile_conv takes it
+        assert setting[0] or all(t == itemsize for t in taken), taken
     for setting in settings[1:]:
         for got, off in zip(results[setting], results[settings[0]]):
             assert bool(cp.array_equal(got, off))

@@ -102,8 +102,8 @@ TILE_VEC_STAGE = True
 # session, the captured step, two rounds beside the tree before (05c257d), us: MnistCnn b64 100.4 / 100.6 with this,
 # TILE_WG_VEC_STAGE and TILE_WG_BIAS_SPREAD, against 105.3 / 105.3; LeNet-5 b512 121.3 / 121.3 against 123.9 /
 # 124.1, b64 57.2 / 57.2 against 57.1 / 57.0. Each alone: MnistCnn 105.0 / 105.0 (this), 105.1 / 105.0
-# (TILE_WG_VEC_STAGE), 111.5 / 110.0 (TILE_WG_BIAS_SPREAD); all three off 110.1 / 110.1: element copies now pass
-# through st_async_copy_bytes' width branch, which costs where a kernel still stages by elements
+# (TILE_WG_VEC_STAGE), 111.5 / 110.0 (TILE_WG_BIAS_SPREAD); all three off 110.1 / 110.1: element copies then
+# passed through a per-copy width branch (now common.cuh st_stage_window, a loop per width)
 TILE_VEC_STAGE_8 = True
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
@@ -634,7 +634,7 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
 def _tile_vec_stage(inp, in_chw, in_strides, pads):
     """The bytes per copy tile_conv stages `inp` with (read as [N, C, H, W] with image and channel strides
     in_strides, the correlation's pads (top, bottom, left, right)): _copy_bytes with TILE_VEC_STAGE and
-    TILE_VEC_STAGE_8, 0 (an element a copy) where neither applies."""
+    TILE_VEC_STAGE_8, its itemsize (an element a copy) where neither applies."""
     return _copy_bytes(inp, in_chw[2], pads[2], in_strides, TILE_VEC_STAGE, TILE_VEC_STAGE_8)
 
 
@@ -643,12 +643,12 @@ def _copy_bytes(arr, width, left, strides, vec16, vec8):
     padding before each in shared memory, whose rows are a multiple of 4 elements wide; strides: the element
     strides between rows' planes): 16 (vec16 on) or 8 (vec8 on, float32: two elements) where arr is that many bytes
     aligned and the width, the padding and the strides are multiples of that many bytes' elements (a copy then lies
-    wholly inside a row or wholly in the padding), else 0."""
+    wholly inside a row or wholly in the padding), else arr's itemsize (an element a copy)."""
     for size, on in ((16, vec16), (8, vec8 and arr.dtype.itemsize == 4)):
         v = size // arr.dtype.itemsize
         if on and arr.data.ptr % size == 0 and width % v == 0 and left % v == 0 and all(s % v == 0 for s in strides):
             return size
-    return 0
+    return arr.dtype.itemsize
 
 
 def _wgrad_epilogue_smem(plan, ks, itemsize):
@@ -894,7 +894,7 @@ def _tile_weight_grad(x, g, saved, with_bias, plan):
     xb = _copy_bytes(x, wd, saved.pads[2], (c * h * wd, h * wd), TILE_WG_VEC_STAGE, TILE_WG_VEC_STAGE)
     get("conv", f"tile_wgrad_k{ks}_to{to}", g.dtype)(
         (grid,), (threads,), (x, g, partial) + i32s((n, c, h, wd, o) + tuple(saved.out_hw) + (
-            saved.pads[0], saved.pads[2], th, rs, wb, gb or g.dtype.itemsize, xb or x.dtype.itemsize)),
+            saved.pads[0], saved.pads[2], th, rs, wb, gb, xb)),
         shared_mem=smem)
     return _reduce_partials(partial, saved.weight, saved.bias if with_bias else None)
 

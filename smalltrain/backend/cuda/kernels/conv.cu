@@ -656,8 +656,8 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // dx goes through that pooling's backward too, to its maximum's position in each 2x2 window of the producer's g
 // [O, N, 4P] (y [O, N, 4P] read there only: common.cuh pooled_act_grad, pidx [N, O, Ho, Wo] its indices) and 0
 // elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. vstage (conv.py
-// _tile_vec_stage): the input's rows are staged vstage (16 or 8) bytes a copy (its strides, the left padding and the
-// row width multiples of vstage bytes' elements) instead of an element a copy (0). A block
+// _tile_vec_stage): the input's rows are staged vstage bytes a copy, 16 or 8 where its strides, the left padding and
+// the row width are multiples of that many bytes' elements, else sizeof(T) (an element a copy). A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
 // where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
@@ -900,29 +900,16 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
             st_async_copy(ws + e, w + (o >= 0 ? weight_index(wk.b, o) : 0), o >= 0);
         }
     }
-    const T* inn = in + n * in_sn;
-    // the input's rows vstage (16 or 8) bytes a copy, each slot of V columns wholly inside a row or wholly padding,
-    // or (vstage == 0) an element a copy
-    const int XB = vstage ? vstage : int(sizeof(T)), V = XB / int(sizeof(T));
-    st_walk3 xw(RP, WP / V);   // (c, row, slot)
-    for (int e = threadIdx.x; e < C * RP * (WP / V); e += blockDim.x, xw.next()) {
-        const int h = r0 + xw.b - pt, wc = xw.c * V - pl;
-        const bool inside = h >= 0 && h < Hi && wc >= 0 && wc < Wi;
-        st_async_copy_bytes(xs + e * V, inside ? inn + xw.a * in_sc + h * Wi + wc : inn, inside, XB);
-    }
+    // the input's rows vstage bytes a copy (16, 8 or one element: conv.py _tile_vec_stage)
+    st_stage_window_bytes(vstage, xs, in + n * in_sn, C, RP, WP, C, in_sc, Hi, Wi, r0 - pt, -pl);
     if (UNPOOL_WG) {   // the tiles' copies a group waited for now, the prefetch's another, waited for after the loop
         st_async_commit();
         const int rows = min(TH, Ho - r0);
         st_walk3 pw(1 << 30, rows * Wo);   // (0, channel, position in the block's rows)
         for (int e = threadIdx.x; e < O * rows * Wo; e += blockDim.x, pw.next())
             st_async_copy(ps + pw.b * TH * Wo + pw.c, pidx + ((size_t)(n * O + pw.b) * Ho + r0) * Wo + pw.c, true);
-        const T* pxn = px + (size_t)n * pH * pW;
-        st_walk3 xw2(1 << 30, XC);   // x[2*r0 - ppt + row, column - ppl], 0 outside
-        for (int e = threadIdx.x; e < XR * XC; e += blockDim.x, xw2.next()) {
-            const int rr = 2 * r0 - ppt + xw2.b, cc = xw2.c - ppl;
-            const bool inside = rr >= 0 && rr < pH && cc >= 0 && cc < pW;
-            st_async_copy(xs2 + e, inside ? pxn + rr * pW + cc : pxn, inside);
-        }
+        // x[2*r0 - ppt + row, column - ppl], 0 outside
+        st_stage_window<int(sizeof(T))>(xs2, px + (size_t)n * pH * pW, 1, XR, XC, 1, 0, pH, pW, 2 * r0 - ppt, -ppl);
         st_async_commit();
         st_async_wait_but_last();
     } else {
@@ -1342,25 +1329,11 @@ __device__ void tile_wgrad(const T* __restrict__ x, const T* __restrict__ g, T* 
     // WB == 0: thread t < OP*S sums slice t % S (of S) of channel t / S's staged g rows into bsum (st_bias_slice)
     T bsum = T(0);
     T* row_out = partial + blockIdx.x * (O * (K + 1));   // this block's partial row
-    // the copies' elements: GB and XB bytes a copy (conv.py _copy_bytes: 16 or 8 where the rows allow, else one
-    // element), each slot of VG (VX) columns wholly inside a row or wholly padding
-    const int VG = GB / int(sizeof(T)), VX = XB / int(sizeof(T));
-    auto stage = [&](int t, T* gs) {   // by cp.async, coordinates by st_walk3
+    // the copies: GB and XB bytes each (conv.py _copy_bytes: 16 or 8 where the rows allow, else one element)
+    auto stage = [&](int t, T* gs) {   // by cp.async: g [OP][TH][GW] (channels from O on zeros), then x [C][RP][WP]
         const int n = t / tiles, r0 = (t - n * tiles) * TH;
-        st_walk3 gw(TH, GW / VG);   // (o, row, slot)
-        for (int e = threadIdx.x; e < GS / VG; e += blockDim.x, gw.next()) {
-            const int r = r0 + gw.b, col = gw.c * VG;
-            const bool inside = gw.a < O && r < Ho && col < Wo;
-            st_async_copy_bytes(gs + e * VG, inside ? g + (gw.a * N + n) * P + r * Wo + col : g, inside, GB);
-        }
-        T* xs = gs + GS;
-        const T* xn = x + n * C * H * W;
-        st_walk3 xw(RP, WP / VX);   // (c, row, slot): rows r0 - pt .., columns -pl ..
-        for (int e = threadIdx.x; e < XS / VX; e += blockDim.x, xw.next()) {
-            const int h = r0 + xw.b - pt, wc = xw.c * VX - pl;
-            const bool inside = h >= 0 && h < H && wc >= 0 && wc < W;
-            st_async_copy_bytes(xs + e * VX, inside ? xn + (xw.a * H + h) * W + wc : xn, inside, XB);
-        }
+        st_stage_window_bytes(GB, gs, g + n * P, OP, TH, GW, O, N * P, Ho, Wo, r0, 0);
+        st_stage_window_bytes(XB, gs + GS, x + n * C * H * W, C, RP, WP, C, H * W, H, W, r0 - pt, -pl);
         st_async_commit();
     };
     T acc[TO][KS];
