@@ -1125,17 +1125,20 @@ POOLED_WGRAD_CASES = [  # first layer's x, its weight, padding, activation; the 
 ]
 
 
+@pytest.mark.parametrize("splits", [None, 1], ids=["planned_splits", "1split"])
 @pytest.mark.parametrize("rows", [None, 2], ids=["planned", "2rows"])
 @pytest.mark.parametrize("to6", [False, True], ids=["to4", "to6"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", POOLED_WGRAD_CASES)
-def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, record_kernels, monkeypatch):
+def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, splits, rng, record_kernels, monkeypatch):
     """A first layer that pooled in its epilogue: its weight and bias gradients from its g at the windows' maxima
     only, where the layers' kernels are the same size in tile_conv_unpool_wgrad's epilogue (UNPOOL_WGRAD: no g
     written), else the second layer's input gradient writes that g (tile_conv_unpool, compact) and pooled_wgrad sums
     them: each against the same gradients from its full g (POOLED_WGRAD off, tile_wgrad) and the float64 reference;
     with a non-finite x, NaN exactly where those are (the taps that read it from a position whose g is 0). to6:
-    TILE_TO6; rows: the input gradient's rows per block (2: several tiles an image, the last one partial).
+    TILE_TO6; rows: the input gradient's rows per block (2: several tiles an image, the last one partial); splits:
+    its channel splits (1: a block of CG*TH*OG threads, fewer than an eighth of the O*TH*Wo windows where
+    O*Wo > 8*CG*OG, e.g. 4 channels of 9 windows a row: the epilogue's spread pass takes two turns of 8 a thread).
     "reduced": tile_conv_unpool_wgrad's last block adds the partial rows itself (UNPOOL_WGRAD_REDUCE_MAX_BLOCKS):
     the gradients come in the ProducerGrad and no wgrad_reduce runs."""
     monkeypatch.setattr(conv_kernels, "TILE_TO6", to6)
@@ -1143,6 +1146,7 @@ def test_pooled_wgrad_from_the_maxima(case, dtype, to6, rows, rng, record_kernel
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "INTO_POOLED", True)
     monkeypatch.setattr(conv_kernels, "_TILE_ROWS", rows)
+    monkeypatch.setattr(conv_kernels, "_TILE_SPLITS", splits)
     monkeypatch.setattr(conv_kernels, "TILE_MIN_K", 0)   # a 3 x 3 first layer's forward pooled in its epilogue too
     x, w1, b1, w2, s1, s2, dout = _pooled_pair(case, dtype, rng, (1, 0, 4, 6), needs=(False, True, True))
     if case[4][2:] == case[1][2:] and case[6]:   # an inf instead of the NaN where both kernels are the same size

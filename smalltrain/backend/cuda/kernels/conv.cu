@@ -980,30 +980,10 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     // columns, else one by one: a warp's scalar stores 4 columns apart use a quarter of each 32-byte sector
     const int vec = Wo % ST_TW == 0 ? 4 : Wo % 2 == 0 ? 2 : 1;
     const bool lin_vec = LIN && vec == 4 && reinterpret_cast<size_t>(lw) % (4 * sizeof(T)) == 0;
-    if (UNPOOL_WG && act != ST_ACT_NONE) {   // the producer's g at its maxima, kept in acc for its weight gradient
-        // below (not written): act_bwd(d, z + b) as pooled_act_max_grad, every maximum's z loaded before any is used
-        // (one memory latency, not one a channel)
-        T z[TO][ST_TW];
-#pragma unroll
-        for (int u = 0; u < TO; ++u)
-#pragma unroll
-            for (int v = 0; v < ST_TW; ++v) {
-                const int o = og * TO + u;
-                const bool on = live && o < O && s0 + v < Wo;
-                z[u][v] = on ? y[(size_t)(o * N + n) * 4 * P + (int)ps[(o * TH + row) * Wo + s0 + v]] : T(0);
-            }
-#pragma unroll
-        for (int u = 0; u < TO; ++u) {
-            const int o = og * TO + u;
-            const T bo = live && o < O && b != nullptr ? b[o] : T(0);
-#pragma unroll
-            for (int v = 0; v < ST_TW; ++v) acc[u][v] = act_bwd(acc[u][v], z[u][v] + bo, act);
-        }
-    }
 #pragma unroll
     for (int u = 0; u < TO; ++u) {
         const int o = og * TO + u;
-        if (UNPOOL_WG || !live || o >= O) break;   // (UNPOOL_WG: above)
+        if (UNPOOL_WG || !live || o >= O) break;   // (UNPOOL_WG: below)
         T pre[ST_TW], val[ST_TW];
         const T bo = b != nullptr ? b[o] : T(0);
         T* yrow = y != nullptr ? y + (o * N + n) * P + r * Wo + s0 : nullptr;
@@ -1110,18 +1090,41 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         unsigned char* nan_tap = reinterpret_cast<unsigned char*>(ax + O * E);   // [O][KK]
         __syncthreads();   // the staged tiles and the splits' sums are read
         for (int e = threadIdx.x; e < O * KK; e += blockDim.x) nan_tap[e] = 0;
-        if (live) {   // the g and the maxima's positions in x's tile
+        if (live) {   // the g at the maxima (before the producer's activation)
 #pragma unroll
             for (int u = 0; u < TO; ++u)
 #pragma unroll
                 for (int v = 0; v < ST_TW; ++v)
                     if (og * TO + u < O && s0 + v < Wo) gs[((og * TO + u) * TH + row) * Wo + s0 + v] = acc[u][v];
-            for (int u = 0; u < TO && og * TO + u < O; ++u) {
-                const int q = ((og * TO + u) * TH + row) * Wo + s0;
-                for (int v = 0; v < ST_TW && s0 + v < Wo; ++v) {
-                    const int at = (int)ps[q + v], h = at / FW;   // its row in the producer's output, then xs2's offset
-                    ax[q + v] = (h - 2 * r0) * XC + at - h * FW;
-                }
+        }
+        __syncthreads();
+        // spread over the whole block, ZR windows a thread at a time (their z loads in flight together: one memory
+        // latency, not one a window): each maximum's offset in x's tile (ax) and, with an activation, its g through
+        // the producer's activation, act_bwd(g, z + b) as pooled_act_max_grad. Split 0's threads did this for their
+        // TO x 4 outputs before: every thread of the block ran the 16 act_bwd (GELU: erf and exp) and 16 divisions,
+        // a third of them live (LeNet-5 b512: 3 splits; ncu's source page, H100: the epilogue's straight-line part
+        // was 30% of the kernel's instructions).
+        constexpr int ZR = 8;
+        const int WN = rows * Wo;   // the block's windows a channel
+        st_walk3 qw(1 << 30, WN);   // (0, channel, window of the block's rows) of e = threadIdx.x, + blockDim.x, ...
+        for (int e0 = threadIdx.x; e0 < O * WN; e0 += ZR * blockDim.x) {
+            int q[ZR], oc[ZR], at[ZR];
+            T z[ZR];
+#pragma unroll
+            for (int k = 0; k < ZR; ++k, qw.next()) {
+                const bool in = e0 + k * blockDim.x < O * WN;
+                oc[k] = qw.b;
+                q[k] = qw.b * E + qw.c;
+                at[k] = in ? (int)ps[q[k]] : 0;
+                z[k] = act != ST_ACT_NONE && in ? y[(size_t)(qw.b * N + n) * 4 * P + at[k]] : T(0);
+            }
+#pragma unroll
+            for (int k = 0; k < ZR; ++k) {
+                if (e0 + k * blockDim.x >= O * WN) break;
+                const int h = at[k] / FW;   // its row in the producer's output, then xs2's offset
+                ax[q[k]] = (h - 2 * r0) * XC + at[k] - h * FW;
+                if (act != ST_ACT_NONE)
+                    gs[q[k]] = act_bwd(gs[q[k]], z[k] + (b != nullptr ? b[oc[k]] : T(0)), act);
             }
         }
         __syncthreads();
