@@ -103,7 +103,9 @@ TILE_VEC_STAGE = True
 # TILE_WG_VEC_STAGE and TILE_WG_BIAS_SPREAD, against 105.3 / 105.3; LeNet-5 b512 121.3 / 121.3 against 123.9 /
 # 124.1, b64 57.2 / 57.2 against 57.1 / 57.0. Each alone: MnistCnn 105.0 / 105.0 (this), 105.1 / 105.0
 # (TILE_WG_VEC_STAGE), 111.5 / 110.0 (TILE_WG_BIAS_SPREAD); all three off 110.1 / 110.1: element copies then
-# passed through a per-copy width branch (now common.cuh st_stage_window, a loop per width)
+# passed through a per-copy width branch. With common.cuh st_stage_window (a loop per width; H100, thirty-fifth
+# session, three rounds beside ab2f61c): all three off 107.9 / 108.1 / 107.3 against 111.0 / 111.2 / 110.4; the
+# defaults 98.0 / 98.0 / 98.1 against 100.7 / 100.6 / 100.6
 TILE_VEC_STAGE_8 = True
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
