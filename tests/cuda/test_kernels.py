@@ -1326,6 +1326,41 @@ def test_tile_conv_stages_vectors_where_aligned(x_shape, w_shape, pad, widths, d
             assert bool(cp.array_equal(got, off))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_shape, w_shape", [
+    ((2, 16, 26, 26), (32, 16, 3, 3)),   # MnistCnn's second layer (forward: 32 slots a tap)
+    ((4, 6, 14, 14), (16, 6, 5, 5)),     # LeNet-5's second layer
+    ((2, 1, 16, 16), (6, 1, 5, 5)),      # six channels a thread (TO = 6: 8 slots a group, two of them zeros)
+    ((2, 5, 12, 8), (7, 5, 3, 3)),       # 7 channels: a zero slot past O; 45 taps, runs of 6 and 3
+])
+def test_tile_conv_weight_runs_are_bit_equal(x_shape, w_shape, dtype, rng, monkeypatch):
+    """TILE_WEIGHT_RUN: tile_conv's weights staged by runs of consecutive taps (_tile_weight_run) land in the same
+    slots as tap by tap, so the forward and the input gradient are bit-equal to runs of 1, and some run is longer."""
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)
+    x = g(rng.standard_normal(x_shape).astype(dtype))
+    w = g((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype))
+    b = g(rng.standard_normal(w_shape[0]).astype(dtype))
+    dout = None
+    taken = []
+    real = conv_kernels._tile_weight_run
+    monkeypatch.setattr(conv_kernels, "_tile_weight_run", lambda *a: taken.append(real(*a)) or taken[-1])
+    results = {}
+    for run in (1, 3, 8):
+        monkeypatch.setattr(conv_kernels, "TILE_WEIGHT_RUN", run)
+        taken.clear()
+        out, saved = ops.conv2d_forward(x, w, b, 1, 1, 1, 1, "relu")
+        if dout is None:
+            dout = g(np.random.default_rng(1).standard_normal(out.shape).astype(dtype))
+        results[run] = (out,) + tuple(ops.conv2d_backward(dout, saved))
+        assert taken and all(1 <= t <= run for t in taken), (run, taken)   # the forward (and dx where tiled)
+        if run == 8:
+            assert max(taken) > 1, taken
+    for run in (3, 8):
+        for got, one in zip(results[run], results[1]):
+            assert bool(cp.array_equal(got, one))
+
+
 def test_tile_conv_pool_declines_other_poolings():
     """3x3 windows, stride 1, padding, odd output sizes: no pooling epilogue (the caller pools)."""
     x, w = cp.ones((2, 3, 11, 11), cp.float32), cp.ones((4, 3, 3, 3), cp.float32)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from smalltrain.backend.cuda import conv as conv_kernels
 from smalltrain.testing import cuda_emulator
 
 if not cuda_emulator.available():
@@ -29,13 +30,14 @@ def test_a_knob_that_changes_one_plan_reports_that_plan():
         "direct_fwd_ob8_f32", "tile_conv_lin_k3_to4_f32", "cross_entropy_fwd_reduce_f32", "wide_bwd_f32",
         "tile_wgrad_k3_to8_f32", "wgrad_reduce_f32", "tile_conv_wgrad_k3_to4_f32", "wgrad_reduce_f32", "sgd_step_f32"]
     # its input gradient: 448 blocks of 4 rows (the 17th scalar argument) in 2 channel splits, 224 threads, g's
-    # 24-wide rows staged 8 bytes a copy (the last)
+    # 24-wide rows staged 8 bytes a copy, the weights by runs of taps (the last two; 16 slots a tap)
     conv = ("tile_conv_wgrad_k3_to4_f32 grid [{}] block [{}] smem {} args (* * * * * 64 32 24 24 576 36864 16 26 26 "
-            "2 2 {} 2 1 1 1 0 0 0 0 0 0 0 * 28 28 0 0 * 8)")
-    assert conv.format(448, 224, 43008, 4) in base
+            "2 2 {} 2 1 1 1 0 0 0 0 0 0 0 * 28 28 0 0 * 8 {run})")
+    runs = {threads: conv_kernels._tile_weight_run(threads, 16, 4) for threads in (224, 280)}
+    assert conv.format(448, 224, 43008, 4, run=runs[224]) in base
     changed = [line for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("---", "+++"))]
-    assert changed == ["-" + conv.format(448, 224, 43008, 4), "-wgrad_reduce_f32 grid [5] block [896] smem 0 args "
-                       "(* * * 448 16 9)", "+" + conv.format(384, 280, 47104, 5),
+    assert changed == ["-" + conv.format(448, 224, 43008, 4, run=runs[224]), "-wgrad_reduce_f32 grid [5] block [896] "
+                       "smem 0 args (* * * 448 16 9)", "+" + conv.format(384, 280, 47104, 5, run=runs[280]),
                        "+wgrad_reduce_f32 grid [5] block [768] smem 0 args (* * * 384 16 9)"]
 
 

@@ -107,6 +107,15 @@ TILE_VEC_STAGE = True
 # session, three rounds beside ab2f61c): all three off 107.9 / 108.1 / 107.3 against 111.0 / 111.2 / 110.4; the
 # defaults 98.0 / 98.0 / 98.1 against 100.7 / 100.6 / 100.6
 TILE_VEC_STAGE_8 = True
+# tile_conv stages its weights an element a copy into a [tap][channel] layout, a transpose of w's: neighbouring
+# threads copying one tap's channels read elements a row of w apart (MnistCnn's second layer: 32 sectors a warp).
+# With TILE_WEIGHT_RUN > 1 they take runs of up to that many consecutive taps of one channel instead (the largest run
+# that divides the block's threads by the channels' slots, _tile_weight_run): fewer sectors a warp, at the cost of
+# shared-memory bank conflicts between a run's words. 1: one tap a thread's neighbours. H100, thirty-sixth session,
+# the captured step, three rounds, us, 1 / 4 / 8: MnistCnn b64 98.6, 98.6, 98.7 / 98.2, 98.0, 97.9 / 98.9, 99.2,
+# 99.0 (its forward's runs 3 and 6, its input gradient's 2 and 7); LeNet-5 b64 and b512 within their spread. The
+# copies' count, not their sectors, is what they cost (the thirty-fifth session's source page: the MIO queue)
+TILE_WEIGHT_RUN = 4
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -477,10 +486,15 @@ def _tile_plan(n, c, in_hw, o, out_hw, ks, itemsize, even_rows=False):
     return _tile_conv_plan(n, c, tuple(in_hw), o, tuple(out_hw), ks, itemsize, _tile_knobs(), even_rows)
 
 
+def _tile_slots(o, to):
+    """OP, the slots of one tap's weights in tile_conv's shared memory: o channels in groups of TO, each in TS slots
+    (TO rounded up to 4, conv.cu)."""
+    return -(-o // to) * (-(-to // 4) * 4)
+
+
 def _tile_weight_bytes(c, ks, o, to, itemsize):
-    """tile_conv's staged weights in shared memory, [C*KS*KS][OP]: a tap's channels of a group of TO in TS slots
-    (TO rounded up to 4, conv.cu), OP = groups * TS."""
-    return c * ks * ks * -(-o // to) * (-(-to // 4) * 4) * itemsize
+    """tile_conv's staged weights in shared memory, [C*KS*KS][OP] (_tile_slots)."""
+    return c * ks * ks * _tile_slots(o, to) * itemsize
 
 
 @metadata_cache
@@ -629,8 +643,17 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
-        + (ptr(pool_idx),) + wgrad_args + (i32(_tile_vec_stage(inp, in_chw, in_strides, pads)),) + (ce or ()),
+        + (ptr(pool_idx),) + wgrad_args + i32s((_tile_vec_stage(inp, in_chw, in_strides, pads),
+                                                  _tile_weight_run(threads, o, to))) + (ce or ()),
         shared_mem=smem)
+
+
+def _tile_weight_run(threads, o, to):
+    """The consecutive taps of one weight slot that neighbouring threads of tile_conv stage (TILE_WEIGHT_RUN): the
+    largest run up to it such that the block's threads are a multiple of the slots (_tile_slots of o output channels
+    in groups of `to`) times the run, else 1."""
+    slots = _tile_slots(o, to)
+    return max(r for r in range(1, max(1, TILE_WEIGHT_RUN) + 1) if threads % (slots * r) == 0 or r == 1)
 
 
 def _tile_vec_stage(inp, in_chw, in_strides, pads):

@@ -657,7 +657,8 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // [O, N, 4P] (y [O, N, 4P] read there only: common.cuh pooled_act_grad, pidx [N, O, Ho, Wo] its indices) and 0
 // elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. vstage (conv.py
 // _tile_vec_stage): the input's rows are staged vstage bytes a copy, 16 or 8 where its strides, the left padding and
-// the row width are multiples of that many bytes' elements, else sizeof(T) (an element a copy). A block
+// the row width are multiples of that many bytes' elements, else sizeof(T) (an element a copy); wrun (conv.py
+// _tile_weight_run): the consecutive taps of one weight slot a thread's neighbours stage (below). A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
 // where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
@@ -847,7 +848,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
                           int act, const T* __restrict__ lw, const T* __restrict__ lb, T* __restrict__ lout,
                           T* __restrict__ lpart, unsigned* lcount, int F, i64* __restrict__ pidx,
                           const T* __restrict__ px, int pH, int pW, int ppt, int ppl, T* __restrict__ wpart,
-                          int vstage, const CeArgs<T>& ce = CeArgs<T>{}) {
+                          int vstage, int wrun, const CeArgs<T>& ce = CeArgs<T>{}) {
     static_assert(KS >= 1 && KS <= 5 && (TO % 4 == 0 || TO == 6),
                   "tile_conv: KS <= 5 (8 x values per row cover TW + KS - 1), TO a multiple of 4 or 6");
     // TS: the shared-memory slots a thread's TO weights of one tap take, a multiple of 4 for aligned vector loads.
@@ -886,12 +887,16 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
         }
         return o * K + k;
     };
-    if (blockDim.x % OP == 0) {   // a thread's slot is the same in every copy, only the tap advances: no carries or
-                                  // slot arithmetic per copy (the general walk's ~36 instructions a copy were 11% of
-                                  // LeNet-5 b512's input-gradient kernel; ncu, H100: 36.7 -> 35.2 us, the second
-                                  // layer's forward 14.3 -> 13.0)
-        const int slot = threadIdx.x % OP, o = slot_channel(slot), kstep = blockDim.x / OP;
-        for (int k = threadIdx.x / OP; k < K; k += kstep)
+    if (blockDim.x % (OP * wrun) == 0) {
+        // a thread's slot is the same in every copy, only the tap advances: no carries or slot arithmetic per copy
+        // (the general walk's ~36 instructions a copy were 11% of LeNet-5 b512's input-gradient kernel; ncu, H100:
+        // 36.7 -> 35.2 us, the second layer's forward 14.3 -> 13.0). Consecutive threads take runs of wrun
+        // consecutive taps of one slot (conv.py _tile_weight_run): a tap's slots lie K elements apart in w (the
+        // input gradient's: KS*KS), so a warp over 32 slots of one tap reads 32 sectors, one over 32 / wrun slots'
+        // runs about that many; the runs' shared-memory words share banks wrun ways where OP is a multiple of 32.
+        const int run = OP * wrun, q = threadIdx.x % run, slot = q / wrun, o = slot_channel(slot);
+        const int kstep = blockDim.x / OP;
+        for (int k = threadIdx.x / run * wrun + q - slot * wrun; k < K; k += kstep)
             st_async_copy(ws + k * OP + slot, w + (o >= 0 ? weight_index(k, o) : 0), o >= 0);
     } else {
         st_walk3 wk(1 << 30, OP);   // (0, k, slot)
@@ -1587,10 +1592,10 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     const T *in, const T *w, const T *b, T *out, T *y, int N, int C, int Hi, int Wi, int in_sn, int in_sc, int O,    \
         int Ho, int Wo, int pt, int pl, int TH, int CS, int transposed, int into, int act, const T *lw, const T *lb, \
         T *lout, T *lpart, unsigned *lcount, int F, i64 *pidx, const T *px, int pH, int pW, int ppt, int ppl,        \
-        T *wpart, int vstage
+        T *wpart, int vstage, int wrun
 #define ST_TILE_ARGS                                                                                               \
     in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS, transposed, into, act, lw, lb, lout,  \
-        lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, wpart, vstage
+        lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, wpart, vstage, wrun
 #define ST_TILE_ONE(T, S, KS, TO, NAME, EPI)                                                                       \
     extern "C" __global__ void NAME##_k##KS##_to##TO##_##S(ST_TILE_PARAMS(T)) {                                    \
         ST_GRID_WAIT();                                                                                            \
