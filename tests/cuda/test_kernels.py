@@ -232,8 +232,9 @@ def test_tile_conv(case, dtype, plan, rng, record_kernels, monkeypatch):
     w = (rng.standard_normal((o, shape[1], ks, ks)) * 0.5).astype(dtype)
     b = rng.standard_normal(o).astype(dtype) if bias else None
     out, saved = ops.conv2d_forward(g(x), g(w), None if b is None else g(b), 1, padding, 1, 1, activation)
-    assert [n for n in launched if n.startswith("tile_conv")] == [n for n in launched], launched
-    to = int(launched[0].split("_to")[1])
+    # (and tile_arrange first where TILE_ARRANGE makes the weights' layouts)
+    assert [n for n in launched if n.startswith("tile_conv")] == [n for n in launched if n != "tile_arrange"], launched
+    to = int([n for n in launched if n != "tile_arrange"][0].split("_to")[1])
     assert plan not in ("4 channels", "8 channels") or to == int(plan[0])
 
     def six(channels):   # the channel counts TILE_TO6 takes: 6 per thread, none dead where 4 would leave some
@@ -1326,17 +1327,21 @@ def test_tile_conv_stages_vectors_where_aligned(x_shape, w_shape, pad, widths, d
             assert bool(cp.array_equal(got, off))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("x_shape, w_shape", [
+WEIGHT_STAGING_CASES = [   # x, w of a convolution with padding 1 whose forward and input gradient tile_conv takes
     ((2, 16, 26, 26), (32, 16, 3, 3)),   # MnistCnn's second layer (forward: 32 slots a tap)
     ((4, 6, 14, 14), (16, 6, 5, 5)),     # LeNet-5's second layer
     ((2, 1, 16, 16), (6, 1, 5, 5)),      # six channels a thread (TO = 6: 8 slots a group, two of them zeros)
     ((2, 5, 12, 8), (7, 5, 3, 3)),       # 7 channels: a zero slot past O; 45 taps, runs of 6 and 3
-])
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_shape, w_shape", WEIGHT_STAGING_CASES)
 def test_tile_conv_weight_runs_are_bit_equal(x_shape, w_shape, dtype, rng, monkeypatch):
     """TILE_WEIGHT_RUN: tile_conv's weights staged by runs of consecutive taps (_tile_weight_run) land in the same
     slots as tap by tap, so the forward and the input gradient are bit-equal to runs of 1, and some run is longer."""
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    monkeypatch.setattr(conv_kernels, "TILE_ARRANGE", False)   # (tile_conv then stages w itself)
     monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)
     x = g(rng.standard_normal(x_shape).astype(dtype))
     w = g((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype))
@@ -1359,6 +1364,69 @@ def test_tile_conv_weight_runs_are_bit_equal(x_shape, w_shape, dtype, rng, monke
     for run in (3, 8):
         for got, one in zip(results[run], results[1]):
             assert bool(cp.array_equal(got, one))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_shape, w_shape", WEIGHT_STAGING_CASES)
+def test_tile_conv_arranged_weights_are_bit_equal(x_shape, w_shape, dtype, rng, monkeypatch, record_kernels):
+    """TILE_ARRANGE: the forward launches tile_arrange once, for its own layout and the input gradient's, and
+    tile_conv stages those 16 bytes a copy: the forward and the input gradient bit-equal to tile_conv's own staging
+    of w (the layouts hold the same values in the same slots)."""
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)
+    monkeypatch.setattr(conv_kernels, "TILE_ARRANGE_MIN_COPIES", 0)
+    x = g(rng.standard_normal(x_shape).astype(dtype))
+    w = g((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype))
+    b = g(rng.standard_normal(w_shape[0]).astype(dtype))
+    dout = None
+    launched = record_kernels(conv_kernels, "get")
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(conv_kernels, "TILE_ARRANGE", on)
+        launched.clear()
+        out, saved = ops.conv2d_forward(x, w, b, 1, 1, 1, 1, "relu")
+        if dout is None:
+            dout = g(rng.standard_normal(out.shape).astype(dtype))
+        assert launched.count("tile_arrange") == int(on), launched
+        tiled_dx = conv_kernels._tile_dx_plan(saved, dout) is not None
+        assert (saved.arranged_dx is not None) == (on and tiled_dx)
+        results[on] = (out,) + tuple(ops.conv2d_backward(dout, saved))
+    for got, own in zip(results[True], results[False]):
+        assert bool(cp.array_equal(got, own))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [TILE_WGRAD_CASES[0], POOLED_WGRAD_CASES[2]], ids=["wgrad", "unpool_wgrad"])
+def test_tile_conv_arranged_weights_into_the_producer(case, dtype, rng, monkeypatch):
+    """TILE_ARRANGE with the input gradient written into its producer (tile_conv_wgrad; tile_conv_unpool_wgrad,
+    where the producer pooled): the g handed over, the producer's partial rows and the consumer's own gradients
+    bit-equal to tile_conv's own staging of w."""
+    monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
+    monkeypatch.setattr(conv_kernels, "TILE_ARRANGE_MIN_COPIES", 0)
+    pooled = len(case) == 7
+    got = {}
+    for on in (False, True):
+        monkeypatch.setattr(conv_kernels, "TILE_ARRANGE", on)
+        r = np.random.default_rng(3)
+        if pooled:
+            _, _, _, _, s1, s2, dout = _pooled_pair(case, dtype, r, (1, 0, 4, 6), needs=(False, True, True))
+        else:
+            xs, w1s, p1, act, w2s, p2 = case
+            w1 = g((r.standard_normal(w1s) / np.sqrt(np.prod(w1s[1:]))).astype(dtype))
+            w2 = g((r.standard_normal(w2s) / np.sqrt(np.prod(w2s[1:]))).astype(dtype))
+            out1, s1 = ops.conv2d_forward(g(r.standard_normal(xs).astype(dtype)), w1,
+                                          g(r.standard_normal(w1s[0]).astype(dtype)), 1, p1, 1, 1, act)
+            out2, s2 = ops.conv2d_forward(out1, w2, g(r.standard_normal(w2s[0]).astype(dtype)), 1, p2, 1, 1, None)
+            dout = g(r.standard_normal(out2.shape).astype(dtype))
+        assert (s2.arranged_dx is not None) == on or dtype == np.float64
+        handed, dw2, db2 = ops.conv2d_backward(dout, s2, into=s1)
+        if not isinstance(handed, conv_kernels.ProducerGrad):   # float64: a tile may not fit in shared memory
+            assert dtype == np.float64
+            return
+        got[on] = [a for a in (handed.g, handed.wpartial, dw2, db2) if a is not None]
+    assert len(got[True]) == len(got[False]) >= 3
+    for a, own in zip(got[True], got[False]):
+        assert bool(cp.array_equal(a, own))
 
 
 def test_tile_conv_pool_declines_other_poolings():

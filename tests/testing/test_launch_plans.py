@@ -23,17 +23,20 @@ def test_a_knob_that_changes_one_plan_reports_that_plan():
     assert run.returncode == 0, run.stderr
     head, _, diff = run.stdout.partition("\nunder ")
     base = head.splitlines()
-    assert base[0] == "cnn:64 eager: 9 launches under the defaults"
-    # conv1 forward, conv2 with the linear layer, the loss, the linear layer's backward, conv2's weight gradient and
-    # its reduction, conv2's input gradient with conv1's weight gradient and its reduction, SGD
-    assert [line.split()[0] for line in base[1:]] == [
-        "direct_fwd_ob8_f32", "tile_conv_lin_k3_to4_f32", "cross_entropy_fwd_reduce_f32", "wide_bwd_f32",
-        "tile_wgrad_k3_to8_f32", "wgrad_reduce_f32", "tile_conv_wgrad_k3_to4_f32", "wgrad_reduce_f32", "sgd_step_f32"]
+    # conv1 forward, conv2's weights arranged for its kernels (TILE_ARRANGE: both layouts are over
+    # TILE_ARRANGE_MIN_COPIES a thread), conv2 with the linear layer, the loss, the linear layer's backward, conv2's
+    # weight gradient and its reduction, conv2's input gradient with conv1's weight gradient and its reduction, SGD
+    arranged = conv_kernels.TILE_ARRANGE and conv_kernels.TILE_ARRANGE_MIN_COPIES <= 4608 // 280
+    names = ["direct_fwd_ob8_f32"] + ["tile_arrange_f32"] * arranged + [
+        "tile_conv_lin_k3_to4_f32", "cross_entropy_fwd_reduce_f32", "wide_bwd_f32", "tile_wgrad_k3_to8_f32",
+        "wgrad_reduce_f32", "tile_conv_wgrad_k3_to4_f32", "wgrad_reduce_f32", "sgd_step_f32"]
+    assert base[0] == f"cnn:64 eager: {len(names)} launches under the defaults"
+    assert [line.split()[0] for line in base[1:]] == names
     # its input gradient: 448 blocks of 4 rows (the 17th scalar argument) in 2 channel splits, 224 threads, g's
-    # 24-wide rows staged 8 bytes a copy, the weights by runs of taps (the last two; 16 slots a tap)
+    # 24-wide rows staged 8 bytes a copy, the weights by runs of taps or arranged (0) (the last two; 16 slots a tap)
     conv = ("tile_conv_wgrad_k3_to4_f32 grid [{}] block [{}] smem {} args (* * * * * 64 32 24 24 576 36864 16 26 26 "
             "2 2 {} 2 1 1 1 0 0 0 0 0 0 0 * 28 28 0 0 * 8 {run})")
-    runs = {threads: conv_kernels._tile_weight_run(threads, 16, 4) for threads in (224, 280)}
+    runs = {threads: 0 if arranged else conv_kernels._tile_weight_run(threads, 16, 4) for threads in (224, 280)}
     assert conv.format(448, 224, 43008, 4, run=runs[224]) in base
     changed = [line for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("---", "+++"))]
     assert changed == ["-" + conv.format(448, 224, 43008, 4, run=runs[224]), "-wgrad_reduce_f32 grid [5] block [896] "
@@ -46,8 +49,9 @@ def test_a_knob_that_changes_nothing_says_so():
                           "smalltrain.backend.cuda.conv._TILE_WG_GRID=None"], capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.rstrip().endswith("under smalltrain.backend.cuda.conv._TILE_WG_GRID=None: 9 launches, "
-                                        "the same plans")
+    launches = 9 + (conv_kernels.TILE_ARRANGE and conv_kernels.TILE_ARRANGE_MIN_COPIES <= 4608 // 224)
+    assert run.stdout.rstrip().endswith(f"under smalltrain.backend.cuda.conv._TILE_WG_GRID=None: {launches} "
+                                        "launches, the same plans")
 
 
 def test_an_unknown_knob_fails_with_its_name():

@@ -116,6 +116,19 @@ TILE_VEC_STAGE_8 = True
 # 99.0 (its forward's runs 3 and 6, its input gradient's 2 and 7); LeNet-5 b64 and b512 within their spread. The
 # copies' count, not their sectors, is what they cost (the thirty-fifth session's source page: the MIO queue)
 TILE_WEIGHT_RUN = 4
+# ... unless its weights are arranged in that layout beforehand (TILE_ARRANGE): then a block stages them by 16-byte
+# copies, a quarter of the copies. A convolution's forward then launches tile_arrange first (one small kernel,
+# conv.cu), which writes the layout of its forward and that of its input gradient from the weights as they are at
+# that moment (what its backward uses too), where a block would stage at least TILE_ARRANGE_MIN_COPIES elements a
+# thread. A probe that zeroed the staged weights by 16-byte stores instead of copying them (H200, thirty-sixth
+# session, three rounds) bounds the gain: LeNet-5 b64 55.6 / 54.9 / 54.9 us against 57.5 / 56.7 / 57.3, b512 118.2
+# / 112.0 / 112.0 against 123.6 / 117.1 / 117.5, MnistCnn b64 91.5 / 91.5 / 91.6 against 98.1 / 97.3 / 97.0. The
+# captured step with this against the tree before it (014af2d; H100, same session, three rounds): MnistCnn 95.5 /
+# 95.6 / 95.6 against 97.9 / 97.9 / 97.7, LeNet-5 b512 120.4 / 120.6 / 120.4 against 120.8 / 120.6 / 120.4, b64
+# 58.4 / 58.5 / 58.5 against 57.4 / 57.4 / 57.4. b64's layers stay under the threshold: its loss is the kernels'
+# code (tile_conv_pool_k5_to4 took 70 registers with the arranged branch, held to 64 since: conv.cu)
+TILE_ARRANGE = True
+TILE_ARRANGE_MIN_COPIES = 8
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -227,6 +240,7 @@ WGRAD_ON_MAIN = False
 BIAS_ACT_ROWS_MIN_P = 64
 _DIRECT_OB = (2, 8)           # output channels per thread direct_fwd is compiled for (ST_DIRECT in conv.cu)
 _WGRAD_THREADS = 1024
+_ARRANGE_THREADS = 256
 _WGRAD_R = (1, 2, 4, 8)       # outputs per thread the weight-gradient kernel is compiled for
 _SMEM_BYTES = SMEM_DEFAULT_BYTES   # the plans' per-block limit (no opt-in needed)
 _MAX_SPLITS = 4               # threads summing one staged item's channels (conv.cu's CS)
@@ -253,6 +267,9 @@ class Conv2dSaved:
     needs: tuple
     x: object = None   # the input (a reference), kept instead of cols by the direct path for the weight gradient
     pool: object = None   # the fused pooling's saved state (pool.max_pool2d_forward's) where tile_conv_pool ran
+    # (TO, the weights in tile_conv's layout for the input gradient at that TO) where the forward arranged them
+    # (_tile_arrange), else None
+    arranged_dx: object = None
 
 
 @dataclass
@@ -404,6 +421,7 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
         else:
             tile = _tile_forward_plan(*plan_args)
             out = cp.empty((n, o, out_hw[0], out_hw[1]), dtype=x.dtype)
+        arranged_dx = None
         direct = tile is None and _direct(x.shape, w.shape, out_hw, groups, x.dtype.itemsize)
         igemm = tile is None and not direct and _igemm(x.shape, w.shape, out_hw, groups, dilation)
         # x is kept (cols not) where the weight gradient's tiled kernel reads it or no cols matrix is made
@@ -421,7 +439,10 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                        counters, f)
             args = (tile, x, w, b, out, y, x.shape[1:], (x.shape[1] * x.shape[2] * x.shape[3], x.shape[2] * x.shape[3]),
                     pads, False, act)
-            kw = {"lin": lin, "pool_idx": None if pool_saved is None else pool_saved[0]}
+            dx_plan = _tile_dx_plan_for(x.shape, w.shape, stride, dilation, groups, out_hw, x.dtype.itemsize) \
+                if needs[0] else None
+            arranged, arranged_dx = _tile_arrange(w, tile, dx_plan)
+            kw = {"lin": lin, "pool_idx": None if pool_saved is None else pool_saved[0], "arranged": arranged}
             if lin is None:
                 _tile_conv(*args, **kw)
             else:
@@ -458,7 +479,7 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
             launch("conv", "bias_act_fwd", x.dtype, out.size, (y, ptr(b), out, i64(n), i64(o), i64(p), i32(act)))
     saved = Conv2dSaved(tuple(x.shape), w, b, cols if needs[1] and not keep_x else None,
                         y if keep_y else None, stride, pads, dilation, groups, out_hw, activation, needs[:3],
-                        x if keep_x and needs[1] else None, pool_saved)
+                        x if keep_x and needs[1] else None, pool_saved, arranged_dx)
     return (out, saved) if linear is None else (out, saved, logits)
 
 
@@ -595,7 +616,7 @@ def _tile_linear_ok(plan, n, lw):
 
 
 def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, act, into_nchw=None, lin=None,
-               pool_idx=None, wgrad=None, compact=False, ce=None, reduce=None):
+               pool_idx=None, wgrad=None, compact=False, ce=None, reduce=None, arranged=None):
     """Launch tile_conv by `plan` (_tile_plan): `inp` read as [N, C, H, W] with image and channel strides
     in_strides, written to out [N, O, Ho, Wo] (and y [O, N, Ho*Wo] where given); pads = (top, bottom, left, right)
     of the correlation; transposed: the weights read as the input gradient's (flipped, [C][O] swapped).
@@ -610,7 +631,8 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     x [N, 1, H, W], H, W, its top and left padding, partial rows [blocks, O*(KS*KS + 1)]) for tile_conv_wgrad's
     epilogue; with pool_idx and compact too (_unpool_wgrad), for
     tile_conv_unpool_wgrad's, out then None (no g is written); and with reduce (_unpool_wgrad_reduce: dw, db or
-    None, a counter) its last block adds the partial rows into dw and db too."""
+    None, a counter) its last block adds the partial rows into dw and db too. arranged: w in the kernel's
+    shared-memory layout (_tile_arrange, for this plan and direction), read instead of w (which still gives KS)."""
     to, th, threads, blocks, smem, cs = plan
     n, o, ho, wo = out.shape if into_nchw is None else into_nchw
     pool_fwd = pool_idx is not None and into_nchw is None
@@ -639,12 +661,13 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
     wgrad_args = (ptr(None),) + i32s((0, 0, 0, 0)) + (ptr(None),) if wgrad is None else \
         (wgrad[0],) + i32s(wgrad[1:5]) + (wgrad[5],)
     with_smem(get("conv", f"{name}_k{w.shape[3]}_to{to}", inp.dtype), smem)(
-        (blocks,), (threads,), (inp, w, ptr(b), ptr(out), ptr(y)) + i32s(
+        (blocks,), (threads,), (inp, w if arranged is None else arranged, ptr(b), ptr(out), ptr(y)) + i32s(
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
         + (ptr(pool_idx),) + wgrad_args + i32s((_tile_vec_stage(inp, in_chw, in_strides, pads),
-                                                  _tile_weight_run(threads, o, to))) + (ce or ()),
+                                                  0 if arranged is not None else _tile_weight_run(threads, o, to)))
+        + (ce or ()),
         shared_mem=smem)
 
 
@@ -654,6 +677,30 @@ def _tile_weight_run(threads, o, to):
     in groups of `to`) times the run, else 1."""
     slots = _tile_slots(o, to)
     return max(r for r in range(1, max(1, TILE_WEIGHT_RUN) + 1) if threads % (slots * r) == 0 or r == 1)
+
+
+def _tile_arrange(w, fwd, dx):
+    """w [O, C, KS, KS] in tile_conv's shared-memory layouts (TILE_ARRANGE; conv.cu tile_arrange, one launch) for the
+    plans fwd (its forward) and dx (its input gradient), each a plan or None: a layout is made where its blocks
+    would stage at least TILE_ARRANGE_MIN_COPIES elements a thread. Returns (the forward's or None, (the input
+    gradient's TO, its layout) or None)."""
+    o, c, ks, _ = w.shape
+    kk = ks * ks
+
+    def size(plan, channels, taps):   # the layout's elements, [taps*KK][slots], or 0 where none is made
+        if plan is None or not TILE_ARRANGE:
+            return 0
+        elements = taps * kk * _tile_slots(channels, plan[0])
+        return elements if elements >= TILE_ARRANGE_MIN_COPIES * plan[2] else 0
+    nf, nd = size(fwd, o, c), size(dx, c, o)
+    if not nf + nd:
+        return None, None
+    # one buffer: the input gradient's part starts 16-byte aligned (slots are a multiple of 4)
+    buf = cupy().empty(nf + nd, dtype=w.dtype)
+    fa, da = (buf[:nf] if nf else None), (buf[nf:] if nd else None)
+    get("conv", "tile_arrange", w.dtype)((-(-max(nf, nd) // _ARRANGE_THREADS),), (_ARRANGE_THREADS,), (
+        w, ptr(fa), i32(fwd[0] if nf else 4), ptr(da), i32(dx[0] if nd else 4), i32(o), i32(c), i32(kk)))
+    return fa, ((dx[0], da) if nd else None)
 
 
 def _tile_vec_stage(inp, in_chw, in_strides, pads):
@@ -741,15 +788,23 @@ def _into_wgrad(plan, into, ks, dtype):
 
 
 def _tile_dx_plan(saved, g):
-    """tile_conv's plan for the input gradient of `saved` from g, or None where it does not take it:
+    """tile_conv's plan for the input gradient of `saved` from g, or None where it does not take it
+    (_tile_dx_plan_for)."""
+    return _tile_dx_plan_for(saved.x_shape, saved.weight.shape, saved.stride, saved.dilation, saved.groups,
+                             saved.out_hw, g.dtype.itemsize)
+
+
+def _tile_dx_plan_for(x_shape, w_shape, stride, dilation, groups, out_hw, itemsize):
+    """tile_conv's plan for the input gradient of a convolution of x_shape by w_shape (its output out_hw), or None:
     _tile_forward_plan's rules but the taps' on the transposed geometry, 32-bit indices and
     TILE_DX_MIN_THREADS_PER_SM."""
-    n, c, h, wd = saved.x_shape
-    o, _, kh, kw = saved.weight.shape
-    if not _tile_geometry(saved.stride, saved.dilation, saved.groups, saved.weight.shape):
+    n, c, h, wd = x_shape
+    o, _, kh, kw = w_shape
+    if not _tile_geometry(stride, dilation, groups, w_shape):
         return None
-    plan = _tile_plan(n, o, saved.out_hw, c, (h, wd), kh, g.dtype.itemsize)
-    if plan is None or g.size >= _FITS32 or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count():
+    plan = _tile_plan(n, o, out_hw, c, (h, wd), kh, itemsize)
+    if (plan is None or n * o * out_hw[0] * out_hw[1] >= _FITS32
+            or plan[2] * plan[3] < TILE_DX_MIN_THREADS_PER_SM * _sm_count()):
         return None
     return plan
 
@@ -780,16 +835,18 @@ def _tile_dx(g, saved, into=None):
     dx = cupy().empty(shape, dtype=dtype) if unpool_wgrad is None else None
     p = saved.out_hw[0] * saved.out_hw[1]
     pads = saved.pads
+    # the forward's arrangement of the weights for this plan (a knob changed since may have changed its TO)
+    arranged = saved.arranged_dx[1] if saved.arranged_dx is not None and saved.arranged_dx[0] == plan[0] else None
     if into is None:
         _tile_conv(plan, g, saved.weight, None, dx, None, (o,) + tuple(saved.out_hw), (p, n * p),
-                   (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0)
+                   (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, 0, arranged=arranged)
     else:   # y and b are the producer's, read; the output in its g layout (conv.cu, "into")
         act = ACTIVATIONS[into.activation]
         wgrad = _into_wgrad(plan, into, kh, dtype) if unpool_wgrad is None else unpool_wgrad
         _tile_conv(plan, g, saved.weight, into.bias if act else None, dx, into.y if act else None,
                    (o,) + tuple(saved.out_hw), (p, n * p), (kh - 1 - pads[0], 0, kw - 1 - pads[2], 0), True, act,
                    tuple(saved.x_shape), pool_idx=into.pool[0] if pooled else None, wgrad=wgrad,
-                   compact=pooled_plan is not None, reduce=reduce)
+                   compact=pooled_plan is not None, reduce=reduce, arranged=arranged)
         if reduce is not None:   # the producer's weight and bias gradients themselves
             return ProducerGrad(None, wgrad=reduce[:2])
         if pooled_plan is not None:   # the producer needs no g, only its weight and bias gradients' partial rows

@@ -25,6 +25,8 @@
 //            of one input channel that needs no input gradient, tile_conv_unpool_wgrad: its weight and bias
 //            gradients' partial rows from those maxima, no g written, or with a counter the gradients themselves,
 //            the rows added by the block that finishes last).
+//   tile_arrange: a convolution's weights in tile_conv's shared-memory layouts (its forward's and its input
+//            gradient's), so that tile_conv stages them by 16-byte copies.
 //   tile_wgrad: dw and db of the same convolutions into wgrad_reduce's partial rows, persistent blocks walking row
 //            tiles of g and x staged into two buffers (the next tile's copies in flight during this one's products).
 //   pooled_wgrad: dw and db of a convolution whose output a 2x2 max pooling read, from its g at the windows'
@@ -658,7 +660,8 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. vstage (conv.py
 // _tile_vec_stage): the input's rows are staged vstage bytes a copy, 16 or 8 where its strides, the left padding and
 // the row width are multiples of that many bytes' elements, else sizeof(T) (an element a copy); wrun (conv.py
-// _tile_weight_run): the consecutive taps of one weight slot a thread's neighbours stage (below). A block
+// _tile_weight_run): the consecutive taps of one weight slot a thread's neighbours stage (below), or 0 where w is
+// already in the shared layout (tile_arrange's copy, conv.py TILE_ARRANGE), staged 16 bytes a copy. A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
 // where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
@@ -841,6 +844,43 @@ __device__ __forceinline__ int st_unpool_prefetch_bytes(int O, int TH, int Wo, i
     return (O * TH * Wo * (int)sizeof(i64) + (2 * TH + KS - 1) * (2 * Wo + KS - 1) * (int)sizeof(T) + 15) / 16 * 16;
 }
 
+// tile_conv's weights in shared memory, [K][OP]: tap k's channels in groups of TO, each group in TS = TO rounded up
+// to 4 slots (aligned vector loads), OP = groups * TS. The channel slot `slot` holds, or -1 for a zero slot (past TO
+// in its group, or past O); TO is a compile-time constant in tile_conv.
+__device__ __forceinline__ int st_tile_slot_channel(int slot, int TO, int O) {
+    const int TS = (TO + 3) / 4 * 4, o = TS == TO ? slot : slot / TS * TO + slot % TS;
+    return (TS == TO || slot % TS < TO) && o < O ? o : -1;
+}
+// w's element of tap k (of K = C*KK), channel o, in tile_conv's names: w [O][C][KS][KS], or transposed (the input
+// gradient) w [C][O][KS][KS] with the taps flipped
+__device__ __forceinline__ int st_tile_weight_index(int k, int o, int O, int K, int KK, bool transposed) {
+    if (transposed) {
+        const int c = k / KK;   // KK: a compile-time constant in tile_conv
+        return (c * O + o) * KK + (KK - 1 - (k - c * KK));
+    }
+    return o * K + k;
+}
+
+// tile_arrange: a convolution's w [O][C][KS][KS] (KK = KS*KS) in tile_conv's shared-memory layout, so that tile_conv
+// stages it by 16-byte copies (wrun 0) rather than an element a copy (a transpose of w's order): fwd [C*KK][OP] for
+// its forward (TO = fto), dx [O*KK][OP] for its input gradient (TO = dto, the taps flipped). Either may be null.
+template <typename T>
+__device__ void tile_arrange(const T* __restrict__ w, T* __restrict__ fwd, int fto, T* __restrict__ dx, int dto,
+                             int O, int C, int KK) {
+    const int fop = (O + fto - 1) / fto * ((fto + 3) / 4 * 4), dop = (C + dto - 1) / dto * ((dto + 3) / 4 * 4);
+    const int nf = fwd != nullptr ? C * KK * fop : 0, nd = dx != nullptr ? O * KK * dop : 0;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < max(nf, nd); e += gridDim.x * blockDim.x) {
+        if (e < nf) {
+            const int k = e / fop, o = st_tile_slot_channel(e - k * fop, fto, O);
+            fwd[e] = o >= 0 ? w[st_tile_weight_index(k, o, O, C * KK, KK, false)] : T(0);
+        }
+        if (e < nd) {
+            const int k = e / dop, c = st_tile_slot_channel(e - k * dop, dto, C);
+            dx[e] = c >= 0 ? w[st_tile_weight_index(k, c, C, O * KK, KK, true)] : T(0);
+        }
+    }
+}
+
 template <typename T, int KS, int TO, int EPI>
 __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ b,
                           T* __restrict__ out, T* __restrict__ y, int N, int C, int Hi, int Wi, int in_sn, int in_sc,
@@ -875,19 +915,12 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     T* xs = ws + K * OP;                     // [C][RP][WP]: rows r0 - pt .. r0 - pt + RP - 1, columns -pl ..
     // staged by cp.async (common.cuh): the weights in shared memory's order (consecutive threads write consecutive
     // words; their strided reads of w hit L1 after the first), x by rows; coordinates by st_walk3
-    // the output channel a weight slot holds, or -1 for a zero slot (past TO in its group, or past O)
-    auto slot_channel = [&](int slot) {
-        const int o = TS == TO ? slot : slot / TS * TO + slot % TS;
-        return (TS == TO || slot % TS < TO) && o < O ? o : -1;
-    };
-    auto weight_index = [&](int k, int o) {   // w's element of tap k, channel o
-        if (transposed) {   // w [C][O][KS][KS] in this kernel's names, the taps flipped
-            const int c = k / KK;   // KK: a compile-time constant
-            return (c * O + o) * KK + (KK - 1 - (k - c * KK));
-        }
-        return o * K + k;
-    };
-    if (blockDim.x % (OP * wrun) == 0) {
+    auto slot_channel = [&](int slot) { return st_tile_slot_channel(slot, TO, O); };
+    auto weight_index = [&](int k, int o) { return st_tile_weight_index(k, o, O, K, KK, transposed); };
+    if (wrun == 0) {   // w arranged in this layout already (tile_arrange; 16-byte aligned): 16-byte copies
+        constexpr int V = 16 / sizeof(T);   // (K * OP is a multiple of 4)
+        for (int e = threadIdx.x; e < K * OP / V; e += blockDim.x) st_async_copy_vec<16>(ws + e * V, w + e * V, true);
+    } else if (blockDim.x % (OP * wrun) == 0) {
         // a thread's slot is the same in every copy, only the tap advances: no carries or slot arithmetic per copy
         // (the general walk's ~36 instructions a copy were 11% of LeNet-5 b512's input-gradient kernel; ncu, H100:
         // 36.7 -> 35.2 us, the second layer's forward 14.3 -> 13.0). Consecutive threads take runs of wrun
@@ -1596,8 +1629,9 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
 #define ST_TILE_ARGS                                                                                               \
     in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS, transposed, into, act, lw, lb, lout,  \
         lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, wpart, vstage, wrun
-#define ST_TILE_ONE(T, S, KS, TO, NAME, EPI)                                                                       \
-    extern "C" __global__ void NAME##_k##KS##_to##TO##_##S(ST_TILE_PARAMS(T)) {                                    \
+// BOUND: the instance's register bound (__maxnreg__), or nothing
+#define ST_TILE_ONE(T, S, KS, TO, NAME, EPI, BOUND)                                                                \
+    extern "C" __global__ void BOUND NAME##_k##KS##_to##TO##_##S(ST_TILE_PARAMS(T)) {                              \
         ST_GRID_WAIT();                                                                                            \
         tile_conv<T, KS, TO, EPI>(ST_TILE_ARGS);                                                                   \
     }
@@ -1623,12 +1657,32 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
             ST_TILE_ARGS,                                                                                          \
             CeArgs<T>{target, cw, grad, ignore_index, ls, bad, partial, counter, mean, loss, wsum, unit});         \
     }
+#define ST_TILE_ARRANGE(T, S)                                                                                      \
+    extern "C" __global__ void tile_arrange_##S(const T* w, T* fwd, int fto, T* dx, int dto, int O, int C, int KK) { \
+        ST_GRID_WAIT();                                                                                            \
+        tile_arrange<T>(w, fwd, fto, dx, dto, O, C, KK);                                                           \
+    }
+// tile_conv_pool's float32 5x5 4-channel kernel (LeNet-5's second layer) is held to 64 registers a thread: at b512
+// its 512 blocks of 240 threads fit 4 an SM (one wave on 132 SMs) only at 64 or fewer. The compiler gave it 56 until
+// the arranged weights' branch (wrun 0) came, then 70 (NVRTC 13.2, sm_90). (ST_TILE_POOL_BOUND_<S>_<KS>_<TO>: each
+// instance's bound, the others left to the compiler.)
+#define ST_TILE_POOL_BOUND_f32_3_4
+#define ST_TILE_POOL_BOUND_f32_3_8
+#define ST_TILE_POOL_BOUND_f32_5_4 __maxnreg__(64)
+#define ST_TILE_POOL_BOUND_f32_5_6
+#define ST_TILE_POOL_BOUND_f32_5_8
+#define ST_TILE_POOL_BOUND_f64_3_4
+#define ST_TILE_POOL_BOUND_f64_3_8
+#define ST_TILE_POOL_BOUND_f64_5_4
+#define ST_TILE_POOL_BOUND_f64_5_6
+#define ST_TILE_POOL_BOUND_f64_5_8
 #define ST_TILE(T, S, KS, TO)                                                                                      \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN, ) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR, )  \
     ST_TILE_LIN_CE(T, S, KS, TO)                                                                                   \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL) ST_TILE_ONE(T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD) \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool, ST_EPI_UNPOOL)                                                     \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool_wgrad, ST_EPI_UNPOOL_WGRAD)
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL, ST_TILE_POOL_BOUND_##S##_##KS##_##TO)                   \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD, )                                                     \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool, ST_EPI_UNPOOL, )                                                   \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool_wgrad, ST_EPI_UNPOOL_WGRAD, )
 
 // tile_wgrad's blocks have at most ST_TILE_WG_THREADS threads (conv.py _TILE_WG_THREADS); in float32 the compiler
 // keeps three such blocks' registers on an SM (MnistCnn's second layer at batch 64: 384 blocks in one wave on 132
@@ -1687,6 +1741,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     }                                                                                                              \
     ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8) ST_DIRECT_DX(T, S, 2) ST_DIRECT_DX(T, S, 8)                              \
     ST_IGEMM(T, S, 16) ST_IGEMM(T, S, 32)                                                                          \
+    ST_TILE_ARRANGE(T, S)                                                                                          \
     ST_TILE(T, S, 3, 4) ST_TILE(T, S, 3, 8) ST_TILE(T, S, 5, 4) ST_TILE(T, S, 5, 6) ST_TILE(T, S, 5, 8)          \
     ST_TILE_WGRAD(T, S, 3, 4) ST_TILE_WGRAD(T, S, 3, 8) ST_TILE_WGRAD(T, S, 5, 4) ST_TILE_WGRAD(T, S, 5, 8)      \
     ST_IGEMM_WGRAD(T, S, 32, 64, 4, 4) ST_IGEMM_WGRAD(T, S, 16, 128, 4, 4) ST_IGEMM_WGRAD(T, S, 8, 32, 2, 2)       \
@@ -1703,5 +1758,6 @@ ST_INSTANTIATE(ST_CONV)
 #undef ST_DIRECT
 #undef ST_DIRECT_DX
 #undef ST_TILE
+#undef ST_TILE_ARRANGE
 #undef ST_TILE_WGRAD
 #undef ST_POOLED_WGRAD
