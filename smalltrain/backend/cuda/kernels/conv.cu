@@ -845,8 +845,9 @@ __device__ __forceinline__ int st_unpool_prefetch_bytes(int O, int TH, int Wo, i
 }
 
 // tile_conv's weights in shared memory, [K][OP]: tap k's channels in groups of TO, each group in TS = TO rounded up
-// to 4 slots (aligned vector loads), OP = groups * TS. The channel slot `slot` holds, or -1 for a zero slot (past TO
-// in its group, or past O); TO is a compile-time constant in tile_conv.
+// to 4 slots (aligned vector loads), OP = groups * TS (st_tile_slots). The channel slot `slot` holds, or -1 for a
+// zero slot (past TO in its group, or past O); TO is a compile-time constant in tile_conv.
+__device__ __forceinline__ int st_tile_slots(int O, int TO) { return (O + TO - 1) / TO * ((TO + 3) / 4 * 4); }
 __device__ __forceinline__ int st_tile_slot_channel(int slot, int TO, int O) {
     const int TS = (TO + 3) / 4 * 4, o = TS == TO ? slot : slot / TS * TO + slot % TS;
     return (TS == TO || slot % TS < TO) && o < O ? o : -1;
@@ -867,7 +868,7 @@ __device__ __forceinline__ int st_tile_weight_index(int k, int o, int O, int K, 
 template <typename T>
 __device__ void tile_arrange(const T* __restrict__ w, T* __restrict__ fwd, int fto, T* __restrict__ dx, int dto,
                              int O, int C, int KK) {
-    const int fop = (O + fto - 1) / fto * ((fto + 3) / 4 * 4), dop = (C + dto - 1) / dto * ((dto + 3) / 4 * 4);
+    const int fop = st_tile_slots(O, fto), dop = st_tile_slots(C, dto);
     const int nf = fwd != nullptr ? C * KK * fop : 0, nd = dx != nullptr ? O * KK * dop : 0;
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < max(nf, nd); e += gridDim.x * blockDim.x) {
         if (e < nf) {
