@@ -234,7 +234,7 @@ def test_tile_conv(case, dtype, plan, rng, record_kernels, monkeypatch):
     out, saved = ops.conv2d_forward(g(x), g(w), None if b is None else g(b), 1, padding, 1, 1, activation)
     # (and tile_arrange first where TILE_ARRANGE makes the weights' layouts)
     assert [n for n in launched if n.startswith("tile_conv")] == [n for n in launched if n != "tile_arrange"], launched
-    to = int([n for n in launched if n != "tile_arrange"][0].split("_to")[1])
+    to = int([n for n in launched if n != "tile_arrange"][0].split("_to")[1].split("_")[0])   # (an _arr suffix)
     assert plan not in ("4 channels", "8 channels") or to == int(plan[0])
 
     def six(channels):   # the channel counts TILE_TO6 takes: 6 per thread, none dead where 4 would leave some
@@ -253,7 +253,7 @@ def test_tile_conv(case, dtype, plan, rng, record_kernels, monkeypatch):
     dx_plan = conv_kernels._tile_plan(shape[0], o, saved.out_hw, shape[1], shape[2:], ks, np.dtype(dtype).itemsize)
     assert dx_plan is not None or dtype == np.float64
     assert sum(n.startswith("tile_conv") for n in launched) == (dx_plan is not None), launched
-    assert dx_plan is None or ("tile_conv_k5_to6" in launched) == six(shape[1]), launched
+    assert dx_plan is None or any(n.startswith("tile_conv_k5_to6") for n in launched) == six(shape[1]), launched
     rdx, rdw, rdb = ref.conv2d_grads(x, w, ref.act_grad(dout, pre, activation), *geom)
     assert_close(dx, rdx, tol, name="dx")
     assert_close(dw, rdw, tol, name="dw")

@@ -27,15 +27,16 @@ def test_a_knob_that_changes_one_plan_reports_that_plan():
     # TILE_ARRANGE_MIN_COPIES a thread), conv2 with the linear layer, the loss, the linear layer's backward, conv2's
     # weight gradient and its reduction, conv2's input gradient with conv1's weight gradient and its reduction, SGD
     arranged = conv_kernels.TILE_ARRANGE and conv_kernels.TILE_ARRANGE_MIN_COPIES <= 4608 // 280
+    arr = "_arr" if arranged else ""   # (the instances that stage the arranged copies)
     names = ["direct_fwd_ob8_f32"] + ["tile_arrange_f32"] * arranged + [
-        "tile_conv_lin_k3_to4_f32", "cross_entropy_fwd_reduce_f32", "wide_bwd_f32", "tile_wgrad_k3_to8_f32",
-        "wgrad_reduce_f32", "tile_conv_wgrad_k3_to4_f32", "wgrad_reduce_f32", "sgd_step_f32"]
+        f"tile_conv_lin_k3_to4{arr}_f32", "cross_entropy_fwd_reduce_f32", "wide_bwd_f32", "tile_wgrad_k3_to8_f32",
+        "wgrad_reduce_f32", f"tile_conv_wgrad_k3_to4{arr}_f32", "wgrad_reduce_f32", "sgd_step_f32"]
     assert base[0] == f"cnn:64 eager: {len(names)} launches under the defaults"
     assert [line.split()[0] for line in base[1:]] == names
     # its input gradient: 448 blocks of 4 rows (the 17th scalar argument) in 2 channel splits, 224 threads, g's
     # 24-wide rows staged 8 bytes a copy, the weights by runs of taps or arranged (0) (the last two; 16 slots a tap)
-    conv = ("tile_conv_wgrad_k3_to4_f32 grid [{}] block [{}] smem {} args (* * * * * 64 32 24 24 576 36864 16 26 26 "
-            "2 2 {} 2 1 1 1 0 0 0 0 0 0 0 * 28 28 0 0 * 8 {run})")
+    conv = ("tile_conv_wgrad_k3_to4" + arr + "_f32 grid [{}] block [{}] smem {} args (* * * * * 64 32 24 24 576 36864 "
+            "16 26 26 2 2 {} 2 1 1 1 0 0 0 0 0 0 0 * 28 28 0 0 * 8 {run})")
     runs = {threads: 0 if arranged else conv_kernels._tile_weight_run(threads, 16, 4) for threads in (224, 280)}
     assert conv.format(448, 224, 43008, 4, run=runs[224]) in base
     changed = [line for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("---", "+++"))]

@@ -125,8 +125,9 @@ TILE_WEIGHT_RUN = 4
 # / 112.0 / 112.0 against 123.6 / 117.1 / 117.5, MnistCnn b64 91.5 / 91.5 / 91.6 against 98.1 / 97.3 / 97.0. The
 # captured step with this against the tree before it (014af2d; H100, same session, three rounds): MnistCnn 95.5 /
 # 95.6 / 95.6 against 97.9 / 97.9 / 97.7, LeNet-5 b512 120.4 / 120.6 / 120.4 against 120.8 / 120.6 / 120.4, b64
-# 58.4 / 58.5 / 58.5 against 57.4 / 57.4 / 57.4. b64's layers stay under the threshold: its loss is the kernels'
-# code (tile_conv_pool_k5_to4 took 70 registers with the arranged branch, held to 64 since: conv.cu)
+# 58.4 / 58.5 / 58.5 against 57.4 / 57.4 / 57.4. b64's layers stay under the threshold: its loss was the kernels'
+# code (a runtime branch for the arranged copies took tile_conv_pool_k5_to4 from 56 registers to 70, held to 64
+# with a spill); the arranged copies are now instances of their own (..._arr, conv.cu), the others as before them
 TILE_ARRANGE = True
 TILE_ARRANGE_MIN_COPIES = 8
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
@@ -660,7 +661,8 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
         smem = max(smem, _wgrad_epilogue_smem(plan, w.shape[3], inp.dtype.itemsize))
     wgrad_args = (ptr(None),) + i32s((0, 0, 0, 0)) + (ptr(None),) if wgrad is None else \
         (wgrad[0],) + i32s(wgrad[1:5]) + (wgrad[5],)
-    with_smem(get("conv", f"{name}_k{w.shape[3]}_to{to}", inp.dtype), smem)(
+    arr = "" if arranged is None else "_arr"   # (the instance that stages the arranged copy)
+    with_smem(get("conv", f"{name}_k{w.shape[3]}_to{to}{arr}", inp.dtype), smem)(
         (blocks,), (threads,), (inp, w if arranged is None else arranged, ptr(b), ptr(out), ptr(y)) + i32s(
             (n,) + tuple(in_chw) + tuple(in_strides) + (o, ho, wo, pads[0], pads[2], th, cs, int(transposed),
                                                         (2 if compact else 1) if into_nchw is not None else 0,

@@ -661,7 +661,8 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // _tile_vec_stage): the input's rows are staged vstage bytes a copy, 16 or 8 where its strides, the left padding and
 // the row width are multiples of that many bytes' elements, else sizeof(T) (an element a copy); wrun (conv.py
 // _tile_weight_run): the consecutive taps of one weight slot a thread's neighbours stage (below), or 0 where w is
-// already in the shared layout (tile_arrange's copy, conv.py TILE_ARRANGE), staged 16 bytes a copy. A block
+// already in the shared layout (tile_arrange's copy, conv.py TILE_ARRANGE; the ARR instances), staged 16 bytes a
+// copy. A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
 // where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
@@ -882,7 +883,7 @@ __device__ void tile_arrange(const T* __restrict__ w, T* __restrict__ fwd, int f
     }
 }
 
-template <typename T, int KS, int TO, int EPI>
+template <typename T, int KS, int TO, int EPI, bool ARR>
 __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ b,
                           T* __restrict__ out, T* __restrict__ y, int N, int C, int Hi, int Wi, int in_sn, int in_sc,
                           int O, int Ho, int Wo, int pt, int pl, int TH, int CS, int transposed, int into,
@@ -918,7 +919,7 @@ __device__ void tile_conv(const T* __restrict__ in, const T* __restrict__ w, con
     // words; their strided reads of w hit L1 after the first), x by rows; coordinates by st_walk3
     auto slot_channel = [&](int slot) { return st_tile_slot_channel(slot, TO, O); };
     auto weight_index = [&](int k, int o) { return st_tile_weight_index(k, o, O, K, KK, transposed); };
-    if (wrun == 0) {   // w arranged in this layout already (tile_arrange; 16-byte aligned): 16-byte copies
+    if constexpr (ARR) {   // w arranged in this layout already (tile_arrange; 16-byte aligned): 16-byte copies
         constexpr int V = 16 / sizeof(T);   // (K * OP is a multiple of 4)
         for (int e = threadIdx.x; e < K * OP / V; e += blockDim.x) st_async_copy_vec<16>(ws + e * V, w + e * V, true);
     } else if (blockDim.x % (OP * wrun) == 0) {
@@ -1630,11 +1631,17 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
 #define ST_TILE_ARGS                                                                                               \
     in, w, b, out, y, N, C, Hi, Wi, in_sn, in_sc, O, Ho, Wo, pt, pl, TH, CS, transposed, into, act, lw, lb, lout,  \
         lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, wpart, vstage, wrun
-// BOUND: the instance's register bound (__maxnreg__), or nothing
-#define ST_TILE_ONE(T, S, KS, TO, NAME, EPI, BOUND)                                                                \
-    extern "C" __global__ void BOUND NAME##_k##KS##_to##TO##_##S(ST_TILE_PARAMS(T)) {                              \
+// Each in two instances: NAME_kKS_toTO (tile_conv stages w itself) and NAME_kKS_toTO_arr (ARR: w arranged by
+// tile_arrange), so that the arranged copies' code does not change the other kernels' (a runtime branch took
+// tile_conv_pool_k5_to4_f32 from 56 registers to 70)
+#define ST_TILE_ONE(T, S, KS, TO, NAME, EPI)                                                                       \
+    extern "C" __global__ void NAME##_k##KS##_to##TO##_##S(ST_TILE_PARAMS(T)) {                                    \
         ST_GRID_WAIT();                                                                                            \
-        tile_conv<T, KS, TO, EPI>(ST_TILE_ARGS);                                                                   \
+        tile_conv<T, KS, TO, EPI, false>(ST_TILE_ARGS);                                                            \
+    }                                                                                                              \
+    extern "C" __global__ void NAME##_k##KS##_to##TO##_arr_##S(ST_TILE_PARAMS(T)) {                                \
+        ST_GRID_WAIT();                                                                                            \
+        tile_conv<T, KS, TO, EPI, true>(ST_TILE_ARGS);                                                             \
     }
 // tile_conv_lin_ce: tile_conv_lin with the cross-entropy of its logits after it (CeArgs), its arguments in
 // cross_entropy_fwd_reduce's order. Its float32 4-channel kernels are held to 96 registers a thread: 3 blocks of 192
@@ -1648,42 +1655,29 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
 #define ST_TILE_LIN_CE_BOUND_f64_4
 #define ST_TILE_LIN_CE_BOUND_f64_6
 #define ST_TILE_LIN_CE_BOUND_f64_8
-#define ST_TILE_LIN_CE(T, S, KS, TO)                                                                               \
+#define ST_TILE_LIN_CE_ONE(T, S, KS, TO, SUFFIX, ARR)                                                              \
     extern "C" __global__ void ST_TILE_LIN_CE_BOUND_##S##_##TO                                                     \
-    tile_conv_lin_ce_k##KS##_to##TO##_##S(                                                                         \
+    tile_conv_lin_ce_k##KS##_to##TO##SUFFIX##_##S(                                                                 \
         ST_TILE_PARAMS(T), const i64* target, const T* cw, T* grad, i64 ignore_index, T ls, int* bad, T* partial,  \
         unsigned* counter, int mean, T* loss, T* wsum, T* unit) {                                                  \
         ST_GRID_WAIT();                                                                                            \
-        tile_conv<T, KS, TO, ST_EPI_LINEAR>(                                                                       \
+        tile_conv<T, KS, TO, ST_EPI_LINEAR, ARR>(                                                                  \
             ST_TILE_ARGS,                                                                                          \
             CeArgs<T>{target, cw, grad, ignore_index, ls, bad, partial, counter, mean, loss, wsum, unit});         \
     }
+#define ST_TILE_LIN_CE(T, S, KS, TO)                                                                               \
+    ST_TILE_LIN_CE_ONE(T, S, KS, TO, , false) ST_TILE_LIN_CE_ONE(T, S, KS, TO, _arr, true)
 #define ST_TILE_ARRANGE(T, S)                                                                                      \
     extern "C" __global__ void tile_arrange_##S(const T* w, T* fwd, int fto, T* dx, int dto, int O, int C, int KK) { \
         ST_GRID_WAIT();                                                                                            \
         tile_arrange<T>(w, fwd, fto, dx, dto, O, C, KK);                                                           \
     }
-// tile_conv_pool's float32 5x5 4-channel kernel (LeNet-5's second layer) is held to 64 registers a thread: at b512
-// its 512 blocks of 240 threads fit 4 an SM (one wave on 132 SMs) only at 64 or fewer. The compiler gave it 56 until
-// the arranged weights' branch (wrun 0) came, then 70 (NVRTC 13.2, sm_90). (ST_TILE_POOL_BOUND_<S>_<KS>_<TO>: each
-// instance's bound, the others left to the compiler.)
-#define ST_TILE_POOL_BOUND_f32_3_4
-#define ST_TILE_POOL_BOUND_f32_3_8
-#define ST_TILE_POOL_BOUND_f32_5_4 __maxnreg__(64)
-#define ST_TILE_POOL_BOUND_f32_5_6
-#define ST_TILE_POOL_BOUND_f32_5_8
-#define ST_TILE_POOL_BOUND_f64_3_4
-#define ST_TILE_POOL_BOUND_f64_3_8
-#define ST_TILE_POOL_BOUND_f64_5_4
-#define ST_TILE_POOL_BOUND_f64_5_6
-#define ST_TILE_POOL_BOUND_f64_5_8
 #define ST_TILE(T, S, KS, TO)                                                                                      \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN, ) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR, )  \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
     ST_TILE_LIN_CE(T, S, KS, TO)                                                                                   \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL, ST_TILE_POOL_BOUND_##S##_##KS##_##TO)                   \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD, )                                                     \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool, ST_EPI_UNPOOL, )                                                   \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool_wgrad, ST_EPI_UNPOOL_WGRAD, )
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL) ST_TILE_ONE(T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD) \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool, ST_EPI_UNPOOL)                                                     \
+    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool_wgrad, ST_EPI_UNPOOL_WGRAD)
 
 // tile_wgrad's blocks have at most ST_TILE_WG_THREADS threads (conv.py _TILE_WG_THREADS); in float32 the compiler
 // keeps three such blocks' registers on an SM (MnistCnn's second layer at batch 64: 384 blocks in one wave on 132
@@ -1759,6 +1753,9 @@ ST_INSTANTIATE(ST_CONV)
 #undef ST_DIRECT
 #undef ST_DIRECT_DX
 #undef ST_TILE
+#undef ST_TILE_ONE
+#undef ST_TILE_LIN_CE
+#undef ST_TILE_LIN_CE_ONE
 #undef ST_TILE_ARRANGE
 #undef ST_TILE_WGRAD
 #undef ST_POOLED_WGRAD
