@@ -34,10 +34,11 @@ def test_a_knob_that_changes_one_plan_reports_that_plan():
     assert base[0] == f"cnn:64 eager: {len(names)} launches under the defaults"
     assert [line.split()[0] for line in base[1:]] == names
     # its input gradient: 448 blocks of 4 rows (the 17th scalar argument) in 2 channel splits, 224 threads, g's
-    # 24-wide rows staged 8 bytes a copy, the weights by runs of taps or arranged (0) (the last two; 16 slots a tap)
+    # 24-wide rows staged 8 bytes a copy, the weights by runs of taps (the last two; 16 slots a tap; the _arr
+    # instances ignore the run)
     conv = ("tile_conv_wgrad_k3_to4" + arr + "_f32 grid [{}] block [{}] smem {} args (* * * * * 64 32 24 24 576 36864 "
             "16 26 26 2 2 {} 2 1 1 1 0 0 0 0 0 0 0 * 28 28 0 0 * 8 {run})")
-    runs = {threads: 0 if arranged else conv_kernels._tile_weight_run(threads, 16, 4) for threads in (224, 280)}
+    runs = {threads: conv_kernels._tile_weight_run(threads, 16, 4) for threads in (224, 280)}
     assert conv.format(448, 224, 43008, 4, run=runs[224]) in base
     changed = [line for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("---", "+++"))]
     assert changed == ["-" + conv.format(448, 224, 43008, 4, run=runs[224]), "-wgrad_reduce_f32 grid [5] block [896] "

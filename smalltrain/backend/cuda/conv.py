@@ -440,9 +440,11 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                        counters, f)
             args = (tile, x, w, b, out, y, x.shape[1:], (x.shape[1] * x.shape[2] * x.shape[3], x.shape[2] * x.shape[3]),
                     pads, False, act)
-            dx_plan = _tile_dx_plan_for(x.shape, w.shape, stride, dilation, groups, out_hw, x.dtype.itemsize) \
-                if needs[0] else None
-            arranged, arranged_dx = _tile_arrange(w, tile, dx_plan)
+            arranged, arranged_dx = None, None
+            if TILE_ARRANGE:
+                dx_plan = _tile_dx_plan_for(x.shape, w.shape, stride, dilation, groups, out_hw, x.dtype.itemsize) \
+                    if needs[0] else None
+                arranged, arranged_dx = _tile_arrange(w, tile, dx_plan)
             kw = {"lin": lin, "pool_idx": None if pool_saved is None else pool_saved[0], "arranged": arranged}
             if lin is None:
                 _tile_conv(*args, **kw)
@@ -668,8 +670,7 @@ def _tile_conv(plan, inp, w, b, out, y, in_chw, in_strides, pads, transposed, ac
                                                         (2 if compact else 1) if into_nchw is not None else 0,
                                                         act)) + lin_args
         + (ptr(pool_idx),) + wgrad_args + i32s((_tile_vec_stage(inp, in_chw, in_strides, pads),
-                                                  0 if arranged is not None else _tile_weight_run(threads, o, to)))
-        + (ce or ()),
+                                                  _tile_weight_run(threads, o, to))) + (ce or ()),
         shared_mem=smem)
 
 
@@ -682,15 +683,15 @@ def _tile_weight_run(threads, o, to):
 
 
 def _tile_arrange(w, fwd, dx):
-    """w [O, C, KS, KS] in tile_conv's shared-memory layouts (TILE_ARRANGE; conv.cu tile_arrange, one launch) for the
-    plans fwd (its forward) and dx (its input gradient), each a plan or None: a layout is made where its blocks
-    would stage at least TILE_ARRANGE_MIN_COPIES elements a thread. Returns (the forward's or None, (the input
-    gradient's TO, its layout) or None)."""
+    """w [O, C, KS, KS] in tile_conv's shared-memory layouts (TILE_ARRANGE, which the caller checks; conv.cu
+    tile_arrange, one launch) for the plans fwd (its forward) and dx (its input gradient), each a plan or None: a
+    layout is made where its blocks would stage at least TILE_ARRANGE_MIN_COPIES elements a thread. Returns (the
+    forward's or None, (the input gradient's TO, its layout) or None)."""
     o, c, ks, _ = w.shape
     kk = ks * ks
 
     def size(plan, channels, taps):   # the layout's elements, [taps*KK][slots], or 0 where none is made
-        if plan is None or not TILE_ARRANGE:
+        if plan is None:
             return 0
         elements = taps * kk * _tile_slots(channels, plan[0])
         return elements if elements >= TILE_ARRANGE_MIN_COPIES * plan[2] else 0

@@ -660,8 +660,8 @@ __device__ void igemm_fwd(const T* __restrict__ x, const T* __restrict__ w, cons
 // elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. vstage (conv.py
 // _tile_vec_stage): the input's rows are staged vstage bytes a copy, 16 or 8 where its strides, the left padding and
 // the row width are multiples of that many bytes' elements, else sizeof(T) (an element a copy); wrun (conv.py
-// _tile_weight_run): the consecutive taps of one weight slot a thread's neighbours stage (below), or 0 where w is
-// already in the shared layout (tile_arrange's copy, conv.py TILE_ARRANGE; the ARR instances), staged 16 bytes a
+// _tile_weight_run): the consecutive taps of one weight slot a thread's neighbours stage (below); the ARR instances
+// ignore it: their w is already in the shared layout (tile_arrange's copy, conv.py TILE_ARRANGE), staged 16 bytes a
 // copy. A block
 // takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
 // consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
@@ -864,8 +864,9 @@ __device__ __forceinline__ int st_tile_weight_index(int k, int o, int O, int K, 
 }
 
 // tile_arrange: a convolution's w [O][C][KS][KS] (KK = KS*KS) in tile_conv's shared-memory layout, so that tile_conv
-// stages it by 16-byte copies (wrun 0) rather than an element a copy (a transpose of w's order): fwd [C*KK][OP] for
-// its forward (TO = fto), dx [O*KK][OP] for its input gradient (TO = dto, the taps flipped). Either may be null.
+// stages it by 16-byte copies (its ARR instances) rather than an element a copy (a transpose of w's order):
+// fwd [C*KK][OP] for its forward (TO = fto), dx [O*KK][OP] for its input gradient (TO = dto, the taps flipped).
+// Either may be null.
 template <typename T>
 __device__ void tile_arrange(const T* __restrict__ w, T* __restrict__ fwd, int fto, T* __restrict__ dx, int dto,
                              int O, int C, int KK) {
