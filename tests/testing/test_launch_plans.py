@@ -13,6 +13,7 @@ from smalltrain.testing import cuda_emulator
 if not cuda_emulator.available():
     pytest.skip("no g++ to compile kernels for the emulator", allow_module_level=True)
 
+SMS = cuda_emulator.H200_ATTRIBUTES["MultiProcessorCount"]   # the emulator's device (this process has none)
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "launch_plans.py")
 
 
@@ -23,10 +24,13 @@ def test_a_knob_that_changes_one_plan_reports_that_plan():
     assert run.returncode == 0, run.stderr
     head, _, diff = run.stdout.partition("\nunder ")
     base = head.splitlines()
-    # conv1 forward, conv2's weights arranged for its kernels (TILE_ARRANGE: both layouts are over
-    # TILE_ARRANGE_MIN_COPIES a thread), conv2 with the linear layer, the loss, the linear layer's backward, conv2's
-    # weight gradient and its reduction, conv2's input gradient with conv1's weight gradient and its reduction, SGD
-    arranged = conv_kernels.TILE_ARRANGE and conv_kernels.TILE_ARRANGE_MIN_COPIES <= 4608 // 280
+    # conv1 forward, conv2's weights arranged for its kernels (TILE_ARRANGE, where the layouts pay: 4608 elements
+    # each, the forward's 384 blocks of 192 threads, the input gradient's 448 of 224 or, under the knob, 384 of 280),
+    # conv2 with the linear layer, the loss, the linear layer's backward, conv2's weight gradient and its reduction,
+    # conv2's input gradient with conv1's weight gradient and its reduction, SGD
+    arranged = conv_kernels.TILE_ARRANGE and conv_kernels._tile_arranges(4608, 192, 384, SMS)
+    assert conv_kernels._tile_arranges(4608, 224, 448, SMS) == conv_kernels._tile_arranges(4608, 280, 384, SMS) \
+        == arranged
     arr = "_arr" if arranged else ""   # (the instances that stage the arranged copies)
     names = ["direct_fwd_ob8_f32"] + ["tile_arrange_f32"] * arranged + [
         f"tile_conv_lin_k3_to4{arr}_f32", "cross_entropy_fwd_reduce_f32", "wide_bwd_f32", "tile_wgrad_k3_to8_f32",
@@ -51,7 +55,7 @@ def test_a_knob_that_changes_nothing_says_so():
                           "smalltrain.backend.cuda.conv._TILE_WG_GRID=None"], capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr
-    launches = 9 + (conv_kernels.TILE_ARRANGE and conv_kernels.TILE_ARRANGE_MIN_COPIES <= 4608 // 224)
+    launches = 9 + (conv_kernels.TILE_ARRANGE and conv_kernels._tile_arranges(4608, 192, 384, SMS))
     assert run.stdout.rstrip().endswith(f"under smalltrain.backend.cuda.conv._TILE_WG_GRID=None: {launches} "
                                         "launches, the same plans")
 

@@ -117,19 +117,24 @@ TILE_VEC_STAGE_8 = True
 # copies' count, not their sectors, is what they cost (the thirty-fifth session's source page: the MIO queue)
 TILE_WEIGHT_RUN = 4
 # ... unless its weights are arranged in that layout beforehand (TILE_ARRANGE): then a block stages them by 16-byte
-# copies, a quarter of the copies. A convolution's forward then launches tile_arrange first (one small kernel,
-# conv.cu), which writes the layout of its forward and that of its input gradient from the weights as they are at
-# that moment (what its backward uses too), where a block would stage at least TILE_ARRANGE_MIN_COPIES elements a
-# thread. A probe that zeroed the staged weights by 16-byte stores instead of copying them (H200, thirty-sixth
-# session, three rounds) bounds the gain: LeNet-5 b64 55.6 / 54.9 / 54.9 us against 57.5 / 56.7 / 57.3, b512 118.2
-# / 112.0 / 112.0 against 123.6 / 117.1 / 117.5, MnistCnn b64 91.5 / 91.5 / 91.6 against 98.1 / 97.3 / 97.0. The
-# captured step with this against the tree before it (014af2d; H100, same session, three rounds): MnistCnn 95.5 /
-# 95.6 / 95.6 against 97.9 / 97.9 / 97.7, LeNet-5 b512 120.4 / 120.6 / 120.4 against 120.8 / 120.6 / 120.4, b64
-# 58.4 / 58.5 / 58.5 against 57.4 / 57.4 / 57.4. b64's layers stay under the threshold: its loss was the kernels'
-# code (a runtime branch for the arranged copies took tile_conv_pool_k5_to4 from 56 registers to 70, held to 64
-# with a spill); the arranged copies are now instances of their own (..._arr, conv.cu), the others as before them
+# copies, a quarter of the copies. A convolution's forward then launches tile_arrange first (one small kernel, conv.cu),
+# which writes the layout of its forward and that of its input gradient from the weights as they are at that moment
+# (what its backward uses too), where the copies it saves reach TILE_ARRANGE_MIN_COPIES (below). A probe that zeroed the
+# staged weights by 16-byte stores instead of copying them (H200, thirty-sixth session, three rounds) bounds the gain:
+# LeNet-5 b64 55.6 / 54.9 / 54.9 us against 57.5 / 56.7 / 57.3, b512 118.2 / 112.0 / 112.0 against 123.6 / 117.1 /
+# 117.5, MnistCnn b64 91.5 / 91.5 / 91.6 against 98.1 / 97.3 / 97.0. The captured step with this against the tree before
+# it (014af2d; H100, same session, three rounds): MnistCnn 95.5 / 95.6 / 95.6 against 97.9 / 97.9 / 97.7, LeNet-5 b512
+# 120.4 / 120.6 / 120.4 against 120.8 / 120.6 / 120.4, b64 58.4 / 58.5 / 58.5 against 57.4 / 57.4 / 57.4. The arranged
+# copies are instances of their own (..._arr, conv.cu: a runtime branch took tile_conv_pool_k5_to4 from 56 registers to
+# 70), which changed none of that (thirty-seventh session, H100, three rounds, against 014af2d: MnistCnn 94.2 / 94.3 /
+# 94.1 against 97.0 / 96.9 / 96.9, b512 118.3 / 118.4 / 118.5 against 119.5 / 119.4 / 119.4, b64 58.3 ×3 against
+# 56.9-57.0). b64's loss is the launch itself: its second layer is arranged too (12.5 elements a thread, over the first
+# threshold of 8), but its 64 blocks are one an SM, while b512's 512 are four: the saving is per block, the launch once.
+# So the threshold counts the copies a thread saves times the blocks an SM runs (_tile_arranges): b64's second layer
+# 12.5 x 1, b512's 12.5 x 4, MnistCnn's forward 24 x 3 and input gradient 20.6 x 4. b64 then (same session, H100,
+# three rounds): 57.9 / 57.0 / 57.6 against 58.5 / 58.6 / 58.6 with the threshold a thread's copies alone
 TILE_ARRANGE = True
-TILE_ARRANGE_MIN_COPIES = 8
+TILE_ARRANGE_MIN_COPIES = 16
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
 # first layer, 9 taps: 10.8 us against 5.5 by direct_fwd) and input gradients of fewer than
 # TILE_DX_MIN_THREADS_PER_SM threads per SM (LeNet-5's second layer at batch 64, 35: its backward 29.2 us against
@@ -682,11 +687,18 @@ def _tile_weight_run(threads, o, to):
     return max(r for r in range(1, max(1, TILE_WEIGHT_RUN) + 1) if threads % (slots * r) == 0 or r == 1)
 
 
+def _tile_arranges(elements, threads, blocks, sms=None):
+    """Whether a layout of `elements` staged by `blocks` blocks of `threads` threads is worth tile_arrange's launch:
+    the copies a thread saves, times the blocks an SM runs one after another or side by side (they share its
+    load/store pipe), reach TILE_ARRANGE_MIN_COPIES. sms: the device's SMs (default: the current device's)."""
+    return elements * -(-blocks // (sms or _sm_count())) >= TILE_ARRANGE_MIN_COPIES * threads
+
+
 def _tile_arrange(w, fwd, dx):
     """w [O, C, KS, KS] in tile_conv's shared-memory layouts (TILE_ARRANGE, which the caller checks; conv.cu
     tile_arrange, one launch) for the plans fwd (its forward) and dx (its input gradient), each a plan or None: a
-    layout is made where its blocks would stage at least TILE_ARRANGE_MIN_COPIES elements a thread. Returns (the
-    forward's or None, (the input gradient's TO, its layout) or None)."""
+    layout is made where _tile_arranges says it pays. Returns (the forward's or None, (the input gradient's TO, its
+    layout) or None)."""
     o, c, ks, _ = w.shape
     kk = ks * ks
 
@@ -694,7 +706,7 @@ def _tile_arrange(w, fwd, dx):
         if plan is None:
             return 0
         elements = taps * kk * _tile_slots(channels, plan[0])
-        return elements if elements >= TILE_ARRANGE_MIN_COPIES * plan[2] else 0
+        return elements if _tile_arranges(elements, plan[2], plan[3]) else 0
     nf, nd = size(fwd, o, c), size(dx, c, o)
     if not nf + nd:
         return None, None
