@@ -37,11 +37,17 @@ command -v ncu >/dev/null || export PATH=$PATH:$(ls -d /opt/nvidia/nsight-comput
 # would each wait on the same compiles.
 warm_kernels() {   # DIR [ELEMENT TYPES: 1 float32, 2 float64; default both]
   local t0=$SECONDS
-  (cd "$1" && for f in smalltrain/backend/cuda/kernels/*.cu; do for d in ${2:-1 2}; do
+  # (each module part too, loader._PARTS: conv.cu's _arr instances; "-" the main module, all a tree before parts has)
+  (cd "$1" && for f in smalltrain/backend/cuda/kernels/*.cu; do
+    parts=$(python3 -c "import os, sys; from smalltrain.backend.cuda import loader
+print(*(p or '-' for p in loader.family_parts(os.path.basename(sys.argv[1])[:-3])) if hasattr(loader, 'family_parts') else '-')" "$f")
+    for d in ${2:-1 2}; do for p in $parts; do
     timeout 300 python3 -c "import os, sys; from smalltrain.backend.cuda import loader
-if hasattr(loader, 'family_source'): loader.compile_module(loader.family_source(os.path.basename(sys.argv[1])[:-3], int(sys.argv[2])))
-elif sys.argv[2] == '1': loader.compile_module(loader.read_source(sys.argv[1]))  # (a tree from before the split)" "$f" $d &
-  done; done; wait)
+part = None if sys.argv[3] == '-' else sys.argv[3]
+if part: loader.compile_module(loader.family_source(os.path.basename(sys.argv[1])[:-3], int(sys.argv[2]), part))
+elif hasattr(loader, 'family_source'): loader.compile_module(loader.family_source(os.path.basename(sys.argv[1])[:-3], int(sys.argv[2])))
+elif sys.argv[2] == '1': loader.compile_module(loader.read_source(sys.argv[1]))  # (a tree from before the split)" "$f" $d $p &
+  done; done; done; wait)
   echo "kernels of $1 compiled in $((SECONDS - t0)) s"
 }
 # CuPy's disk cache of compiled kernels inside the tree (ignored by git), so that a later call can carry it (the device

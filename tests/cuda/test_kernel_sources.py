@@ -541,6 +541,18 @@ def test_each_kernel_file_instantiates_through_the_element_type_switch():
         == (2, 1, 1)
 
 
+def test_instances_only_some_runs_use_are_a_module_of_their_own():
+    """loader._PARTS: a kernel named with a part's marker before its element type is asked for from that part's
+    module (its macro defined first); conv.cu's arranged instances are the ST_ARRANGED part, tile_arrange itself is
+    in the main module. tests/cuda/test_kernels.py compiles both and checks which kernels each has."""
+    assert [loader.part_of(name) for name in ("tile_conv_pool_k5_to4_arr_f32", "tile_conv_lin_ce_k3_to4_arr_f64",
+                                              "tile_conv_pool_k5_to4_f32", "tile_arrange_f32", "set_hyper")] \
+        == ["ST_ARRANGED", "ST_ARRANGED", None, None, None]
+    assert loader.family_parts("conv") == [None, "ST_ARRANGED"] and loader.family_parts("optim") == [None]
+    assert loader.family_source("conv", 2, "ST_ARRANGED").startswith("#define ST_DTYPES 2\n#define ST_ARRANGED 1\n")
+    assert loader.family_source("conv", 2).startswith("#define ST_DTYPES 2\n//")
+
+
 def test_tile_linear_epilogue_choice(monkeypatch):
     """_tile_linear_ok on the CPU (the counters stubbed): tile_conv_lin takes the linear layer after MnistCnn's
     second convolution (10 outputs, 192-thread blocks) and declines more than TILE_LINEAR_MAX_F outputs, blocks of

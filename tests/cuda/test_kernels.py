@@ -1778,6 +1778,23 @@ def test_batch_norm_errors():
         ops.batch_norm_forward(cp.ones((4, 3), cp.float32), None, None, training=False)
 
 
+def test_the_arranged_instances_are_a_module_of_their_own():
+    """conv.cu with ST_ARRANGED (loader._PARTS) has the tile kernels' _arr instances and nothing else; without it,
+    every other kernel and no _arr instance."""
+    from smalltrain.backend.cuda import loader
+    main = loader.compile_module(loader.family_source("conv", 1))
+    arranged = loader.compile_module(loader.family_source("conv", 1, "ST_ARRANGED"))
+    for module, own, other in ((main, ["tile_conv_pool_k5_to4_f32", "tile_arrange_f32", "wgrad_reduce_f32"],
+                                ["tile_conv_pool_k5_to4_arr_f32"]),
+                               (arranged, ["tile_conv_pool_k5_to4_arr_f32", "tile_conv_lin_ce_k3_to4_arr_f32"],
+                                ["tile_conv_pool_k5_to4_f32", "tile_arrange_f32", "wgrad_reduce_f32"])):
+        for name in own:
+            module.get_function(name)
+        for name in other:
+            with pytest.raises(Exception):   # (CuPy: CUDADriverError, CUDA_ERROR_NOT_FOUND; the emulator: KeyError)
+                module.get_function(name)
+
+
 def test_a_kernel_file_compiles_one_module_per_element_type():
     """loader.family_source(family, 1 / 2): the module of float32 kernels has none of the float64 ones and the
     reverse (common.cuh ST_INSTANTIATE); kernels of no element type are in both."""

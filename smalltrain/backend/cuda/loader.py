@@ -1,5 +1,6 @@
 """Loading our CUDA C: .cu files (or source strings) compiled once per device with NVRTC and cached; our kernel
-files as one module per element type (family_source), compiled when a kernel of that type is first asked for.
+files as one module per element type (family_source), compiled when a kernel of that type is first asked for, and
+instances only some runs use as modules of their own (_PARTS).
 
 The same API serves smalltrain's own kernels (smalltrain/backend/cuda/kernels/*.cu) and users' custom ops.
 """
@@ -46,7 +47,27 @@ def kernel(family, name):
 
 @functools.lru_cache(maxsize=None)
 def _kernel(family, name, device_id):
-    return compile_module(family_source(family, dtypes_of(name))).get_function(name)
+    return compile_module(family_source(family, dtypes_of(name), part_of(name))).get_function(name)
+
+
+# Kernels whose names end in one of these markers (before the element type's _f32 / _f64) are a module of their own,
+# compiled with the macro defined when one of them is first asked for; the family's main module leaves them out.
+# conv.cu's _arr instances (TILE_ARRANGE) are half of its tile kernels, which doubled its compile in NVRTC and in the
+# CUDA emulator's g++ for every run, including those that arrange no weights.
+_PARTS = {"_arr": "ST_ARRANGED"}
+
+
+def part_of(name):
+    """The macro (_PARTS) of the module with the kernel `name`, or None for its family's main module."""
+    stem = name.rsplit("_", 1)[0]
+    return next((macro for marker, macro in _PARTS.items() if stem.endswith(marker)), None)
+
+
+def family_parts(family):
+    """The parts of kernels/<family>.cu's modules, as family_source takes them: None (the main module), then each
+    _PARTS macro its source tests."""
+    text = read_source(os.path.join(KERNEL_DIR, family + ".cu"))
+    return [None] + [macro for macro in _PARTS.values() if macro in text]
 
 
 def dtypes_of(name):
@@ -55,11 +76,13 @@ def dtypes_of(name):
     return 2 if name.endswith("_f64") else 1
 
 
-def family_source(family, dtypes=3):
+def family_source(family, dtypes=3, part=None):
     """The text of kernels/<family>.cu (read_source) with its kernels instantiated for `dtypes` only (1 float32, 2
     float64, 3 both; common.cuh ST_INSTANTIATE): a float32 run compiles no float64 kernel (conv.cu in nvcc for
-    sm_90 on a 2-core machine: 32 s instead of 67) and a float64 one no float32 kernel."""
-    return f"#define ST_DTYPES {int(dtypes)}\n" + read_source(os.path.join(KERNEL_DIR, family + ".cu"))
+    sm_90 on a 2-core machine: 32 s instead of 67) and a float64 one no float32 kernel. `part`: a _PARTS macro,
+    defined first (that part's module), or None (the main module)."""
+    defines = f"#define ST_DTYPES {int(dtypes)}\n" + (f"#define {part} 1\n" if part else "")
+    return defines + read_source(os.path.join(KERNEL_DIR, family + ".cu"))
 
 
 def read_source(path, _depth=0):

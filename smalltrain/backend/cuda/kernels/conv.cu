@@ -1634,15 +1634,21 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
         lpart, lcount, F, pidx, px, pH, pW, ppt, ppl, wpart, vstage, wrun
 // Each in two instances: NAME_kKS_toTO (tile_conv stages w itself) and NAME_kKS_toTO_arr (ARR: w arranged by
 // tile_arrange), so that the arranged copies' code does not change the other kernels' (a runtime branch took
-// tile_conv_pool_k5_to4_f32 from 56 registers to 70)
-#define ST_TILE_ONE(T, S, KS, TO, NAME, EPI)                                                                       \
-    extern "C" __global__ void NAME##_k##KS##_to##TO##_##S(ST_TILE_PARAMS(T)) {                                    \
+// tile_conv_pool_k5_to4_f32 from 56 registers to 70). The _arr instances are a module of their own, compiled with
+// ST_ARRANGED defined (loader.py _PARTS) when one of them is first asked for: the module every run compiles is
+// without them (half of its tile kernels). ST_TILE_PART(M, args...) is M(args..., SUFFIX, ARR) for the module's part.
+#ifndef ST_ARRANGED
+#define ST_ARRANGED 0
+#endif
+#if ST_ARRANGED
+#define ST_TILE_PART(M, ...) M(__VA_ARGS__, _arr, true)
+#else
+#define ST_TILE_PART(M, ...) M(__VA_ARGS__, , false)
+#endif
+#define ST_TILE_ONE(T, S, KS, TO, NAME, EPI, SUFFIX, ARR)                                                          \
+    extern "C" __global__ void NAME##_k##KS##_to##TO##SUFFIX##_##S(ST_TILE_PARAMS(T)) {                            \
         ST_GRID_WAIT();                                                                                            \
-        tile_conv<T, KS, TO, EPI, false>(ST_TILE_ARGS);                                                            \
-    }                                                                                                              \
-    extern "C" __global__ void NAME##_k##KS##_to##TO##_arr_##S(ST_TILE_PARAMS(T)) {                                \
-        ST_GRID_WAIT();                                                                                            \
-        tile_conv<T, KS, TO, EPI, true>(ST_TILE_ARGS);                                                             \
+        tile_conv<T, KS, TO, EPI, ARR>(ST_TILE_ARGS);                                                              \
     }
 // tile_conv_lin_ce: tile_conv_lin with the cross-entropy of its logits after it (CeArgs), its arguments in
 // cross_entropy_fwd_reduce's order. Its float32 4-channel kernels are held to 96 registers a thread: 3 blocks of 192
@@ -1666,19 +1672,21 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
             ST_TILE_ARGS,                                                                                          \
             CeArgs<T>{target, cw, grad, ignore_index, ls, bad, partial, counter, mean, loss, wsum, unit});         \
     }
-#define ST_TILE_LIN_CE(T, S, KS, TO)                                                                               \
-    ST_TILE_LIN_CE_ONE(T, S, KS, TO, , false) ST_TILE_LIN_CE_ONE(T, S, KS, TO, _arr, true)
 #define ST_TILE_ARRANGE(T, S)                                                                                      \
     extern "C" __global__ void tile_arrange_##S(const T* w, T* fwd, int fto, T* dx, int dto, int O, int C, int KK) { \
         ST_GRID_WAIT();                                                                                            \
         tile_arrange<T>(w, fwd, fto, dx, dto, O, C, KK);                                                           \
     }
 #define ST_TILE(T, S, KS, TO)                                                                                      \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv, ST_EPI_PLAIN) ST_TILE_ONE(T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)      \
-    ST_TILE_LIN_CE(T, S, KS, TO)                                                                                   \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_pool, ST_EPI_POOL) ST_TILE_ONE(T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD) \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool, ST_EPI_UNPOOL)                                                     \
-    ST_TILE_ONE(T, S, KS, TO, tile_conv_unpool_wgrad, ST_EPI_UNPOOL_WGRAD)
+    ST_TILE_PART(ST_TILE_ONE, T, S, KS, TO, tile_conv, ST_EPI_PLAIN)                                               \
+    ST_TILE_PART(ST_TILE_ONE, T, S, KS, TO, tile_conv_lin, ST_EPI_LINEAR)                                          \
+    ST_TILE_PART(ST_TILE_LIN_CE_ONE, T, S, KS, TO)                                                                 \
+    ST_TILE_PART(ST_TILE_ONE, T, S, KS, TO, tile_conv_pool, ST_EPI_POOL)                                           \
+    ST_TILE_PART(ST_TILE_ONE, T, S, KS, TO, tile_conv_wgrad, ST_EPI_WGRAD)                                         \
+    ST_TILE_PART(ST_TILE_ONE, T, S, KS, TO, tile_conv_unpool, ST_EPI_UNPOOL)                                       \
+    ST_TILE_PART(ST_TILE_ONE, T, S, KS, TO, tile_conv_unpool_wgrad, ST_EPI_UNPOOL_WGRAD)
+#define ST_TILES(T, S)                                                                                             \
+    ST_TILE(T, S, 3, 4) ST_TILE(T, S, 3, 8) ST_TILE(T, S, 5, 4) ST_TILE(T, S, 5, 6) ST_TILE(T, S, 5, 8)
 
 // tile_wgrad's blocks have at most ST_TILE_WG_THREADS threads (conv.py _TILE_WG_THREADS); in float32 the compiler
 // keeps three such blocks' registers on an SM (MnistCnn's second layer at batch 64: 384 blocks in one wave on 132
@@ -1738,7 +1746,7 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     ST_DIRECT(T, S, 2) ST_DIRECT(T, S, 8) ST_DIRECT_DX(T, S, 2) ST_DIRECT_DX(T, S, 8)                              \
     ST_IGEMM(T, S, 16) ST_IGEMM(T, S, 32)                                                                          \
     ST_TILE_ARRANGE(T, S)                                                                                          \
-    ST_TILE(T, S, 3, 4) ST_TILE(T, S, 3, 8) ST_TILE(T, S, 5, 4) ST_TILE(T, S, 5, 6) ST_TILE(T, S, 5, 8)          \
+    ST_TILES(T, S)                                                                                                 \
     ST_TILE_WGRAD(T, S, 3, 4) ST_TILE_WGRAD(T, S, 3, 8) ST_TILE_WGRAD(T, S, 5, 4) ST_TILE_WGRAD(T, S, 5, 8)      \
     ST_IGEMM_WGRAD(T, S, 32, 64, 4, 4) ST_IGEMM_WGRAD(T, S, 16, 128, 4, 4) ST_IGEMM_WGRAD(T, S, 8, 32, 2, 2)       \
     extern "C" __global__ void wgrad_reduce_##S(const T* partial, T* dw, T* db, int S, int O, int K) {             \
@@ -1747,15 +1755,20 @@ __device__ void igemm_wgrad(const T* __restrict__ x, const T* __restrict__ g, T*
     }                                                                                                              \
     ST_POOLED_WGRAD(T, S, 3) ST_POOLED_WGRAD(T, S, 5)                                                              \
     ST_WGRAD(T, S, 1) ST_WGRAD(T, S, 2) ST_WGRAD(T, S, 4) ST_WGRAD(T, S, 8)
+#if ST_ARRANGED
+ST_INSTANTIATE(ST_TILES)
+#else
 ST_INSTANTIATE(ST_CONV)
+#endif
 #undef ST_CONV
+#undef ST_TILES
+#undef ST_TILE_PART
 #undef ST_WGRAD
 #undef ST_IGEMM_WGRAD
 #undef ST_DIRECT
 #undef ST_DIRECT_DX
 #undef ST_TILE
 #undef ST_TILE_ONE
-#undef ST_TILE_LIN_CE
 #undef ST_TILE_LIN_CE_ONE
 #undef ST_TILE_ARRANGE
 #undef ST_TILE_WGRAD
