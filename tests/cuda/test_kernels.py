@@ -1335,6 +1335,20 @@ WEIGHT_STAGING_CASES = [   # x, w of a convolution with padding 1 whose forward 
 ]
 
 
+def _staging_case_pass(x_shape, w_shape, dtype, rng, inputs):
+    """One forward (padding 1, ReLU) and backward of a WEIGHT_STAGING_CASES convolution: (its saved state, [out, dx,
+    dw, db]). x, w, b and the output gradient are drawn from rng on the first call and kept in `inputs` (a dict) for
+    the next, so that passes under different knobs see the same values."""
+    if not inputs:
+        inputs["x"] = g(rng.standard_normal(x_shape).astype(dtype))
+        inputs["w"] = g((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype))
+        inputs["b"] = g(rng.standard_normal(w_shape[0]).astype(dtype))
+    out, saved = ops.conv2d_forward(inputs["x"], inputs["w"], inputs["b"], 1, 1, 1, 1, "relu")
+    if "dout" not in inputs:
+        inputs["dout"] = g(rng.standard_normal(out.shape).astype(dtype))
+    return saved, [out, *ops.conv2d_backward(inputs["dout"], saved)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("x_shape, w_shape", WEIGHT_STAGING_CASES)
 def test_tile_conv_weight_runs_are_bit_equal(x_shape, w_shape, dtype, rng, monkeypatch):
@@ -1343,21 +1357,14 @@ def test_tile_conv_weight_runs_are_bit_equal(x_shape, w_shape, dtype, rng, monke
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "TILE_ARRANGE", False)   # (tile_conv then stages w itself)
     monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)
-    x = g(rng.standard_normal(x_shape).astype(dtype))
-    w = g((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype))
-    b = g(rng.standard_normal(w_shape[0]).astype(dtype))
-    dout = None
     taken = []
     real = conv_kernels._tile_weight_run
     monkeypatch.setattr(conv_kernels, "_tile_weight_run", lambda *a: taken.append(real(*a)) or taken[-1])
-    results = {}
+    results, inputs = {}, {}
     for run in (1, 3, 8):
         monkeypatch.setattr(conv_kernels, "TILE_WEIGHT_RUN", run)
         taken.clear()
-        out, saved = ops.conv2d_forward(x, w, b, 1, 1, 1, 1, "relu")
-        if dout is None:
-            dout = g(np.random.default_rng(1).standard_normal(out.shape).astype(dtype))
-        results[run] = (out,) + tuple(ops.conv2d_backward(dout, saved))
+        _, results[run] = _staging_case_pass(x_shape, w_shape, dtype, rng, inputs)
         assert taken and all(1 <= t <= run for t in taken), (run, taken)   # the forward (and dx where tiled)
         if run == 8:
             assert max(taken) > 1, taken
@@ -1375,22 +1382,15 @@ def test_tile_conv_arranged_weights_are_bit_equal(x_shape, w_shape, dtype, rng, 
     monkeypatch.setattr(conv_kernels, "TILE_DX_MIN_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "_TILE_TO6_THREADS_PER_SM", 0)
     monkeypatch.setattr(conv_kernels, "TILE_ARRANGE_MIN_COPIES", 0)
-    x = g(rng.standard_normal(x_shape).astype(dtype))
-    w = g((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype))
-    b = g(rng.standard_normal(w_shape[0]).astype(dtype))
-    dout = None
     launched = record_kernels(conv_kernels, "get")
-    results = {}
+    results, inputs = {}, {}
     for on in (False, True):
         monkeypatch.setattr(conv_kernels, "TILE_ARRANGE", on)
         launched.clear()
-        out, saved = ops.conv2d_forward(x, w, b, 1, 1, 1, 1, "relu")
-        if dout is None:
-            dout = g(rng.standard_normal(out.shape).astype(dtype))
+        saved, results[on] = _staging_case_pass(x_shape, w_shape, dtype, rng, inputs)
         assert launched.count("tile_arrange") == int(on), launched
-        tiled_dx = conv_kernels._tile_dx_plan(saved, dout) is not None
+        tiled_dx = conv_kernels._tile_dx_plan(saved, inputs["dout"]) is not None
         assert (saved.arranged_dx is not None) == (on and tiled_dx)
-        results[on] = (out,) + tuple(ops.conv2d_backward(dout, saved))
     for got, own in zip(results[True], results[False]):
         assert bool(cp.array_equal(got, own))
 
