@@ -118,21 +118,12 @@ TILE_VEC_STAGE_8 = True
 TILE_WEIGHT_RUN = 4
 # ... unless its weights are arranged in that layout beforehand (TILE_ARRANGE): then a block stages them by 16-byte
 # copies, a quarter of the copies. A convolution's forward then launches tile_arrange first (one small kernel, conv.cu),
-# which writes the layout of its forward and that of its input gradient from the weights as they are at that moment
-# (what its backward uses too), where the copies it saves reach TILE_ARRANGE_MIN_COPIES (below). A probe that zeroed the
-# staged weights by 16-byte stores instead of copying them (H200, thirty-sixth session, three rounds) bounds the gain:
-# LeNet-5 b64 55.6 / 54.9 / 54.9 us against 57.5 / 56.7 / 57.3, b512 118.2 / 112.0 / 112.0 against 123.6 / 117.1 /
-# 117.5, MnistCnn b64 91.5 / 91.5 / 91.6 against 98.1 / 97.3 / 97.0. The captured step with this against the tree before
-# it (014af2d; H100, same session, three rounds): MnistCnn 95.5 / 95.6 / 95.6 against 97.9 / 97.9 / 97.7, LeNet-5 b512
-# 120.4 / 120.6 / 120.4 against 120.8 / 120.6 / 120.4, b64 58.4 / 58.5 / 58.5 against 57.4 / 57.4 / 57.4. The arranged
-# copies are instances of their own (..._arr, conv.cu: a runtime branch took tile_conv_pool_k5_to4 from 56 registers to
-# 70), which changed none of that (thirty-seventh session, H100, three rounds, against 014af2d: MnistCnn 94.2 / 94.3 /
-# 94.1 against 97.0 / 96.9 / 96.9, b512 118.3 / 118.4 / 118.5 against 119.5 / 119.4 / 119.4, b64 58.3 ×3 against
-# 56.9-57.0). b64's loss is the launch itself: its second layer is arranged too (12.5 elements a thread, over the first
-# threshold of 8), but its 64 blocks are one an SM, while b512's 512 are four: the saving is per block, the launch once.
-# So the threshold counts the copies a thread saves times the blocks an SM runs (_tile_arranges): b64's second layer
-# 12.5 x 1, b512's 12.5 x 4, MnistCnn's forward 24 x 3 and input gradient 20.6 x 4. b64 then (same session, H100,
-# three rounds): 57.9 / 57.0 / 57.6 against 58.5 / 58.6 / 58.6 with the threshold a thread's copies alone
+# which writes the layouts of its forward and of its input gradient from the weights as they are at that moment (what
+# its backward uses too), where the copies saved pay for that launch (_tile_arranges): the copies a thread saves, times
+# the blocks an SM runs, reach TILE_ARRANGE_MIN_COPIES. The saving is per block, the launch once: LeNet-5 b64's second
+# layer (12.5 elements a thread, 64 blocks, one an SM) lost 1.3 us a step with it, b512's (four an SM) gains 1.0 and
+# MnistCnn's (24 x 3 and 20.6 x 4) 2.7 (H100, the captured step, three rounds; RESULTS.md, thirty-sixth and
+# thirty-seventh sessions, with the probe that bounded the gain at 2 / 5 / 6 us)
 TILE_ARRANGE = True
 TILE_ARRANGE_MIN_COPIES = 16
 # where it loses (H200, benchmarks/conv_variants.py): forwards of fewer than TILE_MIN_K taps C*KH*KW (MnistCnn's
