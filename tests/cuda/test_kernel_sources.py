@@ -553,6 +553,20 @@ def test_instances_only_some_runs_use_are_a_module_of_their_own():
     assert loader.family_source("conv", 2).startswith("#define ST_DTYPES 2\n//")
 
 
+def test_weights_are_arranged_where_the_copies_saved_over_an_sm_pay_for_the_launch():
+    """conv._tile_arranges on an H200's / H100's 132 SMs, with the elements, threads and blocks of the models' plans
+    (benchmarks/launch_plans.py): LeNet-5's second layer, 2400 elements staged by 192-thread blocks, is not arranged at
+    b64 (64 blocks, one an SM: 12.5 copies) and is at b512 (512 blocks, four an SM: 50); MnistCnn's second layer
+    (4608 elements) is for its forward (384 blocks of 192) and its input gradient (448 of 224)."""
+    from smalltrain.backend.cuda import conv
+    assert conv.TILE_ARRANGE_MIN_COPIES == 16
+    assert not conv._tile_arranges(2400, 192, 64, 132)
+    assert conv._tile_arranges(2400, 192, 512, 132)
+    assert conv._tile_arranges(4608, 192, 384, 132) and conv._tile_arranges(4608, 224, 448, 132)
+    assert conv._tile_arranges(16 * 192, 192, 132, 132) and not conv._tile_arranges(16 * 192 - 1, 192, 132, 132)
+    assert conv._tile_arranges(8 * 192, 192, 133, 132)   # (133 blocks: two an SM on one of them)
+
+
 def test_tile_linear_epilogue_choice(monkeypatch):
     """_tile_linear_ok on the CPU (the counters stubbed): tile_conv_lin takes the linear layer after MnistCnn's
     second convolution (10 outputs, 192-thread blocks) and declines more than TILE_LINEAR_MAX_F outputs, blocks of
