@@ -186,19 +186,76 @@ SLOW_ON_THE_EMULATOR = [
 ]
 
 
-def _emulated_pytest(args, asan):
+class _EmulatedPytest:
     """pytest `args` in a process of its own on the emulated device (the emulator takes the place of CuPy for the
-    whole process: tests/conftest.py installs it); with `asan`, the kernels built with AddressSanitizer and its
-    runtime preloaded, so that a read or write past a device or shared memory array stops the run with a report
-    naming the kernel. Asserts that it passed."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, SMALLTRAIN_CUDA_EMULATOR="1")
-    if asan:
-        env.update(SMALLTRAIN_EMULATOR_ASAN="1", LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0")
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=3600)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-6000:]
-    assert " passed" in run.stdout and " failed" not in run.stdout
+    whole process: tests/conftest.py installs it), started at once; with `asan`, the kernels built with
+    AddressSanitizer and its runtime preloaded, so that a read or write past a device or shared memory array stops
+    the run with a report naming the kernel. Its output goes to files in `folder` (not pipes, which would fill while
+    another run is awaited)."""
+
+    def __init__(self, args, asan, folder):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, SMALLTRAIN_CUDA_EMULATOR="1")
+        if asan:
+            env.update(SMALLTRAIN_EMULATOR_ASAN="1", LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0")
+        self.out, self.err = (open(os.path.join(folder, name), "w+") for name in ("stdout", "stderr"))
+        self.process = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                                        cwd=root, env=env, stdout=self.out, stderr=self.err, text=True)
+
+    def assert_passed(self):
+        """Waits for the run (an hour at most) and asserts that it passed."""
+        try:
+            code = self.process.wait(timeout=3600)
+            self.out.seek(0)
+            self.err.seek(0)
+            stdout, stderr = self.out.read(), self.err.read()
+        finally:
+            self.stop()
+        assert code == 0, stdout[-6000:] + stderr[-6000:]
+        assert " passed" in stdout and " failed" not in stdout
+
+    def stop(self):
+        """Kills the run if it is still going (a test that never awaited it, a timeout) and closes its files."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.out.close()
+        self.err.close()
+
+
+def _emulated_runs():
+    """The emulated runs by the test that asserts each: tests/cuda under AddressSanitizer (where g++ has it), and
+    every other test but SLOW_ON_THE_EMULATOR without it (matplotlib's import exits the process under ASan's
+    preloaded runtime)."""
+    deselect = [a for t in SLOW_ON_THE_EMULATOR for a in ("--deselect", t)]
+    return {"test_the_kernel_tests_pass_on_the_emulator": (["tests/cuda"], _asan_runtime()),
+            "test_the_rest_of_the_suite_passes_on_the_emulator": (
+                ["tests", "--ignore", "tests/cuda", "--ignore", "tests/testing/test_cuda_emulator.py", *deselect],
+                None)}
+
+
+@pytest.fixture(scope="module")
+def emulated_run(request, tmp_path_factory):
+    """emulated_run(name): the started run of the test `name` (_emulated_runs). The first call starts every selected
+    test's run at once: each is one process on one core (CI's machine has two) and this process only waits for
+    them, which one after the other took most of CI's time. Under pytest-xdist, only the asking test's (another
+    worker may take the other). Runs not awaited are stopped at the module's end."""
+    runs, started = _emulated_runs(), {}
+    selected = {item.name for item in request.session.items}
+
+    def start(name):
+        started[name] = _EmulatedPytest(*runs[name], tmp_path_factory.mktemp(name))
+
+    def get(name):
+        if not started and not os.environ.get("PYTEST_XDIST_WORKER"):
+            for n in runs.keys() & selected:
+                start(n)
+        if name not in started:
+            start(name)
+        return started[name]
+    yield get
+    for run in started.values():
+        run.stop()
 
 
 def test_nccl_is_a_world_of_one():
@@ -217,20 +274,17 @@ def test_nccl_is_a_world_of_one():
 
 
 @pytest.mark.skipif(smalltrain.cuda.is_available(), reason="a GPU runs the CUDA tests itself")
-def test_the_kernel_tests_pass_on_the_emulator():
+def test_the_kernel_tests_pass_on_the_emulator(emulated_run):
     """tests/cuda: the launchers and their kernels against float64 and torch references, under AddressSanitizer
     where g++ has it."""
-    _emulated_pytest(["tests/cuda"], _asan_runtime())
+    emulated_run("test_the_kernel_tests_pass_on_the_emulator").assert_passed()
 
 
 @pytest.mark.skipif(smalltrain.cuda.is_available(), reason="a GPU runs the CUDA tests itself")
-def test_the_rest_of_the_suite_passes_on_the_emulator():
+def test_the_rest_of_the_suite_passes_on_the_emulator(emulated_run):
     """Every other test with its CUDA cases on the emulated device (Tensor ops, modules, fusions and their
-    hand-offs, captured steps, the trainer), but SLOW_ON_THE_EMULATOR. Without ASan: matplotlib's import exits
-    the process under its preloaded runtime."""
-    deselect = [a for t in SLOW_ON_THE_EMULATOR for a in ("--deselect", t)]
-    _emulated_pytest(["tests", "--ignore", "tests/cuda", "--ignore", "tests/testing/test_cuda_emulator.py",
-                      *deselect], None)
+    hand-offs, captured steps, the trainer), but SLOW_ON_THE_EMULATOR."""
+    emulated_run("test_the_rest_of_the_suite_passes_on_the_emulator").assert_passed()
 
 
 OOB = r"""
