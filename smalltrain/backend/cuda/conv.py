@@ -436,7 +436,7 @@ def conv2d_forward(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, acti
                        counters, f)
             args = (tile, x, w, b, out, y, x.shape[1:], (x.shape[1] * x.shape[2] * x.shape[3], x.shape[2] * x.shape[3]),
                     pads, False, act)
-            arranged, arranged_dx = None, None
+            arranged = None
             if TILE_ARRANGE:
                 dx_plan = _tile_dx_plan_for(x.shape, w.shape, stride, dilation, groups, out_hw, x.dtype.itemsize) \
                     if needs[0] else None
