@@ -1780,31 +1780,31 @@ def test_batch_norm_errors():
         ops.batch_norm_forward(cp.ones((4, 3), cp.float32), None, None, training=False)
 
 
+def _assert_module_kernels(module, own, other):
+    """The compiled module has each kernel named in `own` and none named in `other`."""
+    for name in own:
+        module.get_function(name)
+    for name in other:
+        with pytest.raises(Exception):   # (CuPy: CUDADriverError, CUDA_ERROR_NOT_FOUND; the emulator: KeyError)
+            module.get_function(name)
+
+
 def test_the_arranged_instances_are_a_module_of_their_own():
     """conv.cu with ST_ARRANGED (loader._PARTS) has the tile kernels' _arr instances and nothing else; without it,
     every other kernel and no _arr instance."""
     from smalltrain.backend.cuda import loader
-    main = loader.compile_module(loader.family_source("conv", 1))
-    arranged = loader.compile_module(loader.family_source("conv", 1, "ST_ARRANGED"))
-    for module, own, other in ((main, ["tile_conv_pool_k5_to4_f32", "tile_arrange_f32", "wgrad_reduce_f32"],
-                                ["tile_conv_pool_k5_to4_arr_f32"]),
-                               (arranged, ["tile_conv_pool_k5_to4_arr_f32", "tile_conv_lin_ce_k3_to4_arr_f32"],
-                                ["tile_conv_pool_k5_to4_f32", "tile_arrange_f32", "wgrad_reduce_f32"])):
-        for name in own:
-            module.get_function(name)
-        for name in other:
-            with pytest.raises(Exception):   # (CuPy: CUDADriverError, CUDA_ERROR_NOT_FOUND; the emulator: KeyError)
-                module.get_function(name)
+    _assert_module_kernels(loader.compile_module(loader.family_source("conv", 1)),
+                           ["tile_conv_pool_k5_to4_f32", "tile_arrange_f32", "wgrad_reduce_f32"],
+                           ["tile_conv_pool_k5_to4_arr_f32"])
+    _assert_module_kernels(loader.compile_module(loader.family_source("conv", 1, "ST_ARRANGED")),
+                           ["tile_conv_pool_k5_to4_arr_f32", "tile_conv_lin_ce_k3_to4_arr_f32"],
+                           ["tile_conv_pool_k5_to4_f32", "tile_arrange_f32", "wgrad_reduce_f32"])
 
 
 def test_a_kernel_file_compiles_one_module_per_element_type():
     """loader.family_source(family, 1 / 2): the module of float32 kernels has none of the float64 ones and the
     reverse (common.cuh ST_INSTANTIATE); kernels of no element type are in both."""
     from smalltrain.backend.cuda import loader
-    f32 = loader.compile_module(loader.family_source("optim", 1))
-    f64 = loader.compile_module(loader.family_source("optim", 2))
-    for module, own, other in ((f32, "adam_step_f32", "adam_step_f64"), (f64, "adam_step_f64", "adam_step_f32")):
-        module.get_function(own)
-        module.get_function("set_hyper")
-        with pytest.raises(Exception):   # (CuPy: CUDADriverError, CUDA_ERROR_NOT_FOUND; the emulator: KeyError)
-            module.get_function(other)
+    for dtypes, own, other in ((1, "adam_step_f32", "adam_step_f64"), (2, "adam_step_f64", "adam_step_f32")):
+        _assert_module_kernels(loader.compile_module(loader.family_source("optim", dtypes)), [own, "set_hyper"],
+                               [other])
