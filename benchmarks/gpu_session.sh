@@ -43,9 +43,8 @@ warm_kernels() {   # DIR [ELEMENT TYPES: 1 float32, 2 float64; default both]
 print(*(p or '-' for p in loader.family_parts(os.path.basename(sys.argv[1])[:-3])) if hasattr(loader, 'family_parts') else '-')" "$f")
     for d in ${2:-1 2}; do for p in $parts; do
     timeout 300 python3 -c "import os, sys; from smalltrain.backend.cuda import loader
-part = None if sys.argv[3] == '-' else sys.argv[3]
-if part: loader.compile_module(loader.family_source(os.path.basename(sys.argv[1])[:-3], int(sys.argv[2]), part))
-elif hasattr(loader, 'family_source'): loader.compile_module(loader.family_source(os.path.basename(sys.argv[1])[:-3], int(sys.argv[2])))
+part = [] if sys.argv[3] == '-' else [sys.argv[3]]
+if hasattr(loader, 'family_source'): loader.compile_module(loader.family_source(os.path.basename(sys.argv[1])[:-3], int(sys.argv[2]), *part))
 elif sys.argv[2] == '1': loader.compile_module(loader.read_source(sys.argv[1]))  # (a tree from before the split)" "$f" $d $p &
   done; done; done; wait)
   echo "kernels of $1 compiled in $((SECONDS - t0)) s"
