@@ -11,7 +11,7 @@ import smalltrain
 from smalltrain import bench, cli
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
 
 
 def _rows(out):
@@ -55,7 +55,7 @@ def test_failing_mode_is_reported_and_the_others_run(capsys, monkeypatch):
         if mode == "compiled":
             raise RuntimeError("simulated capture failure\nsecond line")
         return real(lib, model, device, xs, ys, mode)
-    monkeypatch.setattr(bench, "make_step", make_step)   # seen in this process only: --same-process
+    monkeypatch.setattr(bench.throughput, "make_step", make_step)   # seen in this process only: --same-process
     assert cli.main(["bench", "--config", "mlp:8", "--no-torch", "--same-process", *FAST]) == 0
     captured = capsys.readouterr()
     assert "mlp:8 smalltrain compiled: RuntimeError: simulated capture failure (at test_bench.py:" in captured.err
@@ -66,8 +66,8 @@ def test_failing_mode_is_reported_and_the_others_run(capsys, monkeypatch):
 
 def test_median_interleaved_alternates_and_times_each_run(monkeypatch):
     calls, clock, slept = [], [0.0], []
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(bench.time, "sleep", slept.append)
+    monkeypatch.setattr(bench.timing.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench.timing.time, "sleep", slept.append)
 
     def fn(key, cost):
         def call():
@@ -83,7 +83,7 @@ def test_median_interleaved_alternates_and_times_each_run(monkeypatch):
 
 def test_a_timed_run_makes_its_untimed_steps_and_syncs_before_the_clock(monkeypatch):
     calls, clock = [], [0.0]
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench.timing.time, "perf_counter", lambda: clock[0])
 
     def step():
         calls.append("step")
@@ -105,13 +105,19 @@ def test_a_mode_in_its_own_process_times_steps_and_reports_errors():
         run.close()
     assert not run.proc.is_alive()
     with pytest.raises(bench.ModeProcessError, match=r"^ValueError: unknown benchmark model 'nosuchmodel'; .* "
-                                                     r"\(at bench\.py:\d+\)$"):
+                                                     r"\(at zoo\.py:\d+\)$"):
         bench.ModeProcess("smalltrain-eager", "nosuchmodel", 8, "cpu", warmup=1, inner=2)
 
 
 def test_mode_selection():
-    args = bench.parser().parse_args(["--no-torch-compile"])
+    args = bench.parser().parse_args(["--no-torch-compile", "--device", "cuda"])
+    assert bench.selected_modes(args) == ["smalltrain-eager", "smalltrain-compiled", "torch-eager", "torch-eager-tf32",
+                                          "torch-graph"]
+    args = bench.parser().parse_args(["--no-torch-compile", "--device", "cpu"])
     assert bench.selected_modes(args) == ["smalltrain-eager", "smalltrain-compiled", "torch-eager"]
+    args = bench.parser().parse_args(["--modes", "torch-graph", "--device", "cpu"])
+    with pytest.raises(ValueError, match="--modes torch-graph: CUDA-only modes, got --device cpu"):
+        bench.selected_modes(args)
     args = bench.parser().parse_args(["--modes", "torch-compile", "smalltrain-eager", "--no-torch"])
     assert bench.selected_modes(args) == ["smalltrain-eager"]
     args = bench.parser().parse_args([])
