@@ -46,7 +46,7 @@ THROUGHPUT_MODELS = {
 }
 DEFAULT_CONFIGS = (("lenet5", 64), ("lenet5", 512), ("cnn", 64))
 # smalltrain's parameters made views into one flat buffer (nn.utils.flatten_parameters) before its optimizer is made
-# (an A/B knob: benchmarks/RESULTS.md, thirty-second session)
+# (an A/B knob; off, as measured: benchmarks/RESULTS.md, "Lessons")
 FLAT_PARAMETERS = False
 TRAIN_SIZE = 60000
 
@@ -135,7 +135,7 @@ def make_step(lib, model, device, xs, ys, mode="eager"):
     def run():
         i = position[0] = (position[0] + 1) % len(bx)
         return step(bx[i], by[i])
-    run.step = step   # the (compiled) step itself, for benchmarks/host_costs.py
+    run.step = step   # the (compiled) step itself, for a script that times its parts
     return run
 
 
@@ -323,7 +323,6 @@ TORCH_COMPILE_MODES = ("torch-compile", "torch-reduce-overhead")
 # untimed steps before each timed CUDA run (--run-warmup). H100, captured LeNet-5 b512 timed beside torch's
 # reduce-overhead, two processes each: 3 steps 129.2 / 128.6 us, 100 steps 126.5 / 127.0 (the GPU's clock at 1980 MHz
 # during both); without torch in the process 123.4-124.8, though the same code moves 2-6 us between processes
-# (thirty-first session, benchmarks/RESULTS.md calls 10-11)
 RUN_WARMUP_CUDA = 100
 CPU_SETTLE_S = 0.2   # sleep before each timed CPU run: the other mode's idle BLAS / OpenMP threads stop spinning
 
