@@ -21,7 +21,7 @@ PY=${PYTHON:-python3}
 workers=()
 "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}")
 [ $# -eq 0 ] && set -- tests
-"$PY" -m pytest -q -rfE -p no:cacheprovider --durations=10 "${workers[@]}" "$@" > "$OUT/pytest.log" 2>&1
+"$PY" -m pytest -q -rfE -p no:cacheprovider --durations=10 ${workers[@]+"${workers[@]}"} "$@" > "$OUT/pytest.log" 2>&1
 rc=$?
 tail -1 "$OUT/pytest.log"
 
@@ -29,6 +29,6 @@ tail -1 "$OUT/pytest.log"
     torch-reduce-overhead > "$OUT/bench.txt" 2>&1
 sed -n '/^model:batch/,$p' "$OUT/bench.txt"
 for seed in 0 1 2; do
-    "$PY" -m smalltrain bench --speedrun --seed "$seed" 2>&1 | grep -E "^(speedrun|reached|did not)"
+    "$PY" -m smalltrain bench --speedrun --device cuda --seed "$seed" 2>&1 | grep -E "^(speedrun|reached|did not)"
 done | tee "$OUT/speedrun.txt"
 exit "$rc"
