@@ -19,12 +19,13 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "tooling"))
 
 
 def record(config, mode):
     """[(kernel name, grid, block, dynamic shared bytes, scalar arguments)] of one step of `config` ("model:batch")
     in `mode`."""
-    from smalltrain.testing import cuda_emulator
+    import cuda_emulator   # test tooling (tests/tooling), on sys.path above
     cuda_emulator.install()
     import smalltrain
     from smalltrain import bench

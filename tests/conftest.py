@@ -1,7 +1,7 @@
 """Shared fixtures: the device list every golden table runs over (CUDA cases skip cleanly without a GPU), the
 seed, and reprs as the installed torch prints them. With SMALLTRAIN_CUDA_EMULATOR=1 and no GPU, the CUDA cases run
-on the CPU emulator of the CUDA backend (smalltrain/testing/cuda_emulator.py), installed here before any test module
-imports CuPy."""
+on the CPU emulator of the CUDA backend (tests/tooling/cuda_emulator.py, on sys.path through pyproject's pytest
+`pythonpath`), installed here before any test module imports CuPy."""
 import inspect
 import re
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+import cuda_emulator
 import smalltrain
-from smalltrain.testing import cuda_emulator
 
 EMULATED = cuda_emulator.install_if_requested()
 

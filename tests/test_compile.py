@@ -139,7 +139,7 @@ def _captured_with_and_without(monkeypatch, knob, module=None, driver=True):
     the type of the executable graph each made with whether its nodes kept their priorities (with driver, a test of
     the driver's path: skipped on the emulator)."""
     from smalltrain.backend.cuda import graphs
-    from smalltrain.testing import cuda_emulator
+    import cuda_emulator
     if driver and cuda_emulator.installed():
         pytest.skip("the emulator has no driver to launch kernels or instantiate graphs with attributes")
     xs, ys = _batches(10, 64, "cuda")

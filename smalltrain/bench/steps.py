@@ -85,7 +85,7 @@ def make_step(lib, model, device, xs, ys, mode="eager"):
     def run():
         i = position[0] = (position[0] + 1) % len(bx)
         return step(bx[i], by[i])
-    run.step = step   # the (compiled) step itself, for benchmarks/host_costs.py
+    run.step = step   # the (compiled) step itself, for a script that times its parts
     return run
 
 

@@ -2,8 +2,8 @@
 tests/conftest.py, each allocation is)."""
 import pytest
 
+import cuda_emulator
 import smalltrain
-from smalltrain.testing import cuda_emulator
 
 
 @pytest.fixture(autouse=True)

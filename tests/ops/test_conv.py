@@ -10,7 +10,8 @@ import smalltrain
 from smalltrain.ops.conv import conv2d
 from smalltrain.ops.pool import max_pool2d
 from _layouts import as_is as _as_is, batch_inner as _batch_inner, transposed as _transposed
-from smalltrain.testing import cuda_emulator, golden, golden_error, gradcheck
+from smalltrain.testing import golden, golden_error, gradcheck
+import cuda_emulator
 
 
 def _normal(rng, shape):

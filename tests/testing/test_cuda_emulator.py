@@ -1,4 +1,4 @@
-"""The CPU emulator of our CUDA C (smalltrain/testing/cuda_emulator.py): barriers, shared memory, shuffles and
+"""The CPU emulator of our CUDA C (tests/tooling/cuda_emulator.py): barriers, shared memory, shuffles and
 atomics give a GPU's results; a missing barrier, a deadlock, a wrong argument width, an unrequested shared memory
 size and (with ASan) a write past an array are reported; and the suite's CUDA tests pass on it where no GPU is
 present. Needs g++ (skips without)."""
@@ -9,11 +9,13 @@ import sys
 import numpy as np
 import pytest
 
+import cuda_emulator
 import smalltrain
-from smalltrain.testing import cuda_emulator
 
 if not cuda_emulator.available():
     pytest.skip("no g++ to compile kernels for the emulator", allow_module_level=True)
+
+TOOLING = os.path.dirname(os.path.abspath(cuda_emulator.__file__))   # for a child process outside pytest
 
 SOURCE = r"""
 #include <math.h>
@@ -166,6 +168,55 @@ def test_an_updatable_node_takes_new_arguments_for_the_later_replays(module):
         node.set({0: 1.5})
 
 
+TINY = 'extern "C" __global__ void fill(float* out) { out[threadIdx.x] = 3.f; }'
+
+
+def test_the_kernel_cache_is_private_to_the_user(tmp_path, monkeypatch):
+    """Compiled libraries are loaded and run, so their folder is the user's alone: the default one is made 0700
+    under $XDG_CACHE_HOME, and its libraries land there whole (no staged file is left)."""
+    monkeypatch.delenv("SMALLTRAIN_EMULATOR_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = np.zeros(4, np.float32)
+    cuda_emulator.Module(TINY, "private").get_function("fill")((1,), (4,), (out,))
+    assert out.tolist() == [3.0] * 4
+    folder = tmp_path / "cache" / "smalltrain" / "emulator"
+    assert folder.stat().st_mode & 0o777 == 0o700
+    names = sorted(p.suffix for p in folder.iterdir())
+    assert names == [".cpp", ".so"]
+
+
+def test_a_kernel_cache_others_may_write_to_is_refused(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("SMALLTRAIN_EMULATOR_CACHE", str(shared))
+    with pytest.raises(PermissionError, match=r"kernel cache .*shared' has mode 0777, writable by group or others"):
+        cuda_emulator.Module(TINY, "planted")
+    assert list(shared.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_kernel_cache_owned_by_another_user_is_refused(tmp_path, monkeypatch):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)   # nobody
+    monkeypatch.setenv("SMALLTRAIN_EMULATOR_CACHE", str(theirs))
+    with pytest.raises(PermissionError, match=r"kernel cache .*theirs' is owned by uid 65534, not by this user"):
+        cuda_emulator.Module(TINY, "planted")
+
+
+def test_a_failed_build_leaves_no_file_behind(tmp_path):
+    target = tmp_path / "lib.so"
+
+    def fail(staged):
+        with open(staged, "w") as f:
+            f.write("half")
+        raise RuntimeError("g++ failed")
+    with pytest.raises(RuntimeError, match="g\\+\\+ failed"):
+        cuda_emulator._replace_atomically(str(target), fail)
+    assert list(tmp_path.iterdir()) == []
+
+
 def _asan_runtime():
     """The path of g++'s AddressSanitizer runtime, or None."""
     try:
@@ -289,7 +340,7 @@ def test_the_rest_of_the_suite_passes_on_the_emulator(emulated_run):
 
 OOB = r"""
 import numpy as np
-from smalltrain.testing import cuda_emulator
+import cuda_emulator
 m = cuda_emulator.Module('extern "C" __global__ void past_the_end(float* out) { out[threadIdx.x] = 1.f; }', "oob")
 m.get_function("past_the_end")((1,), (40,), (np.zeros(32, np.float32),))
 print("not caught")
@@ -298,7 +349,8 @@ print("not caught")
 
 @pytest.mark.skipif(_asan_runtime() is None, reason="g++ has no AddressSanitizer runtime here")
 def test_asan_stops_a_write_past_a_device_array():
-    env = dict(os.environ, SMALLTRAIN_EMULATOR_ASAN="1", LD_PRELOAD=_asan_runtime(), ASAN_OPTIONS="detect_leaks=0")
+    env = dict(os.environ, SMALLTRAIN_EMULATOR_ASAN="1", LD_PRELOAD=_asan_runtime(), ASAN_OPTIONS="detect_leaks=0",
+               PYTHONPATH=os.pathsep.join(filter(None, (TOOLING, os.environ.get("PYTHONPATH")))))
     run = subprocess.run([sys.executable, "-c", OOB], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and "not caught" not in run.stdout
     assert "heap-buffer-overflow" in run.stderr and "past_the_end" in run.stderr

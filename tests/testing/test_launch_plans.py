@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from smalltrain.backend.cuda import conv as conv_kernels
-from smalltrain.testing import cuda_emulator
+import cuda_emulator
 
 if not cuda_emulator.available():
     pytest.skip("no g++ to compile kernels for the emulator", allow_module_level=True)

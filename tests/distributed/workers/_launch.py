@@ -29,11 +29,13 @@ requires_mpi = pytest.mark.skipif(mpi_missing() is not None, reason=str(mpi_miss
 
 def _env():
     """The caller's environment minus any launcher's identity variables (the worker must see only its own
-    mpiexec), with the repository importable and one BLAS thread per rank (two ranks share two cores)."""
+    mpiexec), with the repository and the test tooling (the CUDA emulator) importable and one BLAS thread per rank
+    (two ranks share two cores)."""
     prefixes = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "OMPI_MCA_ess", "OMPI_MCA_orte", "MPI_LOCAL", "HYDI_",
                 "SLURM_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    paths = [str(REPO), str(REPO / "tests" / "tooling")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     env["PYTHONUNBUFFERED"] = "1"
     env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = "1"
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root (containers, CI) without these

@@ -82,7 +82,7 @@ def errors(dist, st, device, world):
 def main(out_dir, backend="mpi"):
     import smalltrain as st
     import smalltrain.distributed as dist
-    from smalltrain.testing import cuda_emulator
+    import cuda_emulator   # tests/tooling, on PYTHONPATH (_launch.py)
     cuda_emulator.install_if_requested()   # the test suite's emulated run: this process's device emulated too
     assert not dist.is_initialized()
     group = dist.init_process_group(backend)

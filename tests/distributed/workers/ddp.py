@@ -196,7 +196,7 @@ MODES = {"equivalence": equivalence, "no_sync": no_sync, "unused": unused, "unev
 
 
 def main(out_dir, mode, backend="mpi"):
-    from smalltrain.testing import cuda_emulator
+    import cuda_emulator   # tests/tooling, on PYTHONPATH (_launch.py)
     cuda_emulator.install_if_requested()   # the test suite's emulated run: this process's device emulated too
     # the process group first: from here on an exception on one rank (a failing import too) aborts every rank;
     # a rank that dies before joining MPI would leave the others waiting in MPI_Init until the test's timeout

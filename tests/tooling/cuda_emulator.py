@@ -1,5 +1,7 @@
 """Run smalltrain's CUDA C kernels on the CPU: g++ compiles a kernel family with cuda_emulator.h, and each CUDA thread
-runs as a fiber (see the header for what is and is not emulated).
+runs as a fiber (see the header for what is and is not emulated). Test tooling, not part of the installed package:
+pytest finds it through pyproject's `pythonpath` (tests/tooling); a script outside pytest puts tests/tooling on
+sys.path itself.
 
 For testing kernels where no GPU is at hand, and for stepping through one in gdb. It is slow (scalar code, a fiber
 switch per thread per barrier): use small shapes. Two levels:
@@ -7,7 +9,7 @@ switch per thread per barrier): use small shapes. Two levels:
   device arrays and NumPy scalars of the parameters' exact widths (as backend/cuda/_common.py passes them); each
   argument's size is checked against the kernel's parameter list before it runs:
 
-      from smalltrain.testing import cuda_emulator
+      import cuda_emulator
       kern = cuda_emulator.kernel("activation", "act_fwd_f32")
       kern((2,), (256,), (x, out, np.int64(x.size), np.int32(1)))
 
@@ -24,13 +26,14 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import types
 
 import numpy as np
 
-from ..backend.cuda import loader
+from smalltrain.backend.cuda import loader
 
 HEADER = os.path.join(os.path.dirname(__file__), "cuda_emulator.h")
 _FLAGS = ("-std=c++17", "-O1", "-g", "-fPIC", "-shared", "-fno-strict-aliasing", "-w")
@@ -51,9 +54,29 @@ def available():
 
 
 def _cache_dir():
-    d = os.environ.get("SMALLTRAIN_EMULATOR_CACHE") or os.path.join(tempfile.gettempdir(), "smalltrain-emulator")
-    os.makedirs(d, exist_ok=True)
+    """The folder of compiled kernel libraries: SMALLTRAIN_EMULATOR_CACHE, else $XDG_CACHE_HOME/smalltrain/emulator
+    (~/.cache by default). Private to the user: created 0700, and one that another user owns or may write to is
+    refused, since ctypes loads (runs) whatever library lies there."""
+    d = os.environ.get("SMALLTRAIN_EMULATOR_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "smalltrain", "emulator")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    check_private(d)
     return d
+
+
+def check_private(folder):
+    """Raise PermissionError unless `folder` is a directory owned by this user that no one else may write to."""
+    st = os.stat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"cuda_emulator: the kernel cache {folder!r} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"cuda_emulator: the kernel cache {folder!r} is owned by uid {st.st_uid}, not by this "
+                              f"user (uid {os.geteuid()}); its libraries would be loaded and run: use a folder of "
+                              f"your own (SMALLTRAIN_EMULATOR_CACHE)")
+    if st.st_mode & 0o022:
+        raise PermissionError(f"cuda_emulator: the kernel cache {folder!r} has mode {stat.S_IMODE(st.st_mode):04o}, "
+                              f"writable by group or others, who could plant a library there: expected no group/"
+                              f"other write permission (chmod 700)")
 
 
 def _compile(source, name):
@@ -67,7 +90,8 @@ def _compile(source, name):
     text = '#include "cuda_emulator.h"\n' + text
     flags = _FLAGS + (_ASAN_FLAGS if os.environ.get("SMALLTRAIN_EMULATOR_ASAN") == "1" else ())
     key = hashlib.sha256("\0".join((header, text) + flags).encode()).hexdigest()[:20]
-    out = os.path.join(_cache_dir(), f"{name}-{key}.so")
+    cache = _cache_dir()
+    out = os.path.join(cache, f"{name}-{key}.so")
     if os.path.exists(out):
         return out
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,16 +112,30 @@ def _compile(source, name):
                         f"{{ return st_emu::param_sizes(&{k}, sizes); }}\n")
         # the source stays beside the library (its debug information points there: gdb shows the kernel's lines)
         kept = out[:-3] + ".cpp"
-        staged = f"{kept}.{os.getpid()}.tmp"   # one per process: pytest-xdist workers may compile the same family
-        shutil.copy(src, staged)
-        os.replace(staged, kept)
-        tmp_out = os.path.join(tmp, "out.so")
-        cc = subprocess.run(["g++", *flags, "-I", os.path.dirname(HEADER), kept, "-o", tmp_out],
-                            capture_output=True, text=True)
-        if cc.returncode:
-            raise RuntimeError(f"cuda_emulator: compiling {name} failed:\n{cc.stderr[-4000:]}")
-        os.replace(tmp_out, out)   # atomic: a concurrent reader never sees half a file
+        _replace_atomically(kept, lambda staged: shutil.copy(src, staged))
+
+        def build(staged):
+            cc = subprocess.run(["g++", *flags, "-I", os.path.dirname(HEADER), kept, "-o", staged],
+                                capture_output=True, text=True)
+            if cc.returncode:
+                raise RuntimeError(f"cuda_emulator: compiling {name} failed:\n{cc.stderr[-4000:]}")
+        _replace_atomically(out, build)
     return out
+
+
+def _replace_atomically(path, write):
+    """write(staged) makes the file at a fresh name beside `path` (same folder, so the same file system), which
+    then replaces `path` in one rename: a concurrent reader (pytest-xdist workers compile the same family) never
+    sees half a file, and a failed write leaves nothing behind."""
+    fd, staged = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(staged)
+        os.replace(staged, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged)
+        raise
 
 
 class Module:
@@ -748,8 +786,8 @@ def install():
     undoes it."""
     import sys
 
-    from ..backend import cuda as backend_cuda
-    from ..backend.cuda import _common, blas
+    from smalltrain.backend import cuda as backend_cuda
+    from smalltrain.backend.cuda import _common, blas
     if _installed:
         return
     cp = _fake_cupy()
@@ -769,7 +807,7 @@ def install_if_requested():
     processes its distributed tests start); whether the emulator is in effect."""
     import os
 
-    from .. import cuda
+    from smalltrain import cuda
     if os.environ.get("SMALLTRAIN_CUDA_EMULATOR") == "1" and not cuda.is_available():
         install()
     return installed()
@@ -778,8 +816,8 @@ def install_if_requested():
 def uninstall():
     import sys
 
-    from ..backend import cuda as backend_cuda
-    from ..backend.cuda import _common, blas
+    from smalltrain.backend import cuda as backend_cuda
+    from smalltrain.backend.cuda import _common, blas
     if not _installed:
         return
     saved = _installed.pop()
