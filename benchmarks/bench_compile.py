@@ -1,6 +1,6 @@
 """Captured training steps (smalltrain.compile) vs eager, beside PyTorch eager and torch.compile modes, on CUDA.
 
-A thin wrapper over smalltrain/bench.py: `smalltrain bench --device cuda`, with torch.compile and its
+A thin wrapper over smalltrain/bench/: `smalltrain bench --device cuda`, with torch.compile and its
 reduce-overhead mode only on request (they take minutes to compile).
 Run on a GPU machine: python benchmarks/bench_compile.py [--config lenet5:64 lenet5:512 cnn:64] [--torch-compile]
                                                         [--set module.NAME=value ...]

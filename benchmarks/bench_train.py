@@ -1,7 +1,7 @@
 """One full training step (zero_grad, forward, cross_entropy, backward, optimizer step), ours vs PyTorch, eager.
 
 The same model code runs on both frameworks (the APIs match), on the same device, from real MNIST batches
-resident on that device. Prints samples/s and the ratio to PyTorch. A thin wrapper over smalltrain/bench.py:
+resident on that device. Prints samples/s and the ratio to PyTorch. A thin wrapper over smalltrain/bench/:
 `smalltrain bench --modes smalltrain-eager torch-eager`, with the CPU as the default device.
 Run: python benchmarks/bench_train.py [--device cpu|cuda] [--config lenet5:64 lenet5:256 cnn:64] [--no-torch]
 """

@@ -1,5 +1,5 @@
 """Shared benchmark plumbing for the scripts in this folder: timing (warm-up excluded, median of repeats), the
-environment line and the result table come from smalltrain/bench.py (one copy, also behind `smalltrain bench`);
+environment line and the result table come from smalltrain/bench/ (one copy, also behind `smalltrain bench`);
 `apply_settings` sets a module-level value for an A/B run (`--set package.module.NAME=value`)."""
 import ast
 import importlib
