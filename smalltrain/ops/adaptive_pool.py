@@ -106,20 +106,9 @@ class AdaptiveMaxPool2d(Function):
         x = input.array
         xp = xp_of(x)
         x4 = x[None] if x.ndim == 3 else x
-        n, c, h, w = x4.shape
-        (sh, lh), (sw, lw) = _windows(h, out_hw[0]), _windows(w, out_hw[1])
-        out = xp.full((n, c) + out_hw, -np.inf, x.dtype)
-        idx = xp.asarray((sh[:, None] * w + sw[None, :]).astype(np.int64))   # a window's first element
-        idx = xp.broadcast_to(idx, out.shape).copy()
-        for di in range(int(lh.max(initial=0))):
-            rows = np.minimum(sh + di, h - 1)
-            for dj in range(int(lw.max(initial=0))):
-                cols = np.minimum(sw + dj, w - 1)
-                v = x4[:, :, rows[:, None], cols[None, :]]
-                inside = xp.asarray((di < lh)[:, None] & (dj < lw)[None, :])
-                take = inside & ((v > out) | xp.isnan(v))
-                out = xp.where(take, v, out)
-                idx = xp.where(take, xp.asarray(rows[:, None] * w + cols[None, :]), idx)
+        tiles = min(out_hw) > 0 and x4.shape[2] % out_hw[0] == 0 and x4.shape[3] % out_hw[1] == 0
+        found = _tiled_max(xp, x4, out_hw) if tiles else None
+        out, idx = found if found is not None else _scanned_max(xp, x4, out_hw)
         ctx.idx, ctx.in_shape = idx, x.shape
         if x.ndim == 3:
             out, idx = out[0], idx[0]
@@ -140,6 +129,41 @@ class AdaptiveMaxPool2d(Function):
         # windows overlap when OH does not divide H: bincount sums what lands on one element
         dx = xp.bincount((idx + planes).ravel(), weights=g.reshape(idx.shape).ravel(), minlength=n * c * hw)
         return dx.astype(g.dtype, copy=False).reshape(ctx.in_shape), None, None
+
+
+def _tiled_max(xp, x4, out_hw):
+    """Windows that tile the input (OH divides H, OW divides W): one argmax over a [N, C, OH, OW, kh * kw] view.
+    None where the input holds NaN (the last NaN of a window wins in torch; argmax would give the first)."""
+    n, c, h, w = x4.shape
+    kh, kw = h // out_hw[0], w // out_hw[1]
+    if x4.size == 0 or bool(xp.isnan(x4).any()):
+        return None
+    win = x4.reshape(n, c, out_hw[0], kh, out_hw[1], kw).transpose(0, 1, 2, 4, 3, 5).reshape(
+        n, c, out_hw[0], out_hw[1], kh * kw)
+    k = xp.argmax(win, axis=-1)   # the first max in scan order, as torch's strict comparison
+    out = xp.take_along_axis(win, k[..., None], axis=-1)[..., 0]
+    rows = xp.arange(out_hw[0], dtype=np.int64)[:, None] * kh + k // kw
+    cols = xp.arange(out_hw[1], dtype=np.int64)[None, :] * kw + k % kw
+    return out, rows * w + cols
+
+
+def _scanned_max(xp, x4, out_hw):
+    """Any windows: a scan over the offsets of the largest window (one gather per offset)."""
+    n, c, h, w = x4.shape
+    (sh, lh), (sw, lw) = _windows(h, out_hw[0]), _windows(w, out_hw[1])
+    out = xp.full((n, c) + out_hw, -np.inf, x4.dtype)
+    idx = xp.asarray((sh[:, None] * w + sw[None, :]).astype(np.int64))   # a window's first element
+    idx = xp.broadcast_to(idx, out.shape).copy()
+    for di in range(int(lh.max(initial=0))):
+        rows = np.minimum(sh + di, h - 1)   # clamped in shorter windows, whose extra offsets are masked out
+        for dj in range(int(lw.max(initial=0))):
+            cols = np.minimum(sw + dj, w - 1)
+            v = x4[:, :, xp.asarray(rows[:, None]), xp.asarray(cols[None, :])]
+            inside = xp.asarray((di < lh)[:, None] & (dj < lw)[None, :])
+            take = inside & ((v > out) | xp.isnan(v))
+            out = xp.where(take, v, out)
+            idx = xp.where(take, xp.asarray(rows[:, None] * w + cols[None, :]), idx)
+    return out, idx
 
 
 def adaptive_max_pool2d(input, output_size, return_indices=False):

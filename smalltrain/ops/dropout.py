@@ -90,12 +90,27 @@ def dropout(input, p=0.5, training=True, inplace=False):
 
 # ---- channel (feature) dropout --------------------------------------------------------------------------------
 
+def _channel_noise(a, p, shape):
+    """The noise of `shape` for a's channels. On CUDA (float32/64) the Philox kernel drops elements of a ones array
+    of that shape: the draw comes from the same device-side state as dropout's, so it is reproducible under
+    manual_seed and needs no host synchronization."""
+    if isinstance(a, np.ndarray) or a.dtype not in _KERNEL_FLOATS:
+        return _noise(a, p, shape)
+    from ..backend.cuda import dropout as kernels
+    state = _cuda_state(a)
+    with a.device:
+        ones = xp_of(a).ones(shape, a.dtype)
+    noise, _ = kernels.dropout_forward(ones, p, state=state)
+    state[1:] += np.uint64(1)
+    return noise
+
+
 class FeatureDropout(Function):
     """out = x * noise, one noise value per (sample, channel) broadcast over the rest (`shape` is the noise's)."""
 
     @staticmethod
     def forward(ctx, x, p, shape):
-        noise = _noise(x.array, p, shape)
+        noise = _channel_noise(x.array, p, shape)
         ctx.noise = noise
         return x.array * noise
 

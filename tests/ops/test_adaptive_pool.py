@@ -32,7 +32,14 @@ def _specials(rng, shape):
     return x
 
 
-# id, input shape, output_size, input maker, layout
+def _infinities(rng, shape):
+    """+-inf without NaN (the tiled argmax path), and a plane of -inf whose argmax is each window's first."""
+    x = _specials(rng, shape)
+    x[np.isnan(x)] = -np.inf
+    return x
+
+
+# id, input shape, output_size, input maker, layout; windows that tile the input take one argmax (_tiled_max)
 CASES = [
     ("uneven", (2, 3, 7, 9), (3, 4), _normal, _as_is),
     ("uniform", (2, 3, 8, 8), 4, _normal, _as_is),
@@ -42,6 +49,9 @@ CASES = [
     ("upsample", (2, 2, 5, 3), (7, 8), _normal, _as_is),   # overlapping windows share an argmax: gradients sum
     ("identity", (1, 2, 4, 5), (4, 5), _normal, _as_is),
     ("ties", (2, 3, 7, 6), (3, 4), _ties, _as_is),
+    ("ties_tiled", (2, 3, 6, 8), (3, 4), _ties, _as_is),
+    ("infinities_tiled", (2, 3, 4, 6), (2, 3), _infinities, _batch_inner),
+    ("infinities_uneven", (2, 3, 5, 6), (2, 4), _infinities, _transposed),
     ("specials", (2, 3, 6, 7), (3, 2), _specials, _as_is),
     ("specials_upsample", (1, 3, 4, 3), (5, 4), _specials, _as_is),
     ("size1_dims", (1, 1, 1, 5), (1, 2), _normal, _as_is),

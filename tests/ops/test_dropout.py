@@ -145,6 +145,17 @@ def test_channel_dropout_masks_whole_channels(op, shape, draws, p, device):
     np.testing.assert_allclose(_host(x.grad), g * kept / (1 - p), rtol=1e-6)
 
 
+def test_channel_dropout_reproducible_under_manual_seed(device):
+    x = st.ones(64, 32, 3, device=device)
+    st.manual_seed(11)
+    a = _host(dropout1d(x, 0.5))
+    st.manual_seed(11)
+    b = _host(dropout1d(x, 0.5))
+    c = _host(dropout1d(x, 0.5))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(b, c)
+
+
 def test_channel_dropout_matches_torch_given_the_same_mask(rng):
     x = rng.standard_normal((3, 4, 2, 5)).astype(np.float32)
     y = dropout2d(st.tensor(x), 0.4)
