@@ -21,6 +21,8 @@ from ..ops.activation import (
     tanh,
 )
 from ..ops.dropout import dropout
+from ..ops.dropout import dropout1d, dropout2d
+from ..ops.embedding import embedding
 from ..ops.loss import (
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
@@ -29,6 +31,8 @@ from ..ops.loss import (
     mse_loss,
     nll_loss,
 )
+from ..ops.activation import hardswish
+from ..ops.loss import huber_loss, kl_div, smooth_l1_loss
 from ..ops.matmul import linear
 from ..ops.norm import batch_norm, layer_norm
 from ..ops.pad import pad
@@ -55,6 +59,7 @@ except ImportError:
     max_pool2d = _lazy("..ops.pool", "max_pool2d")
     avg_pool2d = _lazy("..ops.pool", "avg_pool2d")
     adaptive_avg_pool2d = _lazy("..ops.pool", "adaptive_avg_pool2d")
+from ..ops.pool import adaptive_max_pool2d, avg_pool1d, max_pool1d  # noqa: E402
 
 
 def one_hot(tensor, num_classes=-1):
@@ -81,3 +86,5 @@ __all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entr
            "binary_cross_entropy_with_logits", "conv2d", "cross_entropy", "dropout", "elu", "flatten", "gelu",
            "hardtanh", "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax", "max_pool2d", "mse_loss",
            "nll_loss", "one_hot", "pad", "relu", "relu6", "relu_", "sigmoid", "silu", "softmax", "softplus", "tanh"]
+__all__ += ["adaptive_max_pool2d", "avg_pool1d", "dropout1d", "dropout2d", "embedding", "hardswish", "huber_loss",
+            "kl_div", "max_pool1d", "smooth_l1_loss"]

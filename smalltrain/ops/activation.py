@@ -1,5 +1,6 @@
 """Activations, each one fused Function (forward and its closed-form derivative side by side): relu, relu6, hardtanh,
-leaky_relu, elu, softplus, gelu, silu, softmax, log_softmax; sigmoid and tanh come from ops.elementwise. Also erf.
+leaky_relu, elu, softplus, gelu, silu, hardswish, softmax, log_softmax; sigmoid and tanh come from ops.elementwise.
+Also erf.
 """
 import math
 import warnings
@@ -189,6 +190,20 @@ class Silu(_Pointwise):
         return g * s * (1 + a * (1 - s))
 
 
+class Hardswish(_Pointwise):
+    name = "hardswish"
+
+    @staticmethod
+    def fwd(xp, a):
+        return a * xp.clip(a + 3, 0, 6) / 6, a   # torch's order: x * relu6(x + 3), then / 6
+
+    @staticmethod
+    def bwd(xp, g, a):
+        # torch's hardswish_backward: 0 up to -3, x / 3 + 1/2 on (-3, 3), 1 from 3. At NaN its scalar kernel passes
+        # the gradient and its vector kernels give NaN; we pass it, as Hardtanh does
+        return xp.where(a <= -3, 0, xp.where(a < 3, g * (a / 3 + 0.5), g)).astype(g.dtype, copy=False)
+
+
 # ---- softmax family -------------------------------------------------------------------------------------------
 
 def _shifted(a, axis):
@@ -332,6 +347,10 @@ def gelu(input, approximate="none"):
 
 def silu(input, inplace=False):
     return _maybe_inplace(input, "silu", Silu.apply, inplace)
+
+
+def hardswish(input, inplace=False):
+    return _maybe_inplace(input, "hardswish", Hardswish.apply, inplace)
 
 
 # ---- erf: W. J. Cody's rational approximations (Math. Comp. 1969), the three intervals of CALERF -------------

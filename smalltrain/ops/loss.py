@@ -1,9 +1,8 @@
-"""Losses, each one fused Function: cross_entropy (log_softmax + NLL in one pass, for class indices or class
-probabilities, with weights, ignore_index and label smoothing as torch), nll_loss, mse_loss, l1_loss,
-binary_cross_entropy and binary_cross_entropy_with_logits. Inputs are viewed as [N, C, M] (M = spatial size).
+"""Losses over class-index targets, each one fused Function: cross_entropy (log_softmax + NLL in one pass, for class
+indices or class probabilities, with weights, ignore_index and label smoothing as torch) and nll_loss. Inputs are
+viewed as [N, C, M] (M = spatial size). The elementwise losses live in ops/loss_elementwise.py (re-exported here).
 """
 import math
-import warnings
 
 import numpy as np
 
@@ -11,52 +10,19 @@ from ..autograd import held
 from ..autograd.function import Function
 from ..backend.cuda import loss as cuda_loss
 from ._util import check_same_device, xp_of
-from .activation import _stable_sigmoid, expect_tensor
-
-_EPS12 = float(np.float32(1e-12))   # torch's EPSILON in binary_cross_entropy_backward, a float constant
-
-
-def _quiet():
-    # 0/0 for an empty batch or all-ignored targets is NaN in torch too; NumPy would also warn about it
-    return np.errstate(divide="ignore", invalid="ignore", over="ignore")
-
-
-def _reduction(op, input, target, reduction, size_average=None, reduce=None):
-    """The reduction string (the legacy size_average/reduce flags map onto it as in torch), after type checks."""
-    expect_tensor(op, input)
-    expect_tensor(op, target, "target", 2)
-    if size_average is not None or reduce is not None:
-        warnings.warn("size_average and reduce args will be deprecated, please use reduction= instead.",
-                      UserWarning, stacklevel=3)
-        sa = True if size_average is None else size_average
-        reduction = "none" if reduce is False else ("mean" if sa else "sum")
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(f"{reduction} is not a valid value for reduction (expected 'none', 'mean' or 'sum')")
-    return reduction
-
-
-def _reduce(loss, reduction, denom=None):
-    if reduction == "none":
-        return loss
-    total = loss.sum()
-    if reduction == "sum":
-        return total
-    with _quiet():
-        return total / (loss.size if denom is None else denom)
-
-
-def _scale(g, reduction, denom, shape):
-    """The upstream gradient as a per-element factor: g itself, a scalar, or g / denom."""
-    if reduction == "none":
-        return g.reshape(shape)
-    with _quiet():
-        return g if reduction == "sum" else g / denom
-
-
-def _weighted_scale(ctx, dout):
-    """_scale of an elementwise loss's backward (ctx.reduction, ctx.n), times its per-element weight ctx.w if any."""
-    s = _scale(dout.array, ctx.reduction, ctx.n, dout.array.shape)
-    return s if ctx.w is None else s * ctx.w
+from .loss_elementwise import (  # noqa: F401  (the elementwise losses are re-exported: ops.loss is the family)
+    _quiet,
+    _reduce,
+    _reduction,
+    _scale,
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    huber_loss,
+    kl_div,
+    l1_loss,
+    mse_loss,
+    smooth_l1_loss,
+)
 
 
 # ---- class-index targets: shared layout and checks -----------------------------------------------------------
@@ -245,182 +211,6 @@ class NLLLoss(Function):
         with _quiet():
             dx[ctx.idx] = xp.where(ctx.valid, -ctx.w_t * _scale(g, ctx.reduction, ctx.denom, ctx.w_t.shape), 0)
         return dx.reshape(ctx.in_shape), None
-
-
-# ---- elementwise losses ---------------------------------------------------------------------------------------
-
-def _pair(op, x, y, same_dtype=False):
-    """Raw input and target in one float dtype; torch's errors for integer pairs and shapes that do not broadcast."""
-    a, b = x.array, y.array
-    if a.dtype.kind != "f" and b.dtype.kind != "f":
-        raise NotImplementedError(f"{op}: not implemented for {x.dtype} input and {y.dtype} target; expected "
-                                  "floating point tensors")
-    if same_dtype and a.dtype != b.dtype:
-        raise RuntimeError(f"{op}: Found dtype {b.dtype} but expected {a.dtype} (target must have the input's "
-                           "dtype)")
-    dt = a.dtype if b.dtype.kind != "f" else b.dtype if a.dtype.kind != "f" else np.result_type(a.dtype, b.dtype)
-    try:
-        np.broadcast_shapes(a.shape, b.shape)
-    except ValueError:
-        raise RuntimeError(f"{op}: The size of tensor a ({list(a.shape)}) must match the size of tensor b "
-                           f"({list(b.shape)}): the shapes do not broadcast") from None
-    return a.astype(dt, copy=False), b.astype(dt, copy=False)
-
-
-class _Elementwise(Function):
-    """loss = reduce(weight * f(input, target)); a subclass gives `fwd(xp, a, b) -> (loss, saved)` and
-    `bwd(xp, s, saved) -> d input` (the target gets its negative), s being the upstream gradient already scaled.
-    With a weight, 'mean' divides by sum(weight) as torch does."""
-
-    @staticmethod
-    def forward(ctx, x, y, weight, reduction):
-        cls = ctx.fn
-        a, b = _pair(cls.name, x, y)
-        w = None if weight is None else weight.array.astype(a.dtype, copy=False)
-        with _quiet():
-            loss, ctx.saved = cls.fwd(xp_of(a), a, b)
-            if w is not None:
-                loss = loss * w
-        ctx.reduction, ctx.w, ctx.n = reduction, w, loss.size if w is None else w.sum()
-        return _reduce(loss, reduction, ctx.n)
-
-    @staticmethod
-    def backward(ctx, dout):
-        s = _weighted_scale(ctx, dout)
-        dx = ctx.fn.bwd(xp_of(dout.array), s, ctx.saved)
-        return dx, (-dx if ctx.needs_input_grad[1] else None), None, None
-
-
-class MSELoss(_Elementwise):
-    name = "mse_loss"
-
-    @staticmethod
-    def fwd(xp, a, b):
-        d = a - b
-        return d * d, d
-
-    bwd = staticmethod(lambda xp, s, d: 2 * d * s)
-
-
-class L1Loss(_Elementwise):
-    name = "l1_loss"
-
-    @staticmethod
-    def fwd(xp, a, b):
-        d = a - b
-        return xp.abs(d), d
-
-    bwd = staticmethod(lambda xp, s, d: xp.sign(d) * s)
-
-
-def _pointwise_loss(fn, input, target, size_average, reduce, reduction, weight):
-    op = fn.name
-    reduction = _reduction(op, input, target, reduction, size_average, reduce)
-    check_same_device(op, input, target, weight)
-    if input.array.shape != target.array.shape:
-        warnings.warn(f"Using a target size ({list(target.array.shape)}) that is different to the input size "
-                      f"({list(input.array.shape)}). This will likely lead to incorrect results due to "
-                      "broadcasting. Please ensure they have the same size.", UserWarning, stacklevel=3)
-    if weight is not None and weight.array.shape != input.array.shape:
-        raise ValueError(f"{op}: Weights and input must have the same size (weight {list(weight.array.shape)}, "
-                         f"input {list(input.array.shape)})")
-    return fn.apply(input, target, weight, reduction)
-
-
-def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
-    return _pointwise_loss(MSELoss, input, target, size_average, reduce, reduction, weight)
-
-
-def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
-    return _pointwise_loss(L1Loss, input, target, size_average, reduce, reduction, weight)
-
-
-# ---- binary cross-entropy -------------------------------------------------------------------------------------
-
-def _weights(op, shape, xp, dtype, *weights):
-    out = []
-    for w in weights:
-        if w is None:
-            out.append(None)
-            continue
-        try:
-            np.broadcast_shapes(w.array.shape, shape)
-        except ValueError:
-            raise RuntimeError(f"{op}: weight of shape {list(w.array.shape)} does not broadcast to the input's "
-                               f"shape {list(shape)}") from None
-        out.append(w.array.astype(dtype, copy=False))
-    return out
-
-
-class BinaryCrossEntropy(Function):
-    @staticmethod
-    def forward(ctx, x, y, weight, reduction):
-        a, b = _pair("binary_cross_entropy", x, y, same_dtype=True)
-        xp = xp_of(a)
-        if not bool(((a >= 0) & (a <= 1)).all()):
-            raise RuntimeError("binary_cross_entropy: all elements of input should be between 0 and 1")
-        (w,) = _weights("binary_cross_entropy", a.shape, xp, a.dtype, weight)
-        with _quiet():
-            log_x, log_1mx = xp.log(a), xp.log1p(-a)
-            loss = (b - 1) * xp.maximum(log_1mx, -100) - b * xp.maximum(log_x, -100)   # torch's clamp at -100
-        if w is not None:
-            loss = loss * w
-        ctx.a, ctx.b, ctx.w, ctx.logit, ctx.reduction, ctx.n = a, b, w, log_1mx - log_x, reduction, loss.size
-        return _reduce(loss, reduction)
-
-    @staticmethod
-    def backward(ctx, dout):
-        s = _weighted_scale(ctx, dout)
-        a = ctx.a
-        with _quiet():
-            dx = s * (a - ctx.b) / xp_of(a).maximum((1 - a) * a, _EPS12)
-        return dx, s * ctx.logit, None, None
-
-
-class BinaryCrossEntropyWithLogits(Function):
-    @staticmethod
-    def forward(ctx, x, y, weight, pos_weight, reduction):
-        a, b = _pair("binary_cross_entropy_with_logits", x, y)
-        xp = xp_of(a)
-        w, pw = _weights("binary_cross_entropy_with_logits", a.shape, xp, a.dtype, weight, pos_weight)
-        log_sig = xp.minimum(a, 0) - xp.log1p(xp.exp(-xp.abs(a)))
-        lw = 1 if pw is None else (pw - 1) * b + 1
-        loss = (1 - b) * a - lw * log_sig
-        if w is not None:
-            loss = loss * w
-        ctx.a, ctx.b, ctx.w, ctx.pw, ctx.lw, ctx.log_sig = a, b, w, pw, lw, log_sig
-        ctx.reduction, ctx.n = reduction, loss.size
-        return _reduce(loss, reduction)
-
-    @staticmethod
-    def backward(ctx, dout):
-        s = _weighted_scale(ctx, dout)
-        a, b, pw = ctx.a, ctx.b, ctx.pw
-        sig = _stable_sigmoid(xp_of(a), a)
-        dx = s * (sig - b if pw is None else ctx.lw * sig - pw * b)
-        dy = s * (-a if pw is None else -a - (pw - 1) * ctx.log_sig)
-        return dx, dy, None, None, None
-
-
-def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
-                         reduction="mean"):
-    reduction = _reduction("binary_cross_entropy", input, target, reduction, size_average, reduce)
-    check_same_device("binary_cross_entropy", input, target, weight)
-    if input.array.shape != target.array.shape:
-        raise ValueError(f"binary_cross_entropy: Using a target size ({list(target.array.shape)}) that is different "
-                         f"to the input size ({list(input.array.shape)}) is deprecated. Please ensure they have the "
-                         "same size.")
-    return BinaryCrossEntropy.apply(input, target, weight, reduction)
-
-
-def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
-                                     reduction="mean", pos_weight=None):
-    reduction = _reduction("binary_cross_entropy_with_logits", input, target, reduction, size_average, reduce)
-    check_same_device("binary_cross_entropy_with_logits", input, target, weight, pos_weight)
-    if input.array.shape != target.array.shape:
-        raise ValueError(f"binary_cross_entropy_with_logits: Target size ({list(target.array.shape)}) must be the "
-                         f"same as input size ({list(input.array.shape)})")
-    return BinaryCrossEntropyWithLogits.apply(input, target, weight, pos_weight, reduction)
 
 
 def _float_check(op, x, what="input"):

@@ -1,5 +1,6 @@
-"""2-D pooling with torch.nn.functional's signatures: max_pool2d, avg_pool2d, adaptive_avg_pool2d; and
-act_max_pool2d, an activation then max pooling as one op (the fused layers' form, pooled first on the CPU).
+"""Pooling with torch.nn.functional's signatures: max_pool2d, avg_pool2d, their 1-D forms (a 2-D pool over a
+height of 1); and act_max_pool2d, an activation then max pooling as one op (the fused layers' form, pooled first on
+the CPU). Adaptive pooling lives in ops/adaptive_pool.py (re-exported here).
 
 Max and average pooling scan the kernel offsets (one strided slice of the input per offset, all windows at
 once), so they keep the input's memory layout; adaptive average pooling is two small GEMMs with pooling matrices.
@@ -13,7 +14,8 @@ from ..backend import cpu
 from ..backend.cuda import pool as cuda_pool
 from ..tensor import Tensor
 from ._util import xp_of
-from .activation import apply_named, named_pointwise, pointwise_backward
+from .activation import apply_named, expect_tensor, named_pointwise, pointwise_backward
+from .adaptive_pool import adaptive_avg_pool2d, adaptive_max_pool2d  # noqa: F401  (the pooling family's names)
 
 _KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -415,72 +417,41 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
     return AvgPool2d.apply(input, k, s, p, out_hw, bool(count_include_pad), divisor_override, bool(ceil_mode))
 
 
-def _adaptive_matrix(xp, n_in, n_out, dtype):
-    """[n_out, n_in]: row i averages input [floor(i*n_in/n_out), ceil((i+1)*n_in/n_out)), as torch's windows."""
-    i = np.arange(n_out)
-    start = (i * n_in) // n_out
-    end = -((-(i + 1) * n_in) // n_out)
-    cols = np.arange(n_in)
-    inside = (cols[None, :] >= start[:, None]) & (cols[None, :] < end[:, None])
-    return xp.asarray(inside / (end - start)[:, None], dtype=dtype)
+# ---- 1-D pooling: the 2-D ops over [N, C, 1, L] --------------------------------------------------------------
+
+def _single(op, name, value):
+    vals = value if isinstance(value, (tuple, list)) else (value,)
+    if len(vals) != 1:
+        raise RuntimeError(f"{op}: {name} must be a single int or a tuple of one int, got {name}={list(vals)}")
+    return (1, vals[0])
 
 
-class AdaptiveAvgPool2d(Function):
-    """out = A @ x @ B^T over the last two axes, A and B the row and column averaging matrices."""
-
-    @staticmethod
-    def forward(ctx, input, out_hw):
-        x = input.array
-        xp = xp_of(x)
-        x4 = x[None] if x.ndim == 3 else x
-        a = _adaptive_matrix(xp, x4.shape[2], out_hw[0], x.dtype)
-        b = _adaptive_matrix(xp, x4.shape[3], out_hw[1], x.dtype)
-        y = xp.tensordot(x4, b, axes=([3], [1]))                    # [N, C, H, OW]
-        out = xp.tensordot(a, y, axes=([1], [2])).transpose(1, 2, 0, 3)
-        ctx.a, ctx.b, ctx.unbatched = a, b, x.ndim == 3
-        return out[0] if ctx.unbatched else out
-
-    @staticmethod
-    def backward(ctx, dout):
-        g = dout.array[None] if ctx.unbatched else dout.array
-        xp = xp_of(g)
-        t = xp.tensordot(g, ctx.b, axes=([3], [0]))                 # [N, C, OH, W]
-        dx = xp.tensordot(ctx.a, t, axes=([0], [2])).transpose(1, 2, 0, 3)
-        return dx[0] if ctx.unbatched else dx
+def _as_2d(op, input, ndim_error):
+    expect_tensor(op, input)
+    if input.array.ndim not in (2, 3):
+        raise RuntimeError(ndim_error.format(shape=list(input.array.shape), ndim=input.array.ndim))
+    return input.unsqueeze(-2)
 
 
-def _adaptive_size(x, output_size):
-    """torch's output_size: an int, or a pair whose None entries keep the input's size."""
-    if isinstance(output_size, (tuple, list)):
-        if x.ndim <= len(output_size):
-            raise ValueError(f"adaptive_avg_pool2d: Input dimension should be at least {len(output_size) + 1}, "
-                             f"got input of size {list(x.shape)}")
-        output_size = [x.shape[x.ndim - len(output_size) + i] if v is None else v for i, v in enumerate(output_size)]
-    else:
-        output_size = [output_size] * 2
-    try:
-        size = [operator.index(v) for v in output_size]
-    except TypeError:
-        raise TypeError(f"adaptive_avg_pool2d: output_size must be an int or a tuple of ints (or None), "
-                        f"got {output_size!r}") from None
-    if len(size) != 2:
-        raise RuntimeError(f"adaptive_avg_pool2d: output_size must be 2, got {size}")
-    if size[0] < 0 or size[1] < 0:
-        raise RuntimeError(f"adaptive_avg_pool2d: elements of output_size must be greater than or equal to 0 but "
-                           f"received {{{size[0]}, {size[1]}}}")
-    return tuple(size)
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """torch.nn.functional.avg_pool1d on [N, C, L] or [C, L]."""
+    x = _as_2d("avg_pool1d", input, "avg_pool1d: Expected 2 to 3 dimensions, but got {ndim}-dimensional tensor "
+               "for argument #1 'self' (input of size {shape})")
+    k = _single("avg_pool1d", "kernel_size", kernel_size)
+    s = None if stride is None or stride == () else _single("avg_pool1d", "stride", stride)
+    p = (0, _single("avg_pool1d", "padding", padding)[1])
+    return avg_pool2d(x, k, s, p, ceil_mode, count_include_pad).squeeze(-2)
 
 
-def adaptive_avg_pool2d(input, output_size):
-    """torch.nn.functional.adaptive_avg_pool2d on [N, C, H, W] or [C, H, W]."""
-    x = input.array
-    out_hw = _adaptive_size(x, output_size)
-    if x.ndim not in (3, 4):
-        raise RuntimeError(f"adaptive_avg_pool2d(): Expected 3D or 4D tensor, but got {list(x.shape)}")
-    for dim in (x.ndim - 2, x.ndim - 1):
-        if x.shape[dim] == 0:
-            raise RuntimeError(f"adaptive_avg_pool2d(): Expected input to have non-zero size for non-batch "
-                               f"dimensions, but input has sizes {list(x.shape)} with dimension {dim} being empty")
-    if x.dtype.kind != "f":
-        raise NotImplementedError(f"adaptive_avg_pool2d: not implemented for dtype {x.dtype}")
-    return AdaptiveAvgPool2d.apply(input, out_hw)
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """torch.nn.functional.max_pool1d on [N, C, L] or [C, L]; the indices index L."""
+    x = _as_2d("max_pool1d", input, "max_pool1d: Expected 2D or 3D (batch mode) tensor with optional 0 dim batch "
+               "size for input, but got:{shape}")
+    k = _single("max_pool1d", "kernel_size", kernel_size)
+    s = None if stride is None or stride == () else _single("max_pool1d", "stride", stride)
+    p = (0, _single("max_pool1d", "padding", padding)[1])
+    d = _single("max_pool1d", "dilation", dilation)
+    out = max_pool2d(x, k, s, p, d, ceil_mode, return_indices)
+    if return_indices:
+        return out[0].squeeze(-2), out[1].squeeze(-2)
+    return out.squeeze(-2)

@@ -85,6 +85,21 @@ LAYERS = [
     ("bn2d_nostats", lambda n: n.BatchNorm2d(3, track_running_stats=False), [(2, 3, 4, 5)]),
     ("sequential", lambda n: n.Sequential(n.Conv2d(2, 3, 3, padding=1), n.BatchNorm2d(3), n.ReLU(),
                                           n.MaxPool2d(2), n.Flatten(), n.Linear(12, 4)), [(2, 2, 4, 4)]),
+    ("layernorm", lambda n: n.LayerNorm(5), [(3, 5)]),
+    ("layernorm_2d_nobias", lambda n: n.LayerNorm((3, 4), eps=1e-3, bias=False), [(2, 3, 4)]),
+    ("layernorm_noaffine", lambda n: n.LayerNorm([4], elementwise_affine=False), [(2, 3, 4)]),
+    ("elu", lambda n: n.ELU(0.5), [(3, 5)]),
+    ("hardswish", lambda n: n.Hardswish(), [(3, 5)]),
+    ("leaky_default", lambda n: n.LeakyReLU(), [(3, 5)]),
+    ("adaptive_max", lambda n: n.AdaptiveMaxPool2d((2, 3)), [(2, 3, 7, 8)]),
+    ("adaptive_max_none", lambda n: n.AdaptiveMaxPool2d((None, 2)), [(2, 3, 5, 7)]),
+    ("maxpool1d", lambda n: n.MaxPool1d(3, stride=2, padding=1), [(2, 3, 9)]),
+    ("avgpool1d", lambda n: n.AvgPool1d(3, 2, 1, count_include_pad=False), [(2, 3, 9)]),
+    ("avgpool1d_default", lambda n: n.AvgPool1d(2), [(2, 3, 8)]),
+    ("dropout1d_p0", lambda n: n.Dropout1d(0.0), [(2, 3, 4)]),
+    ("dropout2d_p0", lambda n: n.Dropout2d(0.0), [(2, 3, 4, 4)]),
+    ("mlp_layernorm_gelu", lambda n: n.Sequential(n.Linear(6, 8), n.LayerNorm(8), n.GELU(), n.Dropout(0.0),
+                                                  n.Linear(8, 3)), [(4, 6)]),
 ]
 
 
@@ -114,6 +129,8 @@ EVAL_LAYERS = [
     ("dropout_eval", lambda n: n.Dropout(0.5), [(4, 3)]),
     ("bn1d_eval", lambda n: n.BatchNorm1d(4), [(6, 4)]),
     ("bn2d_eval_nostats", lambda n: n.BatchNorm2d(3, track_running_stats=False), [(2, 3, 4, 5)]),
+    ("dropout1d_eval", lambda n: n.Dropout1d(0.3), [(2, 3, 4)]),
+    ("dropout2d_eval", lambda n: n.Dropout2d(0.5, inplace=True), [(2, 3, 4, 4)]),
 ]
 
 
@@ -130,6 +147,9 @@ def _targets(n_classes, shape, seed=3, ignore=None):
 
 
 W4 = np.array([0.5, 1.0, 2.0, 0.25], dtype=np.float32)
+PROBS = 1 / (1 + np.exp(-randn(3, 4, seed=5)))
+TARGETS = np.random.default_rng(6).random((3, 4)).astype(np.float32)
+LOG_PROBS = randn(3, 4, seed=7) - np.log(np.exp(randn(3, 4, seed=7)).sum(1, keepdims=True))
 LOSSES = [
     ("ce", lambda n: n.CrossEntropyLoss(), [randn(5, 4), _targets(4, (5,))]),
     ("ce_weight_ignore", lambda n: n.CrossEntropyLoss(weight=T(n).tensor(W4), ignore_index=1),
@@ -147,6 +167,18 @@ LOSSES = [
     ("l1_none", lambda n: n.L1Loss(reduction="none"), [randn(3, 4), randn(3, 4, seed=9)]),
     pytest.param("l1_legacy_reduce", lambda n: n.L1Loss(size_average=False), [randn(3, 4), randn(3, 4, seed=9)],
                  marks=pytest.mark.filterwarnings("ignore:size_average and reduce args")),
+    ("bce", lambda n: n.BCELoss(), [PROBS, TARGETS]),
+    ("bce_weight_sum", lambda n: n.BCELoss(weight=T(n).tensor(W4), reduction="sum"), [PROBS, TARGETS]),
+    ("bce_logits", lambda n: n.BCEWithLogitsLoss(), [randn(3, 4), TARGETS]),
+    ("bce_logits_weights", lambda n: n.BCEWithLogitsLoss(weight=T(n).tensor(W4), reduction="none",
+                                                         pos_weight=T(n).tensor(W4[::-1].copy())),
+     [randn(3, 4), TARGETS]),
+    ("smooth_l1", lambda n: n.SmoothL1Loss(), [randn(3, 4), randn(3, 4, seed=9)]),
+    ("smooth_l1_beta", lambda n: n.SmoothL1Loss(reduction="sum", beta=0.5), [randn(3, 4), randn(3, 4, seed=9)]),
+    ("huber", lambda n: n.HuberLoss(), [randn(3, 4), randn(3, 4, seed=9)]),
+    ("huber_delta", lambda n: n.HuberLoss(reduction="none", delta=0.3), [randn(3, 4), randn(3, 4, seed=9)]),
+    ("kldiv_batchmean", lambda n: n.KLDivLoss(reduction="batchmean"), [LOG_PROBS, PROBS]),
+    ("kldiv_log_target", lambda n: n.KLDivLoss(reduction="sum", log_target=True), [LOG_PROBS, LOG_PROBS[::-1].copy()]),
 ]
 
 
@@ -154,6 +186,57 @@ LOSSES = [
 def test_loss_matches_torch(name, build, inputs, device):
     ours, _ = run_pair(build, inputs, device)
     assert ours.reduction == build(torch.nn).reduction
+    assert repr(ours) == repr(build(torch.nn))
+
+
+@pytest.mark.parametrize("build", [
+    lambda n: n.Embedding(10, 3),
+    lambda n: n.Embedding(10, 3, padding_idx=-2),
+    lambda n: n.Embedding(10, 3, max_norm=1.0, norm_type=1.0, scale_grad_by_freq=True),
+    lambda n: n.ELU(alpha=0.3, inplace=True),
+    lambda n: n.Hardswish(inplace=True),
+    lambda n: n.Dropout1d(0.25, inplace=True),
+    lambda n: n.MaxPool1d(2, return_indices=True, ceil_mode=True, dilation=2),
+    lambda n: n.AvgPool1d((3,), ceil_mode=True),
+    lambda n: n.AdaptiveMaxPool2d(4, return_indices=True),
+    lambda n: n.LayerNorm((2, 3), elementwise_affine=False, bias=False),
+    lambda n: n.KLDivLoss(log_target=True),
+])
+def test_more_reprs_equal_torch(build):
+    assert repr(build(nn)) == repr(build(torch.nn))
+
+
+EMBEDDINGS = [
+    ("plain", lambda n: n.Embedding(6, 4), {}),
+    ("padding", lambda n: n.Embedding(6, 4, padding_idx=2), {}),
+    ("freq_max_norm", lambda n: n.Embedding(6, 4, max_norm=1.5, scale_grad_by_freq=True), {}),
+]
+
+
+@pytest.mark.parametrize("name, build, kw", EMBEDDINGS, ids=[e[0] for e in EMBEDDINGS])
+def test_embedding_matches_torch(name, build, kw, device):
+    idx = np.array([[0, 2, 5, 2], [2, 2, 1, 0]])
+    ours, theirs = run_pair(build, [idx], device)
+    assert_close(ours.weight, theirs.weight, name="weight after max_norm")
+
+
+def test_embedding_init_and_from_pretrained():
+    st.manual_seed(0)
+    w = nn.Embedding(2000, 50, padding_idx=3).weight.detach().numpy()
+    assert not w[3].any() and abs(w.std() - 1) < 0.02 and abs(w.mean()) < 0.02   # N(0, 1), the padding row zero
+    pre = st.tensor(randn(4, 3))
+    frozen = nn.Embedding.from_pretrained(pre)
+    assert not frozen.weight.requires_grad and np.array_equal(frozen.weight.detach().numpy(), pre.numpy())
+    assert nn.Embedding.from_pretrained(pre, freeze=False, padding_idx=1).weight.requires_grad
+
+
+def test_dropout2d_module_zeroes_whole_channels():
+    m = nn.Dropout2d(0.5)
+    x = st.ones(20, 30, 3, 3, requires_grad=True)
+    a = m(x).detach().numpy()
+    assert (a == a[:, :, :1, :1]).all() and 0.3 < (a[:, :, 0, 0] == 0).mean() < 0.7
+    m.eval()
+    assert m(x) is x
 
 
 # ---- constructor and input errors: same exception type (and message where torch's is deterministic) ----------
@@ -176,6 +259,20 @@ CTOR_ERRORS = [
     (lambda n: n.BatchNorm2d(3)(T(n).zeros(2, 3, 4)), ValueError, r"expected 4D input \(got 3D input\)"),
     (lambda n: n.BatchNorm1d(3)(T(n).zeros(2, 3, 4, 4)), ValueError, r"expected 2D or 3D input \(got 4D input\)"),
     (lambda n: n.Sequential(n.ReLU())[1], IndexError, "index 1 is out of range"),
+    (lambda n: n.Dropout2d(1.5), ValueError, "dropout probability has to be between 0 and 1, but got 1.5"),
+    (lambda n: n.Dropout1d(-0.5), ValueError, "dropout probability has to be between 0 and 1, but got -0.5"),
+    (lambda n: n.Dropout1d()(T(n).zeros(2, 3, 4, 5)), RuntimeError, "Expected 2D or 3D input"),
+    (lambda n: n.Embedding(5, 3, padding_idx=5), AssertionError, "Padding_idx must be within num_embeddings"),
+    (lambda n: n.Embedding(5, 3, padding_idx=-6), AssertionError, "Padding_idx must be within num_embeddings"),
+    (lambda n: n.Embedding(5, 3, _weight=T(n).zeros(4, 3)), AssertionError, "Shape of weight does not match"),
+    (lambda n: n.Embedding.from_pretrained(T(n).zeros(4)), AssertionError, "expected to be 2-dimensional"),
+    (lambda n: n.Embedding(5, 3)(T(n).tensor([5])), IndexError, "index out of range in self"),
+    (lambda n: n.LayerNorm(4)(T(n).zeros(2, 5)), RuntimeError, r"normalized_shape=\[4\]"),
+    (lambda n: n.SmoothL1Loss(beta=-1.0)(T(n).zeros(2), T(n).zeros(2)), RuntimeError, "negative values for beta"),
+    (lambda n: n.HuberLoss(delta=-1.0)(T(n).zeros(2), T(n).zeros(2)), RuntimeError, "non-positive values for delta"),
+    (lambda n: n.BCELoss()(T(n).zeros(2), T(n).zeros(3)), ValueError, "different to the input size"),
+    (lambda n: n.BCEWithLogitsLoss()(T(n).zeros(2), T(n).zeros(3)), ValueError, r"Target size .* must be the same"),
+    (lambda n: n.AdaptiveMaxPool2d(2)(T(n).zeros(2, 2)), RuntimeError, "Expected 3D or 4D tensor"),
     (lambda n: n.Conv2d(1, 1, 3, padding=3, padding_mode="reflect")(T(n).zeros(1, 1, 3, 3)), RuntimeError,
      "Padding size should be less than the corresponding input dimension"),
 ]

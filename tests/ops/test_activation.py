@@ -30,6 +30,7 @@ ACTS = [
     ("gelu", A.gelu, TF.gelu, {}),
     ("gelu_tanh", A.gelu, TF.gelu, {"approximate": "tanh"}),
     ("silu", A.silu, TF.silu, {}),
+    ("hardswish", A.hardswish, TF.hardswish, {}),
     ("sigmoid", A.sigmoid, torch.sigmoid, {}),
     ("tanh", A.tanh, torch.tanh, {}),
 ]
@@ -59,7 +60,7 @@ def _input(kind, rng):
 INPUTS = ["randn", "edge", "large", "float64", "empty", "size1", "scalar", "noncontig"]
 # torch's gradient at a NaN input differs between its scalar and vector kernels (and between builds) for these:
 # their NaN row is compared forward only here, and our choice is pinned by test_gradient_at_nan
-NAN_GRAD_VARIES = {"relu6", "hardtanh", "hardtanh_range", "elu", "elu_0.5"}
+NAN_GRAD_VARIES = {"relu6", "hardtanh", "hardtanh_range", "elu", "elu_0.5", "hardswish"}
 # torch's gelu(+inf) differs between its kernels: NaN from the CPU vector kernel (which an array of this size
 # takes), inf from its scalar CPU kernel and its CUDA kernel. The edge row compares the other values, and our
 # choice (inf, as x * Phi(x) tends to) is pinned by test_gelu_at_infinity
@@ -83,7 +84,7 @@ def test_activation_golden(name, ours, theirs, kwargs, kind, device, rng):
 
 
 @pytest.mark.parametrize("name,expected", [("relu", 1.0), ("relu6", 1.0), ("hardtanh", 1.0), ("elu", 1.0),
-                                           ("leaky_relu", 0.01)])
+                                           ("leaky_relu", 0.01), ("hardswish", 1.0)])
 def test_gradient_at_nan(name, expected, device):
     # torch's reference formulas (its scalar kernels): relu's threshold_backward passes the gradient where the
     # result is not <= 0, hardtanh's where the input is not <= min or >= max, elu's where the input is not <= 0
@@ -181,7 +182,7 @@ def test_tensor_methods_use_these_ops(rng):
 # ---- in place -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,kwargs", [("relu", {}), ("relu6", {}), ("hardtanh", {}), ("leaky_relu", {}),
-                                         ("elu", {}), ("silu", {})])
+                                         ("elu", {}), ("silu", {}), ("hardswish", {})])
 def test_inplace_overwrites_and_returns_input(name, kwargs, rng):
     x = rng.standard_normal((3, 4)).astype(np.float32) * 4
     t = st.tensor(x)
@@ -190,7 +191,7 @@ def test_inplace_overwrites_and_returns_input(name, kwargs, rng):
     assert_close(t, getattr(TF, name)(torch.tensor(x), **kwargs))
 
 
-@pytest.mark.parametrize("name", ["relu", "leaky_relu", "elu", "silu"])
+@pytest.mark.parametrize("name", ["relu", "leaky_relu", "elu", "silu", "hardswish"])
 def test_inplace_while_recording_gives_torch_gradients(name, rng):
     x = rng.standard_normal((3, 4)).astype(np.float32)
 
@@ -224,6 +225,8 @@ ERRORS = [
     (lambda: A.elu(st.tensor([1, 2])), NotImplementedError, "elu.*int64"),
     (lambda: A.leaky_relu(st.tensor([1, 2])), NotImplementedError, "leaky_relu.*int64"),
     (lambda: A.softplus(st.tensor([1, 2])), NotImplementedError, "softplus.*int64"),
+    (lambda: A.hardswish(st.tensor([1, 2])), NotImplementedError, "hardswish.*int64"),
+    (lambda: A.hardswish([1.0]), TypeError, "hardswish.*must be Tensor"),
 ]
 
 
@@ -245,6 +248,10 @@ def test_torch_raises_the_same_types():
         TF.hardtanh(torch.randn(3), 1.0, -1.0)
     with pytest.raises(NotImplementedError):
         TF.silu(torch.tensor([1, 2]))
+    with pytest.raises(NotImplementedError):
+        TF.hardswish(torch.tensor([1, 2]))
+    with pytest.raises(TypeError):
+        TF.hardswish([1.0])
 
 
 # ---- gradcheck (float64, away from kinks) ---------------------------------------------------------------------
@@ -266,6 +273,7 @@ GRADCHECK = [
     ("gelu", lambda t: A.gelu(t), ()),
     ("gelu_tanh", lambda t: A.gelu(t, "tanh"), ()),
     ("silu", lambda t: A.silu(t), ()),
+    ("hardswish", lambda t: A.hardswish(t), (-3.0, 3.0)),
     ("softmax0", lambda t: A.softmax(t, 0), ()),
     ("softmax1", lambda t: A.softmax(t, 1), ()),
     ("log_softmax0", lambda t: A.log_softmax(t, 0), ()),

@@ -141,6 +141,23 @@ def test_layer_norm_golden(shape, nshape, affine, device, rng):
            x, w, b, device=device, requires_grad=(True, affine, affine))
 
 
+def test_layer_norm_scale_without_shift(device, rng):
+    # nn.LayerNorm(bias=False): a weight and no bias
+    x = rng.standard_normal((3, 2, 5)).astype(np.float32)
+    w = (rng.random((2, 5)) + 0.5).astype(np.float32)
+    golden(lambda t, w_: N.layer_norm(t, (2, 5), w_), lambda t, w_: TF.layer_norm(t, (2, 5), w_), x, w,
+           device=device)
+
+
+def test_layer_norm_edge_rows(device):
+    # a NaN row and an inf row stay NaN, a constant row normalizes to 0 (its gradient is finite), float64
+    x = np.array([[np.nan, 1.0, 2.0, 3.0], [np.inf, 1.0, 0.0, -1.0], [2.5, 2.5, 2.5, 2.5], [1e8, -1e8, 0.0, 3.0],
+                  [-0.0, 0.0, 1e-30, -1e-30]], np.float64)
+    w, b = np.array([1.0, 2.0, 0.5, -1.0]), np.array([0.0, 1.0, -1.0, 0.5])
+    golden(lambda t, w_, b_: N.layer_norm(t, (4,), w_, b_), lambda t, w_, b_: TF.layer_norm(t, (4,), w_, b_), x, w, b,
+           device=device)
+
+
 def test_layer_norm_noncontiguous(device, rng):
     x = rng.standard_normal((4, 3)).astype(np.float32)
     golden(lambda t: N.layer_norm(t.transpose(0, 1), [4]), lambda t: TF.layer_norm(t.transpose(0, 1), [4]), x,

@@ -1,4 +1,5 @@
-"""Golden tests for smalltrain.ops.pool against torch.nn.functional: max/avg/adaptive pooling, gradients, errors."""
+"""Golden tests for smalltrain.ops.pool against torch.nn.functional: max/avg (2-D and 1-D) and adaptive average
+pooling, gradients, errors."""
 import numpy as np
 import pytest
 import torch
@@ -6,7 +7,7 @@ import torch.nn.functional as F
 
 import smalltrain
 from smalltrain.ops.activation import Gelu, apply_named
-from smalltrain.ops.pool import act_max_pool2d, adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from smalltrain.ops.pool import act_max_pool2d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, max_pool1d, max_pool2d
 from _layouts import as_is as _as_is, batch_inner as _batch_inner, transposed as _transposed
 from smalltrain.testing import golden, gradcheck
 
@@ -263,6 +264,82 @@ def test_pool_errors(case, device):
         getattr(F, name)(torch.tensor(x), *args, **kw)
     with pytest.raises(exc, match=msg):
         _OURS[name](smalltrain.tensor(x, device=device), *args, **kw)
+
+
+# ---- 1-D pooling ----------------------------------------------------------------------------------------------
+
+# id, input shape, kwargs, input maker, transposed input (non-contiguous)?
+POOL1D_CASES = [
+    ("k2", (2, 3, 8), {"kernel_size": 2}, _normal, False),
+    ("overlap_pad", (2, 3, 9), {"kernel_size": 3, "stride": 2, "padding": 1}, _normal, False),
+    ("ceil", (1, 2, 7), {"kernel_size": 2, "ceil_mode": True}, _normal, False),
+    ("ties", (2, 3, 10), {"kernel_size": 3, "stride": 1}, _ties, False),
+    ("specials", (2, 3, 8, ), {"kernel_size": 2, "stride": 1}, _specials, False),
+    ("tuple_args", (2, 2, 9), {"kernel_size": (3,), "stride": (2,), "padding": (1,)}, _normal, False),
+    ("unbatched", (3, 7), {"kernel_size": 3, "stride": 2}, _normal, False),
+    ("empty_batch", (0, 3, 6), {"kernel_size": 2}, _normal, False),
+    ("length1", (2, 3, 1), {"kernel_size": 1}, _normal, False),
+    ("noncontig", (2, 6, 3), {"kernel_size": 2, "stride": 1}, _normal, True),
+]
+
+
+def _fits_dilated(case):
+    """Whether a dilation of 2 keeps the case's window inside its padded input."""
+    _, shape, kw, _, _ = case
+    k = kw["kernel_size"][0] if isinstance(kw["kernel_size"], tuple) else kw["kernel_size"]
+    p = kw.get("padding", 0)
+    return 2 * (k - 1) + 1 <= shape[-1] + 2 * (p[0] if isinstance(p, tuple) else p)
+
+
+POOL1D_GRID = [(op, case) for op in ("max", "max_indices", "max_dilated", "avg", "avg_exclude")
+               for case in POOL1D_CASES if op != "max_dilated" or _fits_dilated(case)]
+
+
+@pytest.mark.parametrize("op,case", POOL1D_GRID, ids=[f"{op}-{case[0]}" for op, case in POOL1D_GRID])
+def test_pool1d_golden(op, case, device, rng):
+    _, shape, kw, make, transpose = case
+    kw = dict(kw)
+    if op == "max_indices":
+        kw["return_indices"] = True
+    if op == "max_dilated":
+        kw["dilation"] = 2
+    if op == "avg_exclude":
+        kw["count_include_pad"] = False
+    ours, theirs = (max_pool1d, F.max_pool1d) if op.startswith("max") else (avg_pool1d, F.avg_pool1d)
+    x = make(rng, shape)
+    if op.startswith("avg") and make is _specials:
+        x[np.isnan(x)] = 1.5   # avg's NaN rules are pool2d's (tested above); here the windows' arithmetic
+    layout = (lambda t: t.transpose(-1, -2)) if transpose else (lambda t: t)
+    golden(lambda t: ours(layout(t), **kw), lambda t: theirs(layout(t), **kw), x, device=device)
+
+
+POOL1D_ERRORS = [
+    # (ours, torch's, input shape, args, kwargs, exception type torch raises, our message)
+    (max_pool1d, F.max_pool1d, (2, 2, 2, 4), (2,), {}, RuntimeError, r"max_pool1d: Expected 2D or 3D"),
+    (max_pool1d, F.max_pool1d, (4,), (2,), {}, RuntimeError, r"max_pool1d: Expected 2D or 3D"),
+    (avg_pool1d, F.avg_pool1d, (2, 2, 2, 4), (2,), {}, RuntimeError, r"avg_pool1d: Expected 2 to 3 dimensions"),
+    (avg_pool1d, F.avg_pool1d, (1, 1, 4), (5,), {}, RuntimeError, r"Output size is too small"),
+    (max_pool1d, F.max_pool1d, (1, 1, 4), (2,), {"padding": 2}, RuntimeError, r"pad should be at most half"),
+    (max_pool1d, F.max_pool1d, (1, 1, 4), ((2, 2),), {}, RuntimeError, r"kernel_size must be a single int"),
+    (avg_pool1d, F.avg_pool1d, (1, 1, 4), (2,), {"stride": 0}, RuntimeError, r"stride should not be zero"),
+]
+
+
+@pytest.mark.parametrize("ours,theirs,shape,args,kw,exc,msg", POOL1D_ERRORS)
+def test_pool1d_errors(ours, theirs, shape, args, kw, exc, msg, device):
+    x = np.zeros(shape, np.float32)
+    with pytest.raises(exc):
+        theirs(torch.tensor(x), *args, **kw)
+    with pytest.raises(exc, match=msg):
+        ours(smalltrain.tensor(x, device=device), *args, **kw)
+
+
+@pytest.mark.parametrize("fn", [lambda x: max_pool1d(x, 3, 2, 1, dilation=1, ceil_mode=True),
+                                lambda x: avg_pool1d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False)],
+                         ids=["max", "avg"])
+def test_pool1d_gradcheck(fn, rng):
+    x = rng.permutation(2 * 3 * 9).reshape(2, 3, 9) * 0.1
+    assert gradcheck(fn, (smalltrain.tensor(x, requires_grad=True),))
 
 
 # ---- act_max_pool2d: an activation, then max pooling (pooled first on the CPU) ----------------------------------
