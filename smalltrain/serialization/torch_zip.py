@@ -6,6 +6,7 @@ plain containers and scalars. Anything else raises UnsafePickleError (a pickle.U
 before it is ever called. Storages are read from `<archive>/data/<key>` as NumPy arrays. Tensors come back as
 placeholders that the caller turns into Tensors once the whole file has been read.
 """
+import _compat_pickle
 import io
 import math
 import pickle
@@ -90,7 +91,11 @@ class _Unpickler(pickle.Unpickler):
         }
 
     def find_class(self, module, name):
-        module = {"__builtin__": "builtins", "torch.storage": "torch"}.get(module, module)
+        # protocol 2 pickles spell Python 2 names (__builtin__, commands): name what would really be imported
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        module = "torch" if module == "torch.storage" else module
         full = f"{module}.{name}"
         if full in self.allowed:
             return self.allowed[full]
