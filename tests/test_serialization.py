@@ -197,6 +197,54 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path, weights_only):
     assert not marker.exists()
 
 
+class _StorageRef:
+    """Pickled as a persistent id, as torch.save pickles a storage."""
+
+
+class _ViewOf:
+    def __init__(self, size, stride, offset=0):
+        self.args = (_StorageRef(), offset, size, stride, False, OrderedDict())
+
+    def __reduce__(self):
+        return torch._utils._rebuild_tensor_v2, self.args
+
+
+def crafted_pt(path, obj, storage=np.arange(2, dtype=np.float32), compress=zipfile.ZIP_STORED):
+    """A torch.save-style zip whose data.pkl holds `obj`; every _StorageRef is float storage '0'."""
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, value):
+            return ("storage", torch.FloatStorage, "0", "cpu", storage.size) if isinstance(value, _StorageRef) \
+                else None
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=2).dump(obj)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", buffer.getvalue(), compress_type=compress)
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/data/0", storage.tobytes())
+
+
+def test_crafted_tensor_views_are_bounds_checked(tmp_path):
+    path = tmp_path / "view.pt"
+    crafted_pt(path, {"ok": _ViewOf((2, 2), (0, 1))})
+    assert st.load(path)["ok"].tolist() == [[0.0, 1.0], [0.0, 1.0]]
+    for view in (_ViewOf((3,), (1,)), _ViewOf((2,), (1,), offset=1), _ViewOf((2, 2), (2, 1))):
+        crafted_pt(path, {"bad": view})
+        with pytest.raises(CheckpointError, match="view.pt: a tensor of size .* runs past its storage of 2"):
+            st.load(path)
+    crafted_pt(path, {"ok": _ViewOf((2,), (1,))}, compress=zipfile.ZIP_DEFLATED)
+    with pytest.raises(CheckpointError, match="data.pkl is compressed"):
+        st.load(path)
+
+
+def test_build_opcode_cannot_alter_smalltrain_objects(tmp_path):
+    # GLOBAL torch.float32, then BUILD with slot state {'np': 'x'}: setattr on whatever find_class returned
+    data = (b"\x80\x02ctorch\nfloat32\nN}X\x02\x00\x00\x00npX\x01\x00\x00\x00xs\x86b.")
+    with zipfile.ZipFile(tmp_path / "build.pt", "w") as z:
+        z.writestr("archive/data.pkl", data)
+    loaded = st.load(tmp_path / "build.pt")
+    assert loaded.np == "x" and loaded is not st.float32 and st.float32.np == np.dtype(np.float32)
+
+
 def test_whole_pytorch_module_is_refused(tmp_path):
     torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")
     with pytest.raises(pickle.UnpicklingError, match="global torch.nn.modules.linear.Linear"):

@@ -9,12 +9,9 @@ import io
 import os
 import pickle
 
-from .._dtype import dtype as _dtype
-from ..backend import Device
 from ..utils.checkpoint import CheckpointError, open_safetensors
-from . import structure
 from .native import read_object, tensor_maker, write_object
-from .torch_zip import TensorData, TorchObject, UnsafePickleError, load_torch_zip
+from .torch_zip import UnsafePickleError, load_torch_zip
 from .training import load_training_state, read_checkpoint_meta, save_training_state
 
 __all__ = ["CheckpointError", "UnsafePickleError", "load", "load_training_state", "read_checkpoint_meta", "save",
@@ -39,36 +36,6 @@ def save(obj, f, pickle_module=None, pickle_protocol=None, _use_new_zipfile_seri
         if not os.path.isdir(parent):
             raise RuntimeError(f"Parent directory {parent} does not exist.")   # as torch.save
     write_object(obj, f, make_dirs=False)
-
-
-def _convert(value, make, depth=0, seen=None):
-    """Replace the TensorData placeholders of an unpickled object by Tensors (containers in place, tuples anew)."""
-    seen = set() if seen is None else seen
-    if depth > structure.MAX_DEPTH:
-        raise ValueError(f"nesting deeper than {structure.MAX_DEPTH} levels (or a cycle)")
-    if isinstance(value, TensorData):
-        return make(value.array, value.location, value.requires_grad, value.parameter)
-    if isinstance(value, (dict, list)) and id(value) not in seen:
-        seen.add(id(value))
-        keys = value.keys() if isinstance(value, dict) else range(len(value))
-        for key in list(keys):
-            value[key] = _convert(value[key], make, depth + 1, seen)
-    elif isinstance(value, tuple):
-        return tuple(_convert(item, make, depth + 1, seen) for item in value)
-    elif isinstance(value, TorchObject):
-        raise ValueError(f"holds a bare torch {value.kind} object (not a tensor), which smalltrain has no type for")
-    elif not (value is None or isinstance(value, (bool, int, float, complex, str, bytes, bytearray, set, frozenset,
-                                                  Device, _dtype))):
-        raise ValueError(f"holds a {type(value).__name__}, which smalltrain has no type for")
-    return value
-
-
-def _load_torch(f, source, make, encoding):
-    obj = load_torch_zip(f, source, encoding)
-    try:
-        return _convert(obj, make)
-    except ValueError as e:
-        raise CheckpointError(f"{source}: {e}") from None
 
 
 def load(f, map_location=None, pickle_module=None, *, weights_only=True, mmap=None, **pickle_load_args):
@@ -102,7 +69,7 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=True, mmap=No
         data = f.read()
         head = data[:8]
     if head.startswith(_ZIP_MAGIC):
-        return _load_torch(f if is_path else io.BytesIO(data), source, make, encoding)
+        return load_torch_zip(f if is_path else io.BytesIO(data), source, make, encoding)
     if head[:1] == b"\x80" and len(head) > 1 and head[1] <= pickle.HIGHEST_PROTOCOL:
         raise CheckpointError(f"{source}: a pickle file in torch's legacy (pre-1.6, non-zip) format, which smalltrain "
                               "does not read; re-save it with a current torch (torch.save writes the zip format)")

@@ -3,8 +3,8 @@
 `<archive>/data.pkl` is unpickled by a restricted Unpickler whose find_class admits only what torch.load admits
 with weights_only=True: the tensor-rebuild functions, storage types, dtypes, torch.Size/device, OrderedDict and
 plain containers and scalars. Anything else raises UnsafePickleError (a pickle.UnpicklingError) naming the global
-before it is ever called. Storages are read from `<archive>/data/<key>` as NumPy arrays. Tensors come back as
-placeholders that the caller turns into Tensors once the whole file has been read.
+before it is ever called. Storages are read from `<archive>/data/<key>` as NumPy arrays; the caller's `make`
+turns them into Tensors once the whole pickle has been read.
 """
 import _compat_pickle
 import io
@@ -25,6 +25,7 @@ _STORAGES = {"FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage
 _DTYPES = {"float32": "float32", "float": "float32", "float64": "float64", "double": "float64",
            "float16": "float16", "half": "float16", "int64": "int64", "long": "int64", "int32": "int32",
            "int": "int32", "int16": "int16", "short": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool"}
+MAX_DEPTH = 100
 MAX_EXPANDED_BYTES = 1 << 30   # an expanded (stride-0) view is copied; refuse to blow a few bytes up beyond this
 
 
@@ -194,8 +195,31 @@ class _Unpickler(pickle.Unpickler):
         return self.parameter(data, data.requires_grad) if new_type.value == "Parameter" else data
 
 
-def load_torch_zip(f, source, encoding="utf-8"):
-    """The object a `torch.save` zip file holds, tensors as TensorData; CheckpointError if it is corrupt."""
+def _to_tensors(value, make, depth=0, seen=None):
+    """Replace the TensorData placeholders of an unpickled object by Tensors (containers in place, tuples anew)."""
+    seen = set() if seen is None else seen
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nesting deeper than {MAX_DEPTH} levels (or a cycle)")
+    if isinstance(value, TensorData):
+        return make(value.array, value.location, value.requires_grad, value.parameter)
+    if isinstance(value, (dict, list)) and id(value) not in seen:
+        seen.add(id(value))
+        keys = value.keys() if isinstance(value, dict) else range(len(value))
+        for key in list(keys):
+            value[key] = _to_tensors(value[key], make, depth + 1, seen)
+    elif isinstance(value, tuple):
+        return tuple(_to_tensors(item, make, depth + 1, seen) for item in value)
+    elif isinstance(value, TorchObject):
+        raise ValueError(f"holds a bare torch {value.kind} object (not a tensor), which smalltrain has no type for")
+    elif not (value is None or isinstance(value, (bool, int, float, complex, str, bytes, bytearray, set, frozenset,
+                                                  Device, _dtype.dtype))):
+        raise ValueError(f"holds a {type(value).__name__}, which smalltrain has no type for")
+    return value
+
+
+def load_torch_zip(f, source, make, encoding="utf-8"):
+    """The object a `torch.save` zip file holds, its tensors made by `make(array, location, requires_grad,
+    parameter)` once the whole pickle has been read; CheckpointError naming `source` if it is corrupt."""
     try:
         archive = zipfile.ZipFile(f)
     except (zipfile.BadZipFile, EOFError) as e:
@@ -215,9 +239,13 @@ def load_torch_zip(f, source, encoding="utf-8"):
                 raise CheckpointError(f"{source}: byteorder record is {byteorder[:20]!r}, not little or big")
             unpickler = _Unpickler(archive.read(pickles[0]), archive, prefix, byteorder == b"little", source,
                                    encoding)
-            return unpickler.load()
+            obj = unpickler.load()
         except CheckpointError:
             raise
         except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, ValueError, TypeError, KeyError, IndexError,
                 AttributeError, RuntimeError, RecursionError, OverflowError) as e:
             raise CheckpointError(f"{source}: corrupt torch.save file ({type(e).__name__}: {e})") from None
+    try:
+        return _to_tensors(obj, make)
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from None
