@@ -80,9 +80,9 @@ def _eval(args):
     from . import models
     from .serialization import load_training_state
     from .train import evaluate, load_mnist
-    from .utils.checkpoint import load_checkpoint
+    from .serialization import read_checkpoint_meta
     from .utils.data import DataLoader
-    _, meta = load_checkpoint(args.checkpoint)
+    meta = read_checkpoint_meta(args.checkpoint)
     if "model" not in meta:
         raise ValueError(f"{args.checkpoint}: not a smalltrain training checkpoint")
     model = models.build(meta["model"], **meta.get("model_config", {})).to(args.device)

@@ -10,7 +10,8 @@ import pytest
 
 from smalltrain import cli
 from smalltrain.train import TrainConfig, fit
-from smalltrain.utils.checkpoint import load_checkpoint
+from smalltrain.serialization import load as load_checkpoint
+from smalltrain.serialization import read_checkpoint_meta
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MNIST_DIR = os.path.join(os.path.dirname(__file__), "..", "smalltrain", "datasets", "data", "mnist")
@@ -31,7 +32,8 @@ def test_default_recipe_reaches_97_percent_after_one_epoch(tmp_path):
     assert summary["history"][0]["test_count"] == 10000
     # the run directory holds every promised file, and the metrics agree with the summary
     names = os.listdir(tmp_path)
-    assert {"metrics.jsonl", "curves.png", "checkpoint_epoch1.safetensors", "checkpoint_epoch1.json"} <= set(names)
+    assert {"metrics.jsonl", "curves.png", "checkpoint_epoch1.safetensors"} <= set(names)
+    assert "checkpoint_epoch1.json" not in names   # one file per checkpoint, no sidecar
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert len(epochs) == 1 and epochs[0]["test_accuracy"] == acc
@@ -55,8 +57,10 @@ def test_cnn_with_sgd_reaches_97_percent_after_one_epoch(tmp_path):
 
 
 def _params(path):
-    tensors, _ = load_checkpoint(path)
-    return {k: v for k, v in tensors.items() if k.startswith("model.") or k.startswith("optimizer.")}
+    state = load_checkpoint(path)
+    tensors = {f"model.{k}": v for k, v in state["model"].items()}
+    tensors.update({f"optimizer.{i}.{k}": v for i, s in state["optimizer"]["state"].items() for k, v in s.items()})
+    return {k: v.numpy() for k, v in tensors.items()}
 
 
 def test_resume_is_bitwise_exact(tmp_path):
@@ -72,16 +76,16 @@ def test_resume_is_bitwise_exact(tmp_path):
     assert a.keys() == b.keys() and len(a) > 10
     for k in a:
         assert a[k].tobytes() == b[k].tobytes(), k
-    ja = json.load(open(tmp_path / "a" / "checkpoint_epoch2.json"))["meta"]
-    jb = json.load(open(tmp_path / "b" / "checkpoint_epoch2.json"))["meta"]
-    assert ja["step"] == jb["step"] == 40
+    ja = load_checkpoint(tmp_path / "a" / "checkpoint_epoch2.safetensors")
+    jb = load_checkpoint(tmp_path / "b" / "checkpoint_epoch2.safetensors")
+    assert ja["meta"]["step"] == jb["meta"]["step"] == 40
     assert ja["scheduler"] == jb["scheduler"]
 
 
 def test_eval_command_reports_the_checkpoint_accuracy(tmp_path, capsys):
     assert cli.main(["train", "--epochs", "1", "--limit-train-batches", "30", "--no-tensorboard",
                      "--out", str(tmp_path)]) == 0
-    meta = json.load(open(tmp_path / "checkpoint_epoch1.json"))["meta"]
+    meta = read_checkpoint_meta(tmp_path / "checkpoint_epoch1.safetensors")
     capsys.readouterr()
     assert cli.main(["eval", "--checkpoint", str(tmp_path / "checkpoint_epoch1.safetensors")]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
