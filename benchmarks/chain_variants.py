@@ -1,4 +1,4 @@
-"""GPU time of the linear-chain kernels (kernels/linear.cu chain_*) against the per-layer kernels they replace,
+"""GPU time of the linear-chain kernels (kernels/linear_chain.cu chain_*) against the per-layer kernels they replace,
 for LeNet-5's head, over block sizes, outputs per warp (ST_CJW) and rows per block.
 
 Run (GPU): python3 benchmarks/chain_variants.py [--batches 64,512] [--all]
@@ -203,8 +203,8 @@ def cluster_variants(cp, common, x, ws, bs, codes, widths, m, ref, dout=None, cs
                 return
             err = float(cp.abs(out - ref).max())
             print(f"M={m} cluster rows={rows} jw={jw} blocks={grid[0]}: fwd {t:.2f} us (max err vs chain {err:.1e})")
-    from smalltrain.backend.cuda import linear as L
-    dx_ref, _ = L.linear_chain_backward(dout, cs)
+    from smalltrain.backend.cuda import linear_chain as C
+    dx_ref, _ = C.linear_chain_backward(dout, cs)
     for rows in (1, 4, 8):
         fn = mod.get_function(f"chainc_bwd_r{rows}")
         gs = [cp.empty((m, widths[i + 1]), cp.float32) for i in range(3)]
@@ -224,9 +224,10 @@ def main():
     import cupy as cp
 
     from smalltrain.backend.cuda import linear as L
+    from smalltrain.backend.cuda import linear_chain as C
     from smalltrain.backend.cuda._common import i32, ptr
     from smalltrain.backend.cuda.loader import KERNEL_DIR, read_source
-    src = read_source(os.path.join(KERNEL_DIR, "linear.cu"))
+    src = read_source(os.path.join(KERNEL_DIR, "linear_chain.cu"))
     widths = (256, 120, 84, 10)
     acts = ["gelu", "gelu", None]
     rng = np.random.default_rng(0)
@@ -253,10 +254,10 @@ def main():
             for s in reversed(saved):
                 g, _, _ = L.linear_act_backward(g, s)
         print(f"M={m}: layers fwd {timed(cp, layers_fwd):.2f} us, layers bwd {timed(cp, layers_bwd):.2f} us")
-        out, cs = L.linear_chain_forward(x, list(zip(ws, bs, acts)))
-        print(f"M={m}: chain (as shipped, {L.chain_rows(m, widths, 4)} rows) fwd "
-              f"{timed(cp, lambda: L.linear_chain_forward(x, list(zip(ws, bs, acts)))):.2f} us, bwd "
-              f"{timed(cp, lambda: L.linear_chain_backward(dout, cs)):.2f} us")
+        out, cs = C.linear_chain_forward(x, list(zip(ws, bs, acts)))
+        print(f"M={m}: chain (as shipped, {C.chain_rows(m, widths, 4)} rows) fwd "
+              f"{timed(cp, lambda: C.linear_chain_forward(x, list(zip(ws, bs, acts)))):.2f} us, bwd "
+              f"{timed(cp, lambda: C.linear_chain_backward(dout, cs)):.2f} us")
         cluster_variants(cp, read_source(os.path.join(KERNEL_DIR, "common.cuh")), x, ws, bs, codes, widths, m, out,
                          dout, cs)
         zs, hs = cs.z, cs.h
@@ -270,7 +271,7 @@ def main():
                     continue
                 grid = (-(-m // rows),)
                 smem = 2 * rows * 256 * 4
-                params = L._chain_params(ws, bs, zs, hs, widths, codes)
+                params = C._chain_params(ws, bs, zs, hs, widths, codes)
                 fwd = mod.get_function(f"chain_fwd_r{rows}_f32")
                 bwd = mod.get_function(f"chain_bwd_rows_r{rows}_f32")
                 tf = timed(cp, lambda: fwd(grid, (threads,), (x,) + params + (i32(m), i32(3), i32(256)),
