@@ -64,12 +64,12 @@ def test_captured_step_equals_eager_after_100_steps(opt_name, set_to_none, recor
     """With zero_grad() the captured gradients live in the graph's pool (new arrays on each eager step); with
     set_to_none=False they are zeroed in place: both replay exactly the eager step. The captured step runs the
     cross-entropy in the chain's forward kernel (autograd/held.py), the eager one as a kernel of its own."""
-    from smalltrain.backend.cuda import linear as cuda_linear
+    from smalltrain.backend.cuda import linear_chain as cuda_chain
     eager_model, eager_step = _setup("cuda", opt_name, set_to_none)
     graph_model, graph_step = _setup("cuda", opt_name, set_to_none)
     compiled = smalltrain.compile(graph_step)
     xs, ys = _batches(10, 64, "cuda")
-    names = record_kernels(cuda_linear, "get")
+    names = record_kernels(cuda_chain, "get")
     for i in range(100):
         eager_step(xs[i % 10], ys[i % 10])
         loss = compiled(xs[i % 10], ys[i % 10])
@@ -134,70 +134,39 @@ def test_captured_step_with_the_first_layers_rows_added_in_the_kernel_equals_eag
     assert worst <= 1e-6
 
 
-def _captured_with_and_without(monkeypatch, knob, module=None, driver=True):
-    """The parameters after 30 captured LeNet-5 Adam steps with module.<knob> (graphs by default) off, then on, and
-    the type of the executable graph each made with whether its nodes kept their priorities (with driver, a test of
-    the driver's path: skipped on the emulator)."""
-    from smalltrain.backend.cuda import graphs
+@cuda
+def test_a_captured_step_on_the_driver_keeps_node_priorities_and_launches_programmatically(monkeypatch,
+                                                                                         record_kernels):
+    """On a real driver the captured step is instantiated with its nodes' stream priorities (the side streams'
+    kernels below the main stream's) and, from compute capability 9.0 on, its kernels are launched with
+    programmatic stream serialization, each waiting for its predecessors first (ST_GRID_WAIT): only when blocks start
+    changes, so after 30 Adam steps the parameters equal those of the eager step."""
+    from smalltrain.backend.cuda import _common, cupy, graphs
     import cuda_emulator
-    if driver and cuda_emulator.installed():
+    if cuda_emulator.installed():
         pytest.skip("the emulator has no driver to launch kernels or instantiate graphs with attributes")
-    xs, ys = _batches(10, 64, "cuda")
-    params, kinds = [], []
-    for on in (False, True):
-        monkeypatch.setattr(module or graphs, knob, on)
-        model, step = _setup("cuda", "adam")
-        compiled = smalltrain.compile(step)
-        for i in range(30):
-            compiled(xs[i % 10], ys[i % 10])
-        assert compiled.stats["captures"] == 1 and compiled.stats["replays"] == 30 - compiled.warmup
-        cuda_graph = next(iter(compiled.entries.values()))[0]
-        kinds.append((type(cuda_graph.graph).__name__, cuda_graph.node_priorities))
-        params.append([p.detach().cpu().numpy() for p in model.parameters()])
-    return params, kinds
-
-
-@cuda
-def test_captured_step_with_node_priorities_equals_the_one_without(monkeypatch):
-    """graphs.NODE_PRIORITIES instantiates the captured step through the driver with node priorities (the side
-    stream's kernels below the main stream's): only the order in which blocks are dispatched may change, so after 30
-    steps the parameters are bit-equal to those of the step captured the usual way."""
-    from smalltrain.backend.cuda import graphs
-    monkeypatch.setattr(graphs, "PDL", False)
-    params, kinds = _captured_with_and_without(monkeypatch, "NODE_PRIORITIES")
-    assert kinds == [("_DriverGraph", False), ("_DriverGraph", True)]
-    for p, q in zip(*params):
-        assert np.array_equal(p, q)
-
-
-@cuda
-def test_captured_step_with_programmatic_launches_equals_the_one_without(monkeypatch, record_kernels):
-    """graphs.PDL launches the captured step's kernels with programmatic stream serialization; each kernel waits
-    for its predecessors first (ST_GRID_WAIT), so after 30 steps the parameters are bit-equal to those without, and
-    the capture launched the step's kernels through ProgrammaticKernel."""
-    from smalltrain.backend.cuda import _common, graphs
-    monkeypatch.setattr(graphs, "NODE_PRIORITIES", True)
     launched = []
     real = graphs.ProgrammaticKernel.__call__
     monkeypatch.setattr(graphs.ProgrammaticKernel, "__call__",
                         lambda self, *a, **k: launched.append(self._kern) or real(self, *a, **k))
     names = record_kernels(_common, "kernel")
-    params, kinds = _captured_with_and_without(monkeypatch, "PDL")
-    assert kinds == [("_DriverGraph", True), ("_DriverGraph", True)]
-    assert len(launched) >= 8 and any(n.startswith("adam_step") for n in names), (len(launched), names)
-    for p, q in zip(*params):
-        assert np.array_equal(p, q)
-
-
-@cuda
-def test_the_optimizers_table_copied_once_equals_the_copy_in_every_replay(monkeypatch):
-    """The fused optimizer's table of addresses, made while the step is captured, is copied to the device once when
-    the capture ends (graphs.after_capture) instead of by a memcpy node of every replay (optim.TABLE_COPY_NODE):
-    after 30 steps the parameters are bit-equal."""
-    from smalltrain.backend.cuda import optim
-    params, _ = _captured_with_and_without(monkeypatch, "TABLE_COPY_NODE", optim, driver=False)
-    for p, q in zip(*params):
-        assert np.array_equal(p, q)
+    eager_model, eager_step = _setup("cuda", "adam")
+    graph_model, graph_step = _setup("cuda", "adam")
+    compiled = smalltrain.compile(graph_step)
+    xs, ys = _batches(10, 64, "cuda")
+    for i in range(30):
+        eager_step(xs[i % 10], ys[i % 10])
+        compiled(xs[i % 10], ys[i % 10])
+    assert compiled.stats["captures"] == 1 and compiled.stats["replays"] == 30 - compiled.warmup
+    cuda_graph = next(iter(compiled.entries.values()))[0]
+    assert type(cuda_graph.graph).__name__ == "_DriverGraph" and cuda_graph.node_priorities
+    programmatic = int(cupy().cuda.Device().compute_capability) >= 90
+    assert cuda_graph.programmatic == programmatic
+    if programmatic:
+        assert len(launched) >= 8 and any(n.startswith("adam_step") for n in names), (len(launched), names)
+    worst = max(float(abs(p.detach().cpu().numpy() - q.detach().cpu().numpy()).max())
+                for p, q in zip(eager_model.parameters(), graph_model.parameters()))
+    assert worst <= 1e-6
 
 
 @cuda

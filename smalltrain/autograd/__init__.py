@@ -1,6 +1,7 @@
 """Reverse-mode automatic differentiation: Function (custom ops), the backward engine, grad modes."""
 from .function import Function, Node
 from .grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from . import handoff  # noqa: F401  (installs autograd's backend hooks before anything can launch a kernel)
 
 
 def backward(tensors, grad_tensors=None, retain_graph=False):

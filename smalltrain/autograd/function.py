@@ -3,6 +3,7 @@
 `forward(ctx, *args)` runs with recording off on Tensors (it may return Tensors or raw arrays);
 `backward(ctx, *grads)` gets one gradient Tensor per output and returns one gradient per input.
 """
+from ..backend import hooks
 from . import grad_mode
 
 
@@ -65,7 +66,7 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        if held._held is not None:   # an op runs after the held launch (autograd/held.py)
+        if hooks.held is not None:   # an op runs after the held launch (autograd/held.py)
             held.flush()
         ctx = Node(cls)
         state = grad_mode._state

@@ -10,11 +10,12 @@ the held output, or whose work must run after it, runs it first ("flushes"):
   - any op (Function.apply) and any launch of the CUDA backend's kernels (backend/cuda/_common.get), so that work
     queued after the hold stays after it;
   - the end of a capture (backend/cuda/graphs.py; an aborted capture drops it).
-One launch is held at a time: holding another flushes the first.
+One launch is held at a time: holding another flushes the first. The record of the launch held now is
+backend/hooks.py's `held` (None when none is), where the backend's launches read it; autograd/handoff.py installs
+hold, flush and drop as the backend's hooks.
 """
+from ..backend import hooks
 from ..tensor import Tensor
-
-_held = None   # the launch held now, or None
 
 
 class Held:
@@ -35,30 +36,27 @@ class Held:
 
 def hold(out, launch, info=None):
     """Hold `launch` (which writes `out`) until it is flushed or taken; flushes what was held before."""
-    global _held
     flush()
-    _held = Held(out, launch, info)
+    hooks.held = Held(out, launch, info)
 
 
 def pending():
-    return _held is not None
+    return hooks.held is not None
 
 
 def flush():
     """Run the held launch, if any (before anything that could read what it writes)."""
-    global _held
-    h = _held
+    h = hooks.held
     if h is None:
         return
-    _held = None
+    hooks.held = None
     _release(h)
     h.settle()
 
 
 def drop():
     """Forget the held launch without running it (a capture that failed: nothing it recorded is kept)."""
-    global _held
-    h, _held = _held, None
+    h, hooks.held = hooks.held, None
     if h is not None:
         _release(h)
 
@@ -66,7 +64,7 @@ def drop():
 def mark(tensor):
     """Tie the held launch to `tensor`, the op's output over its `out` array: reading the tensor flushes it. A
     tensor over any other array, or one of a subclass, flushes it at once."""
-    h = _held
+    h = hooks.held
     if h is None:
         return tensor
     if type(tensor) is Tensor and _ARRAY.__get__(tensor) is h.out:
@@ -80,11 +78,10 @@ def mark(tensor):
 def take(tensor):
     """The Held record whose output `tensor` is, now the caller's (who must launch its fused kernel or call
     settle()), or None where `tensor` is not held."""
-    global _held
-    h = _held
+    h = hooks.held
     if h is None or h.tensor is not tensor:
         return None
-    _held = None
+    hooks.held = None
     _release(h)
     return h
 

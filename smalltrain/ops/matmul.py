@@ -10,6 +10,7 @@ from ..autograd.engine import Prepared, takes_plainly
 from ..autograd.function import Function
 from ..backend.cuda import blas
 from ..backend.cuda import linear as cuda_linear
+from ..backend.cuda import linear_chain as cuda_chain
 from ._util import check_same_device, offered_producer, xp_of
 from .activation import apply_named
 
@@ -169,7 +170,7 @@ class LinearChain(Function):
                   for i, act in enumerate(activations)]
         rows = a.reshape(a.shape[0], -1) if flatten else a.reshape(-1, a.shape[-1])
         # hold: the launch may wait for the op after it (linear_chain marks the output; autograd/held.py)
-        out, ctx.saved = cuda_linear.linear_chain_forward(rows, layers, save=True in ctx.needs_input_grad, hold=True)
+        out, ctx.saved = cuda_chain.linear_chain_forward(rows, layers, save=True in ctx.needs_input_grad, hold=True)
         ctx.shape = a.shape
         return out if flatten or a.ndim == 2 else out.reshape(a.shape[:-1] + (out.shape[-1],))
 
@@ -178,10 +179,10 @@ class LinearChain(Function):
         g = dout.array
         need = ctx.needs_input_grad
         needs = [(need[3 + 2 * i], need[4 + 2 * i]) for i in range(len(ctx.saved.weights))]
-        dx, grads = cuda_linear.linear_chain_backward(g.reshape(-1, g.shape[-1]), ctx.saved, need[0], needs,
+        dx, grads = cuda_chain.linear_chain_backward(g.reshape(-1, g.shape[-1]), ctx.saved, need[0], needs,
                                                       offered_producer(ctx),
                                                       takes_plainly(ctx, range(3, len(ctx.inputs))))
-        if isinstance(dx, cuda_linear.ProducerGrad):   # written as the producing convolution's g
+        if isinstance(dx, cuda_chain.ProducerGrad):   # written as the producing convolution's g
             dx = Prepared("conv_g", dx)
         elif dx is not None:
             dx = dx.reshape(ctx.shape)
@@ -192,7 +193,7 @@ def _fused_chain(x, layers, flatten=False):
     """Whether LinearChain takes these [(weight, bias, activation), ...]: CUDA float input (at least 2-D where
     flatten), every weight 2-D of the input's dtype and each layer's input width its predecessor's output width
     (the first's the input's last dim, or its dims after the first where flatten), biases matching, and a chain
-    the kernels take (cuda_linear.chain_rows). Anything else runs layer by layer (which raises the clear
+    the kernels take (cuda_chain.chain_rows). Anything else runs layer by layer (which raises the clear
     errors)."""
     a = x.array
     if not (x.is_cuda and a.dtype.kind == "f" and a.ndim >= (2 if flatten else 1) and a.size > 0):
@@ -205,18 +206,18 @@ def _fused_chain(x, layers, flatten=False):
                                        or b.array.dtype != a.dtype))):
             return False
         widths.append(wa.shape[0])
-    return cuda_linear.chain_rows(a.size // widths[0], widths, a.dtype.itemsize) is not None
+    return cuda_chain.chain_rows(a.size // widths[0], widths, a.dtype.itemsize) is not None
 
 
 def linear_chain(input, layers, flatten=False):  # noqa: A002
     """act_L(... act_1(input @ W_1^T + b_1) ...) for layers [(weight, bias or None, activation), ...], activation
-    None, 'relu', 'gelu' or 'gelu_tanh' each: on CUDA one fused op per run of up to CHAIN_MAX_LAYERS layers where the
+    None, 'relu', 'gelu' or 'gelu_tanh' each: on CUDA one fused op per run of up to CHAIN.max_layers layers where the
     chain kernels take it; else linear_act layer by layer (the same values up to float rounding). flatten: the
     chain of input.flatten(1) (flattened inside the op, so that its backward can hand a pooled convolution before
     it its g: LinearChain)."""
     layers = list(layers)
     x = input
-    step = max(cuda_linear.CHAIN_MAX_LAYERS, 1)
+    step = max(cuda_chain.CHAIN.max_layers, 1)
     for start in range(0, len(layers), step):
         part = layers[start:start + step]
         flat = flatten and start == 0

@@ -1,20 +1,13 @@
-"""Fixtures for the CUDA kernel tests: CuPy's free memory is poisoned before each test (on the emulator, see
-tests/conftest.py, each allocation is)."""
-import pytest
+"""The convolution tests still here share tests/backend/cuda's fixtures and reference (until they move there): its
+conftest's fixtures, loaded from that file, and its cuda_reference.py on the import path."""
+import importlib.util
+import pathlib
+import sys
 
-import cuda_emulator
-import smalltrain
-
-
-@pytest.fixture(autouse=True)
-def _poison_pool():
-    """Fill CuPy's pooled free memory with 0xFF bytes (NaN as a float, -1 as an int): an output element that a
-    kernel forgets to write then shows up as NaN instead of a plausible stale value."""
-    if smalltrain.cuda.is_available() and not cuda_emulator.installed():
-        from smalltrain.backend.cuda import cupy
-        cp = cupy()
-        cp.get_default_memory_pool().free_all_blocks()
-        junk = cp.full(1 << 26, 255, dtype=cp.uint8)  # 64 MiB, split by the pool for the test's allocations
-        del junk
-    yield
-
+_SHARED = pathlib.Path(__file__).resolve().parents[1] / "backend" / "cuda"
+if str(_SHARED) not in sys.path:
+    sys.path.insert(0, str(_SHARED))
+_spec = importlib.util.spec_from_file_location("_backend_cuda_conftest", _SHARED / "conftest.py")
+_shared = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_shared)
+_poison_pool = _shared._poison_pool

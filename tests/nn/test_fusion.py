@@ -491,24 +491,21 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_
 
 
 @cuda
-@pytest.mark.parametrize("side_streams", [1, 2])
 @pytest.mark.parametrize("batch", [4, 300])
-def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, side_streams, monkeypatch):
+def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypatch):
     """LeNet-5's layout: the chain's weight gradients (chain_wgrad) and the second convolution's (its tile_wgrad
-    beside its input gradient, the size limit raised) are queued on the side stream and joined at the end of the
-    backward pass (engine.defer_join: two joins), not at once; the gradients are bit-equal to the joins at once
-    (linear.CHAIN_WGRAD_BESIDE and conv.WGRAD_BESIDE_DEFER off: the same kernels in the same order). A hook on a
-    weight is no obstacle (the engine joins first). With two side streams the two works go one on each."""
+    beside its input gradient, the size limit raised) are queued on side streams and joined at the end of the
+    backward pass (hooks.defer_join, autograd's engine.defer_join: two joins), not at once; the gradients are
+    bit-equal to the joins at once (the backend's default defer_join: the same kernels in the same order). A hook on
+    a weight is no obstacle (the engine joins first). The two works go one on each of the two side streams."""
     from smalltrain.autograd import engine
+    from smalltrain.backend import hooks
     from smalltrain.backend.cuda import _common
     from smalltrain.backend.cuda import conv as cuda_conv
-    from smalltrain.backend.cuda import linear as cuda_linear
     monkeypatch.setattr(cuda_conv, "WGRAD_BESIDE_MAX_OUTPUTS", 1 << 30)
-    monkeypatch.setattr(_common, "SIDE_STREAMS", side_streams)
     monkeypatch.setattr(_common, "_side", {})   # (the streams this test makes)
     joins = []
-    real_defer = engine.defer_join
-    monkeypatch.setattr(engine, "defer_join", lambda join: (joins.append(join), real_defer(join)))
+    monkeypatch.setattr(hooks, "defer_join", lambda join: (joins.append(join), engine.defer_join(join)))
     c1, c2, fcs, pool, params, _ = _lenet_layers()
     x = st.randn(batch, 1, 28, 28).to("cuda")
     seen = []
@@ -525,11 +522,9 @@ def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, side_stre
         return [p.grad.cpu().numpy() for p in params], len(joins), seen[:]
     deferred, n_deferred, seen_deferred = grads()
     assert n_deferred == 2
-    assert len(_common._side[x.array.device.id][0]) == side_streams
-    monkeypatch.setattr(cuda_linear, "CHAIN_WGRAD_BESIDE", False)
-    monkeypatch.setattr(cuda_conv, "WGRAD_BESIDE_DEFER", False)
-    at_once, n_at_once, seen_at_once = grads()
-    assert n_at_once == 0
+    assert len(_common._side[x.array.device.id][0]) == 2
+    monkeypatch.setattr(hooks, "defer_join", lambda join: join())
+    at_once, _, seen_at_once = grads()
     assert seen_deferred == seen_at_once and len(seen_at_once) == 1
     for i, (u, v) in enumerate(zip(deferred, at_once)):
         assert np.array_equal(u, v), i

@@ -367,12 +367,12 @@ def _loss_and_grads(head, inputs, target, weight, device, dtype, **kw):
 
 
 def _fused_against_two_kernels_and_torch(ours, theirs, inputs, target, weight, dtype, kw, monkeypatch, tol_scale=1):
-    """The loss, logits and gradients with the head's launch held outside captures too (HOLD_EAGER), so that the
-    cross-entropy runs in its kernel, equal those of the two kernels (held off) and torch's in float64."""
+    """The loss, logits and gradients with the head's launch held outside captures too (eager_holds), so that the
+    cross-entropy runs in its kernel, equal those of the two kernels (nothing held) and torch's in float64."""
     from smalltrain.backend.cuda import _common as cuda_common
     two = _loss_and_grads(ours, inputs, target, weight, "cuda", dtype, **kw)
-    monkeypatch.setattr(cuda_common, "HOLD_EAGER", True)
-    one = _loss_and_grads(ours, inputs, target, weight, "cuda", dtype, **kw)
+    with cuda_common.eager_holds():
+        one = _loss_and_grads(ours, inputs, target, weight, "cuda", dtype, **kw)
     tx = [torch.tensor(a, requires_grad=True) for a in inputs]
     logits = theirs(tx)
     loss = TF.cross_entropy(logits, torch.tensor(target), None if weight is None else torch.tensor(weight), **kw)
@@ -398,14 +398,14 @@ def _targets(rng, m, c, ignore, weighted):
 def test_chain_with_the_cross_entropy_in_its_kernel(rows, m, c, reduction, weighted, ignore, smoothing, dtype, rng,
                                                     monkeypatch, record_kernels):
     """A two-layer chain's logits: chain_fwd_ce (chain_fwd and the loss's kernel where the reduction is 'none')."""
-    from smalltrain.backend.cuda import linear as cuda_linear
+    from smalltrain.backend.cuda import linear_chain as cuda_chain
     from smalltrain.ops.matmul import linear_chain
-    monkeypatch.setattr(cuda_linear, "_CHAIN_ROWS", (rows,))
+    monkeypatch.setattr(cuda_chain, "_CHAIN_ROWS", (rows,))
     inputs = [rng.standard_normal((m, 24)), rng.standard_normal((16, 24)) * 0.5, rng.standard_normal((c, 16)) * 0.5,
               rng.standard_normal(16) * 0.1, rng.standard_normal(c) * 0.1]
     target, weight = _targets(rng, m, c, ignore, weighted)
     kw = {"reduction": reduction, "label_smoothing": smoothing} | ({} if ignore is None else {"ignore_index": ignore})
-    names = record_kernels(cuda_linear, "get")
+    names = record_kernels(cuda_chain, "get")
     _fused_against_two_kernels_and_torch(
         lambda t: linear_chain(t[0], [(t[1], t[3], "relu"), (t[2], t[4], None)]),
         lambda t: TF.linear(TF.relu(TF.linear(t[0], t[1], t[3])), t[2], t[4]), inputs, target, weight, dtype, kw,
@@ -445,11 +445,10 @@ def test_convolution_and_linear_with_the_cross_entropy_in_their_kernel(x_shape, 
 
 
 @pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
-def test_chain_with_the_cross_entropy_in_its_kernel_flags_a_bad_target(monkeypatch):
+def test_chain_with_the_cross_entropy_in_its_kernel_flags_a_bad_target():
     from smalltrain.backend.cuda import _common as cuda_common
     from smalltrain.ops.matmul import linear_chain
-    monkeypatch.setattr(cuda_common, "HOLD_EAGER", True)
-    with pytest.raises(IndexError, match="Target 12 is out of bounds"):
+    with cuda_common.eager_holds(), pytest.raises(IndexError, match="Target 12 is out of bounds"):
         _loss_and_grads(lambda t: linear_chain(t[0], [(t[1], t[3], "relu"), (t[2], t[4], None)]),
                         [np.ones((4, 24)), np.ones((16, 24)), np.ones((10, 16)), np.zeros(16), np.zeros(10)],
                         np.array([1, 12, 0, 3]), None, "cuda", "float32")

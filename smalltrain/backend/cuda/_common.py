@@ -1,12 +1,13 @@
 """Checks and launch plumbing shared by the CUDA launchers: array type, dtype, device and contiguity validation
 before any kernel runs, kernel lookup by `<name>_<f32|f64>`, and exact-width scalar arguments.
 """
+import contextlib
 import functools
 import operator
 
 import numpy as np
 
-from ...autograd import engine, held
+from .. import hooks
 from . import cupy
 from . import graphs
 from .graphs import is_current_stream_capturing
@@ -75,9 +76,9 @@ def same_device(op, *arrays):
 
 def grad_array(param):
     """An array for the gradient of `param` (a weight or bias array an op was given): the memory of that leaf's .grad
-    where the running backward pass offers it (autograd.engine.claim_grad: a view into a flat gradient buffer), else
-    a new array of its shape and dtype."""
-    slot = engine.claim_grad(param)
+    where the running backward pass offers it (hooks.claim_grad: a view into a flat gradient buffer), else a new
+    array of its shape and dtype."""
+    slot = hooks.claim_grad(param)
     return slot if slot is not None else cupy().empty(param.shape, dtype=param.dtype)
 
 
@@ -135,9 +136,9 @@ def scalar(v, dtype):
 
 def get(family, name, dtype, op=None):
     """The kernel `<name>_<f32|f64>` of kernels/<family>.cu for dtype, on the current device. Every launch asks for
-    its kernel here first, so a launch held back (autograd/held.py) runs before it."""
-    if held._held is not None:
-        held.flush()
+    its kernel here first, so a launch held back (hooks.held) runs before it."""
+    if hooks.held is not None:
+        hooks.flush()
     kern = kernel(family, f"{name}_{suffix(op or name, dtype)}")
     return graphs.programmatic(kern) if graphs.programmatic_launches() else kern
 
@@ -208,25 +209,20 @@ def with_smem(kern, nbytes):
     return kern
 
 
-_side = {}   # device id -> [(side stream, fork event, join event), ...] (SIDE_STREAMS of them), the next one's index
-# run_beside's side streams per device, taken in turn: with more than one, two works queued beside the same stretch
-# of the current stream (LeNet-5's chain_wgrad and its second layer's tile_wgrad) run beside each other too. H100,
-# captured steps with 1 / 2 (twenty-eighth session, two rounds): LeNet-5 b64 73.5, 73.9 / 83.6, 83.3 us; b512 142.8,
-# 141.7 / 140.5, 139.7; MnistCnn 129.1, 128.7 / 128.8, 129.6: a second stream costs b64 10 us for b512's 2. That
-# loss is the side kernels taking SMs from the main stream's: the side streams have CUDA's default (least) priority,
-# and with graphs.NODE_PRIORITIES a replay dispatches the main stream's blocks first; then two streams cost b64
-# nothing and give b512 ~1.7 us (twenty-ninth session, see there). So two
-SIDE_STREAMS = 2
+# run_beside's side streams per device, taken in turn: with two, two works queued beside the same stretch of the
+# current stream (LeNet-5's chain_wgrad and its second layer's weight gradient) run beside each other too
+_SIDE_STREAMS = 2
+_side = {}   # device id -> [[(side stream, fork event, join event), ...], the next one's index]
 
 
 def run_beside(side_work, main_work, enabled=True, defer=False):
     """(side_work(), main_work()), the first queued on a side stream of the current device (the next of its
-    SIDE_STREAMS), the second on the current stream, so that the GPU runs them at the same time: the side stream
+    _SIDE_STREAMS), the second on the current stream, so that the GPU runs them at the same time: the side stream
     first waits for everything queued on the current stream so far, and before returning the current stream waits for
     the side stream's work (a fork and a join, which a CUDA graph capture records as two edges). For independent work
     of small kernels that leave most SMs idle, such as a convolution's weight gradient beside its input gradient.
     enabled=False runs both on the current stream, side_work first. defer: the join is left to the backward pass in
-    progress (autograd.engine defer_join; an op asks engine.takes_plainly first), so that side_work also runs beside
+    progress (hooks.defer_join; an op asks autograd.engine.takes_plainly first), so that side_work also runs beside
     the pass's later work; side_work and main_work (and what they reference) are kept until then.
 
     Memory: the side stream's allocations come from its own part of the pool, and the join precedes every later
@@ -237,10 +233,10 @@ def run_beside(side_work, main_work, enabled=True, defer=False):
     cp = cupy()
     dev = cp.cuda.Device().id
     sides = _side.setdefault(dev, [[], 0])
-    while len(sides[0]) < SIDE_STREAMS:
+    while len(sides[0]) < _SIDE_STREAMS:
         sides[0].append((cp.cuda.Stream(non_blocking=True), cp.cuda.Event(disable_timing=True),
                          cp.cuda.Event(disable_timing=True)))
-    side, fork, join = sides[0][sides[1] % SIDE_STREAMS]
+    side, fork, join = sides[0][sides[1] % _SIDE_STREAMS]
     sides[1] += 1
     main = cp.cuda.get_current_stream()
     fork.record(main)
@@ -258,22 +254,30 @@ def run_beside(side_work, main_work, enabled=True, defer=False):
         join_now()
         raise
     if defer:
-        engine.defer_join(lambda: (join_now(), side_work, main_work))   # the works' references live until then
+        hooks.defer_join(lambda: (join_now(), side_work, main_work))   # the works' references live until then
     else:
         join_now()
     return first, second
 
 
-# Launches an op may hold back for the op after it (autograd/held.py): while a CUDA graph is captured, where HOLD is
-# on; HOLD_EAGER holds outside captures too (tests: the fused kernels against torch and the separate ones, eagerly).
-# Off, a captured step runs the kernels an eager one does.
-HOLD = True
-HOLD_EAGER = False
+_eager_holds = [False]   # eager_holds(): launches are held outside captures too
+
+
+@contextlib.contextmanager
+def eager_holds():
+    """Within the block, launch_or_hold holds launches outside captures too, so that the fused heads (a held launch
+    taken over by the cross-entropy after it) run in an eager step: tests compare them there against the separate
+    kernels and torch, and profilers time them."""
+    _eager_holds[0] = True
+    try:
+        yield
+    finally:
+        _eager_holds[0] = False
 
 
 class HeldHead:
     """The launch of a kernel that writes logits [N, C] (linear.py's chain, conv.py's tile_conv_lin), held
-    (launch_or_hold) so that it can run later (autograd/held.py) on the device and stream it was made on: as it was
+    (launch_or_hold) so that it can run later (hooks.hold) on the device and stream it was made on: as it was
     (plain), or with the cross-entropy of its rows in its epilogue (with_cross_entropy; loss.py
     cross_entropy_forward). launch(ce) makes the launch, ce None or the cross-entropy's arguments; slots: the partial
     sums the fused reduction writes."""
@@ -298,12 +302,13 @@ class HeldHead:
 
 
 def launch_or_hold(hold, out, launch, slots, dtype, device):
-    """Hold launch (as HeldHead takes it) for the op after it, where `hold` (the caller then ties its output tensor to
-    it: held.mark) and HOLD allow and one of our CUDA graphs is being captured (its end flushes what is held), or
-    HOLD_EAGER; else run launch(None) now, on the current device and stream: an eager step makes no record."""
-    if hold and HOLD and (HOLD_EAGER or is_current_stream_capturing()):
+    """Hold launch (as HeldHead takes it) for the op after it (hooks.hold), where `hold` allows (the caller then ties
+    its output tensor to it: autograd.held.mark) and one of our CUDA graphs is being captured (its end flushes what is
+    held) or eager_holds() is in effect; else run launch(None) now, on the current device and stream: an eager step
+    makes no record."""
+    if hold and (_eager_holds[0] or is_current_stream_capturing()):
         head = HeldHead(launch, slots, dtype, device)
-        held.hold(out, head.plain, head)
+        hooks.hold(out, head.plain, head)
     else:
         launch(None)
 

@@ -11,37 +11,24 @@ into the graph's pool) is a `constant`: written once when the capture ends, not 
 other way round, a kernel captured by `updatable_launch` is a node whose arguments each call may replace before
 launching a replay (`KernelNode.set`), without queueing any work: how a compiled step takes its inputs.
 
-On a real driver a graph keeps its nodes' stream priorities (NODE_PRIORITIES) and smalltrain's kernels in it start
-while their predecessors finish (PDL); both below.
+On a real driver a graph is instantiated with its nodes' stream priorities: captures run on a stream of the device's
+greatest priority and run_beside's side streams (_common.py) have the least, so where a side kernel and a main-stream
+kernel both wait for SMs, a replay dispatches the main stream's blocks (the step's critical path) first. From compute
+capability 9.0 on, smalltrain's kernels in a graph are launched with programmatic stream serialization (PDL:
+ProgrammaticKernel below), so that a replay starts each one while its predecessor still runs; every kernel of
+kernels/*.cu first waits for its predecessors to finish (ST_GRID_WAIT, common.cuh), so only the launch's latency is
+hidden.
 """
 import contextlib
 import ctypes
 
 import numpy as np
 
-from ...autograd import held
+from .. import hooks
 from . import cupy
 
 _capturing = []   # the CUDAGraphs whose capture is in progress, innermost last
 
-# NODE_PRIORITIES: capture on a stream of the device's greatest priority and instantiate the graph through the
-# driver with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY, so that each kernel node keeps the priority of the
-# stream it was captured on. run_beside's side streams (_common.py) have the least priority, so where a side kernel
-# and a main-stream kernel both wait for SMs, a replay dispatches the main stream's blocks (the step's critical
-# path) first. Without the flag every node runs at the priority of the stream that launches the replay. Read when
-# a CUDAGraph is made; used where CuPy offers streamEndCapture (not on the emulator). H100,
-# twenty-ninth session, captured steps, six rounds over two calls, medians (us): off 71.8 (LeNet-5 b64) / 141.7
-# (b512); on 73.4 / 139.0; on with _common.SIDE_STREAMS=2 73.4 / 137.3, where two side streams without it cost b64
-# 10 us (82.7). b512's 4.4 us for b64's ~1.5 (whose rounds off were 68.2-73.2, on 71.5-73.4): on, with two streams
-NODE_PRIORITIES = True
-# PDL: while a graph is captured on a real driver, smalltrain's kernels are launched with
-# programmatic stream serialization (cuLaunchKernelEx; ProgrammaticKernel below), so that a replay starts each one
-# while its predecessor still runs; every kernel of kernels/*.cu first waits for its predecessors to finish
-# (ST_GRID_WAIT, common.cuh), so only the launch's latency is hidden. Read when a CUDAGraph is made.
-# benchmarks/pdl_probe.py, H100: ~0.3 us off each small kernel's ~1.2 us in a graph. The captured step, H100,
-# twenty-ninth session, two rounds, us off / on: LeNet-5 b64 73.8, 73.4 / 69.8, 70.8; b512 136.9, 136.2 / 136.5,
-# 136.8; MnistCnn b64 128.3, 128.2 / 124.3, 127.1
-PDL = True
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
 _GREATEST_PRIORITY = -(1 << 20)   # CUDA clamps a stream's priority into the device's range (greatest: -5 on H100)
 _INSTANTIATE_FLAG_USE_NODE_PRIORITY = 8   # CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY (cuda.h)
@@ -93,8 +80,8 @@ def programmatic_launches():
 
 
 class ProgrammaticKernel:
-    """A CuPy kernel (RawKernel) launched with programmatic stream serialization (PDL, above); attributes are the
-    kernel's own."""
+    """A CuPy kernel (RawKernel) launched with programmatic stream serialization (PDL, the module's docstring);
+    attributes are the kernel's own."""
 
     def __init__(self, kern):
         object.__setattr__(self, "_kern", kern)
@@ -264,12 +251,12 @@ def constant(host):
 def updatable_launch(kern, grid, block, args, shared_mem=0):
     """During a capture: launch the CuPy kernel `kern` on the current stream as a kernel node whose arguments can be
     replaced before each replay (`node.set`, KernelNode's); the node is returned. None, launching nothing, outside a
-    capture. On the emulator its kernels record such nodes themselves (testing/cuda_emulator.py
+    capture. On the emulator its kernels record such nodes themselves (tests/tooling/cuda_emulator.py
     capture_updatable)."""
     if not _capturing:
         return None
     g, cp = _capturing[-1], cupy()
-    held.flush()   # (a launch held back belongs before this one)
+    hooks.flush()   # (a launch held back belongs before this one)
     if not g.driver:
         return kern.capture_updatable(grid, block, args, shared_mem)
     driver = _Driver.get()
@@ -321,9 +308,9 @@ class CUDAGraph:
         # a real CUDA driver (not the emulator): the graph is instantiated through it (_DriverGraph), so that its
         # nodes can keep their priorities and have their arguments replaced between replays (KernelNode)
         self.driver = hasattr(cp.cuda.runtime, "streamEndCapture")
-        self.node_priorities = NODE_PRIORITIES and self.driver
+        self.node_priorities = self.driver
         # PDL needs compute capability 9.0 (ST_GRID_WAIT is compiled in from sm_90 on, a no-op before)
-        self.programmatic = PDL and self.driver and int(cp.cuda.Device().compute_capability) >= 90
+        self.programmatic = self.driver and int(cp.cuda.Device().compute_capability) >= 90
         self.stream = cp.cuda.Stream(non_blocking=True, priority=_GREATEST_PRIORITY) if self.node_priorities \
             else cp.cuda.Stream(non_blocking=True)
         self.pool = cp.cuda.MemoryPool()
@@ -352,7 +339,7 @@ class CUDAGraph:
 
     def capture_end(self):
         try:
-            held.flush()   # a launch held back inside the capture belongs to it (autograd/held.py)
+            hooks.flush()   # a launch held back inside the capture belongs to it (hooks.held)
             if self.driver:
                 self.graph = _DriverGraph(cupy().cuda.runtime.streamEndCapture(self.stream.ptr), self.node_priorities)
             else:
@@ -368,7 +355,7 @@ class CUDAGraph:
 
     def abort(self):
         """End a capture that failed (e.g. a host sync inside it), leaving no graph."""
-        held.drop()
+        hooks.drop()
         try:
             if self.stream.is_capturing():
                 self.stream.end_capture()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cupy
+from .tuning import Tuning
 from ._common import (BLOCK, check_array, check_dtype, check_float, contiguous, device_counters, dim_index, get, i32,
                       i64, launch, launch_rows, ptr, rows_grid, same_device, scalar, want_host_check)
 
@@ -118,8 +119,12 @@ def _ce_validate(x, target, weight, reduction, label_smoothing):
     return c
 
 
-# cross_entropy_forward also writes the gradient for a loss gradient of 1 (in its last block) up to this many elements
-CE_UNIT_MAX = 1 << 14
+LOSS = Tuning(
+    "loss",
+    ce_unit_max=(1 << 14, "up to this many logits cross_entropy_forward also writes the gradient for a loss "
+                          "gradient of 1, so that loss.backward() runs no kernel; each block then adds every target's "
+                          "weight itself, work that grows with the input"),
+)
 
 
 def _bad_flag():
@@ -146,7 +151,7 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     queued before it); None (the default) checks except while a CUDA graph is being captured. Unchecked, such rows
     give NaN (never an out-of-bounds read).
     compute_grad: also write the gradient (what backward scales), and for 'mean' / 'sum' over at most
-    CE_UNIT_MAX elements the gradient for a loss gradient of 1 too (saved.unit: `loss.backward()` then runs no
+    LOSS.ce_unit_max elements the gradient for a loss gradient of 1 too (saved.unit: `loss.backward()` then runs no
     kernel, ops/loss.py CrossEntropy.backward_unit).
     head: the held launch (autograd/held.py) of the op whose output x is [N, C], its info a _common.HeldHead (the
     linear chain's, tile_conv_lin's): for 'mean' and 'sum' it runs with this loss in its epilogue, one kernel;
@@ -178,7 +183,7 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
             mean = reduction == "mean"
             wsum = cp.empty((), dtype=x.dtype) if mean else None
             if counter is not None:   # one launch: the last block adds the blocks' sums
-                unit = cp.empty_like(grad) if grad is not None and grad.size <= CE_UNIT_MAX else None
+                unit = cp.empty_like(grad) if grad is not None and grad.size <= LOSS.ce_unit_max else None
                 ends = (counter, i32(mean), loss, ptr(wsum), ptr(unit))
                 if fused:   # the head's kernel, its rows' loss in its epilogue (args[9:]: ignore_index, ls, flag)
                     head.done = True

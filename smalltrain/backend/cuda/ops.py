@@ -8,8 +8,8 @@ from .activation import gelu_backward, gelu_forward, relu_backward, relu_forward
 from .conv import Conv2dSaved, col2im, conv2d_backward, conv2d_forward, im2col
 from .dropout import dropout_backward, dropout_forward, dropout_mask, dropout_state
 from .index import gather, gather_backward, scatter_add
-from .linear import (ChainSaved, LinearSaved, linear_act_backward, linear_act_forward, linear_chain_backward,
-                     linear_chain_forward)
+from .linear import LinearSaved, linear_act_backward, linear_act_forward
+from .linear_chain import ChainSaved, linear_chain_backward, linear_chain_forward
 from .loss import (CrossEntropySaved, cross_entropy_backward, cross_entropy_forward, log_softmax_backward,
                    log_softmax_forward, softmax_backward, softmax_forward)
 from .norm import batch_norm_backward, batch_norm_forward

@@ -13,8 +13,7 @@ from .graphs import constant, keep_alive
 from .loader import kernel
 
 # elements per block: 2 per thread. The parameters of a small model are tens of thousands of floats, so larger
-# chunks leave a few blocks each walking a long serial loop (LeNet-5: 19 blocks of 4096, 8.8 us; the update is
-# latency-bound, not bandwidth-bound)
+# chunks leave a few blocks each walking a long serial loop (the update is latency-bound, not bandwidth-bound)
 CHUNK = 512
 _BLOCK = 256
 _TABLES = OrderedDict()
@@ -115,28 +114,20 @@ class _Staging:
 _staging = _Staging()
 
 
-# TABLE_COPY_NODE: a table made while a graph is captured is copied by a memcpy node of the graph (on every replay,
-# as before) instead of once when the capture ends (graphs.constant). Kept for the A/B. H100, thirtieth session
-# (benchmarks/timeline.py): the node, last in the step's stream order before the optimizer's kernel, took 2.4 us,
-# but the optimizer started ~12 us after the backward's last kernel (LeNet-5 b64 and b512, MnistCnn 15). Captured
-# steps, two rounds, us with / without the node: LeNet-5 b64 72.2, 72.9 / 60.2, 60.2; b512 137.3, 137.0 / 124.8,
-# 123.9; MnistCnn 128.0, 126.5 / 115.8, 116.7
-TABLE_COPY_NODE = False
-
-
 def _upload(host):
     """host (an int64 NumPy array) copied to a new device array asynchronously from pinned memory; returns
     (device array, pinned memory a graph captured now must keep, or None).
 
-    While a graph is captured the table is a graphs.constant: written once when the capture ends. (cupy's own
-    host-to-device copies refuse to run during stream capture; with TABLE_COPY_NODE a plain cudaMemcpyAsync from
-    pinned memory is captured instead, and every replay repeats it from the same pinned buffer.)
+    While one of our graphs (graphs.CUDAGraph) is captured the table is a graphs.constant: written once when the
+    capture ends, not by a copy node that every replay would run before the optimizer's kernel. In a capture made
+    by other means, a plain cudaMemcpyAsync from pinned memory is captured (cupy's own host-to-device copies refuse
+    to run during stream capture), and every replay repeats it from the same pinned buffer.
     """
     cp = cupy()
     rt = cp.cuda.runtime
     stream = cp.cuda.get_current_stream()
     capturing = bool(stream.is_capturing())
-    if capturing and not TABLE_COPY_NODE:
+    if capturing:
         table = constant(host)
         if table is not None:
             return table, None

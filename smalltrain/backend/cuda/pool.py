@@ -119,7 +119,7 @@ def max_pool2d_backward_act(dout, saved, y, bias, activation):
     if bias is not None and (tuple(bias.shape) != (c,) or bias.dtype != dtype):
         raise RuntimeError(f"{op}: expected a {np.dtype(dtype)} bias of shape [{c}], got {bias.dtype} "
                            f"{list(bias.shape)}")
-    tiled = POOL_TILED and _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw)
+    tiled = _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw)
     cp = cupy()
     with idx.device:
         dout = contiguous(dout)
@@ -136,14 +136,10 @@ def max_pool2d_backward_act(dout, saved, y, bias, activation):
     return g
 
 
-# max_pool2d_backward_act where the windows tile the input exactly: a thread per window (the tiled kernel); tests set
-# it False to compare the gather kernel on the same inputs
-POOL_TILED = True
-
-
 def _tiles_exactly(x_shape, kernel, stride, pad, dil, out_hw):
     """Whether the pooling's windows tile the [N, C, H, W] input exactly: kernel == stride, no padding or dilation,
-    H = OH * kh and W = OW * kw (every input in one window), with 32-bit indices."""
+    H = OH * kh and W = OW * kw (every input in one window), with 32-bit indices. max_pool2d_backward_act then runs
+    a thread per window (max_pool2d_bwd_act_tiled) rather than one per input element gathering its windows."""
     n, c, h, w = x_shape
     return (tuple(kernel) == tuple(stride) and tuple(pad) == (0, 0) and tuple(dil) == (1, 1)
             and h == out_hw[0] * kernel[0] and w == out_hw[1] * kernel[1] and n * c * h * w < 2 ** 31)

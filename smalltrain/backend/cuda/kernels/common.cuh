@@ -38,7 +38,7 @@ __device__ __forceinline__ bool st_fits32(i64 a, i64 b = 0) { return a < (1LL <<
 
 // The first statement of every kernel: wait until the kernels this one depends on have finished and their writes
 // are visible. A no-op unless the launch allowed the kernel to start early (programmatic dependent launch,
-// graphs.PDL: the captured step's kernels go to the GPU while their predecessor still runs, which hides part of
+// graphs.py: the captured step's kernels go to the GPU while their predecessor still runs, which hides part of
 // each dependent launch's latency); then every kernel must wait before it reads or writes memory.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define ST_GRID_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
@@ -163,7 +163,7 @@ struct st_walk3 {
 // its rows x cols elements, and zeros wherever a row or a copy's columns lie outside. The launcher picks B so that
 // each copy lies wholly inside a row or wholly outside (conv.py _copy_bytes). One loop for every staged window of
 // the conv kernels, V a compile-time constant: a runtime width made each element copy pay a branch and the
-// multiplications by V (the thirty-fourth session's element-copy configs, MnistCnn b64: 110.1 us against 105.3).
+// multiplications by V.
 template <int B, typename T>
 __device__ __forceinline__ void st_stage_window(T* dst, const T* src, int planes, int R, int width, int valid_planes,
                                                 int plane_stride, int rows, int cols, int r0, int c0) {

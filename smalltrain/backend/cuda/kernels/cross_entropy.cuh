@@ -1,6 +1,6 @@
 // cross_entropy.cuh: the cross-entropy's work on one row and its one-launch 'mean' / 'sum' reduction, shared by
-// loss.cu (cross_entropy_fwd, cross_entropy_fwd_reduce) and linear.cu (chain_fwd_ce: the chain of linear layers with
-// the cross-entropy of its output in its epilogue). The semantics are those in loss.cu's header. Include it after
+// loss.cu (cross_entropy_fwd, cross_entropy_fwd_reduce) and linear_chain.cu (chain_fwd_ce: the chain of linear layers
+// with the cross-entropy of its output in its epilogue). The semantics are those in loss.cu's header. Include it after
 // common.cuh.
 
 // One row by one warp: x_r holds its C logits (class c at x_r[c * cs]; global or shared memory), t is its target.

@@ -1,10 +1,18 @@
-"""Direct cuBLAS calls (backend/cuda/blas.py): every operand layout against float64 NumPy, and capture in a graph."""
+"""Direct cuBLAS calls (backend/cuda/blas.py): every operand layout against float64 NumPy, and capture in a graph.
+The CUDA tests' float32 tolerances assume full float32 GEMMs: test_tf32_is_off fails where CUPY_TF32 is set."""
+import os
+
 import numpy as np
 import pytest
 
 import smalltrain
 
 pytestmark = pytest.mark.skipif(not smalltrain.cuda.is_available(), reason="no CUDA device")
+
+
+def test_tf32_is_off():
+    assert os.environ.get("CUPY_TF32", "0") == "0", "CUPY_TF32=1 makes cupy.matmul round float32 inputs to TF32 " \
+        "(~1e-3 relative error); unset it for these 1e-5 checks"
 
 
 def _cp():
