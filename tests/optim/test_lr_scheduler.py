@@ -101,6 +101,21 @@ SCHEDULES = [
     # the cosine recurrence scales the current lr, so composed with another schedule it departs from the closed form
     ("ChainedScheduler-cosine", "adam", lambda S, o: S.ChainedScheduler([S.CosineAnnealingLR(o, T_max=40),
                                                                          S.ExponentialLR(o, gamma=0.98)])),
+    ("CosineAnnealingWarmRestarts", "sgd", lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=15)),
+    ("CosineAnnealingWarmRestarts-mult", "adam", lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=5, T_mult=2,
+                                                                                            eta_min=1e-4)),
+    ("CyclicLR-triangular", "sgd", lambda S, o: S.CyclicLR(o, base_lr=0.01, max_lr=[0.1, 0.05], step_size_up=8)),
+    ("CyclicLR-triangular2", "adam", lambda S, o: S.CyclicLR(o, base_lr=[1e-4, 1e-3], max_lr=1e-2, step_size_up=6,
+                                                             step_size_down=10, mode="triangular2",
+                                                             base_momentum=0.7, max_momentum=0.95)),
+    ("CyclicLR-exp_range", "sgd", lambda S, o: S.CyclicLR(o, base_lr=0.01, max_lr=0.2, step_size_up=12,
+                                                          mode="exp_range", gamma=0.98)),
+    ("CyclicLR-scale_fn", "adam", lambda S, o: S.CyclicLR(o, base_lr=1e-3, max_lr=1e-2, step_size_up=5,
+                                                          scale_fn=Halve(), scale_mode="iterations",
+                                                          cycle_momentum=False)),
+    ("SequentialLR-warm-restarts", "sgd", lambda S, o: S.SequentialLR(
+        o, [S.LinearLR(o, start_factor=0.1, total_iters=10), S.CosineAnnealingWarmRestarts(o, T_0=20)],
+        milestones=[10])),
 ]
 
 
