@@ -5,7 +5,7 @@ import numpy as np
 from ..ops._util import xp_of
 from ..tensor import Tensor
 from . import fused
-from .optimizer import Optimizer, _step_tensor
+from .optimizer import Optimizer, _step_tensor, lerp_
 
 
 class Adam(Optimizer):
@@ -71,16 +71,6 @@ def _init_state(state, param, amsgrad):
     state["exp_avg_sq"] = Tensor._wrap(xp.zeros_like(param))
     if amsgrad:
         state["max_exp_avg_sq"] = Tensor._wrap(xp.zeros_like(param))
-
-
-def lerp_(xp, start, end, weight, tmp):
-    """start.lerp_(end, weight) with torch's two branches (the small-weight form is exact at weight 0)."""
-    w = start.dtype.type(weight)  # torch rounds the weight to the tensor's type before both branches
-    xp.subtract(end, start, out=tmp)
-    if abs(w) < 0.5:
-        xp.add(start, xp.multiply(tmp, w, out=tmp), out=start)
-    else:
-        xp.subtract(end, xp.multiply(tmp, start.dtype.type(1) - w, out=tmp), out=start)
 
 
 def _flat_state(opt, group, live):

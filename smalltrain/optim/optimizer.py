@@ -36,7 +36,42 @@ def _scalar_np_dtype():
 
 def _step_tensor(value=0.0):
     """The per-parameter step counter: a 0-d float CPU tensor, as torch >= 1.12 (without capturable/fused)."""
-    return Tensor._wrap(np.array(float(value), dtype=_scalar_np_dtype()))
+    return host_scalar(value, _scalar_np_dtype())
+
+
+def check_hyper(*checks):
+    """Each check is (what, value, ok), in the order torch's constructor tests them: the first one not ok raises
+    torch's ValueError(f"Invalid {what}: {value}")."""
+    for what, value, ok in checks:
+        if not ok:
+            raise ValueError(f"Invalid {what}: {value}")
+
+
+def decayed_grad(xp, param, grad, weight_decay, maximize):
+    """torch's `grad = -grad if maximize`, then `grad = grad.add(param, alpha=weight_decay)` (L2 decay); a new array
+    whenever it differs from `grad`, which is the parameter's own gradient and must not change."""
+    if maximize:
+        grad = xp.negative(grad)
+    if weight_decay != 0:
+        grad = xp.add(grad, xp.multiply(param, weight_decay))
+    return grad
+
+
+def lerp_(xp, start, end, weight, tmp):
+    """start.lerp_(end, weight) with torch's two branches (the small-weight form is exact at weight 0)."""
+    w = start.dtype.type(weight)  # torch rounds the weight to the tensor's type before both branches
+    xp.subtract(end, start, out=tmp)
+    if abs(w) < 0.5:
+        xp.add(start, xp.multiply(tmp, w, out=tmp), out=start)
+    else:
+        xp.subtract(end, xp.multiply(tmp, start.dtype.type(1) - w, out=tmp), out=start)
+
+
+def ema_square_(xp, avg, x, decay, tmp):
+    """avg.mul_(decay).addcmul_(x, x, value=1 - decay): addcmul computes (value * x) * x."""
+    xp.multiply(avg, decay, out=avg)
+    xp.multiply(x, 1 - decay, out=tmp)
+    xp.add(avg, xp.multiply(tmp, x, out=tmp), out=avg)
 
 
 def _copy_value(value):
@@ -86,6 +121,17 @@ class Optimizer:
         from ..autograd import enable_grad
         with enable_grad():
             return closure()
+
+    def _params_with_grad(self, group, init_state):
+        """(parameter array, gradient array, state) of each parameter of `group` that has a gradient, in order; an
+        empty state is first filled by init_state(state, param_array, group) (torch's lazy initialization)."""
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if len(state) == 0:
+                init_state(state, p.array, group)
+            yield p.array, p.grad.array, state
 
     def zero_grad(self, set_to_none=True):
         """Drop (default) or zero every parameter's .grad; zeroing keeps the gradient arrays' identity."""
@@ -195,14 +241,21 @@ class Optimizer:
                 group.setdefault(name, default)
 
 
+def host_scalar(value, dtype):
+    """A 0-d CPU tensor: per-parameter scalar state (`step`, NAdam's `mu_product`), read by the host every step."""
+    return Tensor._wrap(np.array(float(value), dtype=dtype))
+
+
 def _cast(param, value, index, key):
-    """A copy of one state value on the parameter's device; float state takes the parameter's dtype, `step` stays
-    a CPU float tensor (a plain number, as an older or JSON checkpoint holds it, becomes one)."""
-    if key == "step":
+    """A copy of one state value on the parameter's device; float state takes the parameter's dtype. `step` and
+    `mu_product` stay CPU scalars (`step` in torch's scalar dtype), and a plain number, as an older or JSON
+    checkpoint holds it, becomes one."""
+    if key in ("step", "mu_product"):
+        dtype = _scalar_np_dtype() if key == "step" or param.array.dtype.kind != "f" else param.array.dtype
         if isinstance(value, Tensor):
-            return Tensor._wrap(np.array(float(value.item()), dtype=_scalar_np_dtype()))
+            return host_scalar(value.item(), dtype)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return _step_tensor(value)
+            return host_scalar(value, dtype)
         return _copy_value(value)
     if isinstance(value, Tensor):
         a = value.array

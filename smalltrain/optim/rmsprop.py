@@ -2,8 +2,7 @@
 single-tensor implementation: eps is added after the square root."""
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .adam import lerp_
-from .optimizer import Optimizer, _step_tensor
+from .optimizer import Optimizer, _step_tensor, lerp_
 
 
 class RMSprop(Optimizer):

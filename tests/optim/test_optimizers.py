@@ -95,6 +95,24 @@ TRAJECTORIES = [
     ("RMSprop", {"lr": 3e-3, "momentum": 0.9}),  # lr=1e-2 makes this net chaotic: FMA-level differences grow
     ("RMSprop", {"lr": 5e-3, "alpha": 0.9, "centered": True, "momentum": 0.5, "weight_decay": 0.1}),
     ("RMSprop", {"lr": 1e-3, "eps": 1e-4, "weight_decay": 0.2, "maximize": True}),
+    ("Adadelta", {}),
+    ("Adadelta", {"lr": 0.5, "rho": 0.8, "eps": 1e-4}),
+    ("Adadelta", {"lr": 2.0, "rho": 0.95, "weight_decay": 0.1, "maximize": True}),
+    ("Adagrad", {}),
+    ("Adagrad", {"lr": 0.05, "lr_decay": 0.1, "initial_accumulator_value": 0.5}),
+    ("Adagrad", {"lr": 0.03, "weight_decay": 0.1, "eps": 1e-3, "maximize": True}),
+    ("Adamax", {}),
+    ("Adamax", {"lr": 1e-2, "betas": (0.5, 0.9), "eps": 1e-4}),
+    ("Adamax", {"lr": 1e-2, "weight_decay": 0.1, "maximize": True}),
+    ("NAdam", {}),
+    ("NAdam", {"lr": 1e-2, "momentum_decay": 0.05, "betas": (0.8, 0.99)}),
+    ("NAdam", {"lr": 1e-2, "weight_decay": 0.1}),
+    ("NAdam", {"lr": 1e-2, "weight_decay": 0.1, "decoupled_weight_decay": True, "maximize": True}),
+    ("RAdam", {}),
+    ("RAdam", {"lr": 1e-2, "betas": (0.9, 0.9)}),  # rho_t > 5 from step 6: both branches of the update
+    ("RAdam", {"lr": 1e-2, "weight_decay": 0.1}),
+    ("RAdam", {"lr": 1e-2, "betas": (0.7, 0.8), "weight_decay": 0.2, "decoupled_weight_decay": True,
+               "maximize": True}),
 ]
 
 
