@@ -5,70 +5,11 @@ import re
 import numpy as np
 import pytest
 import torch
+from _optim_golden import STEPS, assert_trajectory, init_and_batches, ours_params, torch_params, train
 
 import smalltrain
 from smalltrain import optim
 from smalltrain.testing import assert_close
-
-SHAPES = [(7, 5), (7,), (3, 7), (3,)]
-STEPS = 20
-TOL = 1e-6  # max |ours - torch| of float32 parameters at every step (torch's CPU kernels fuse multiply-adds)
-
-
-def _init_and_batches(seed=0, dtype=np.float32):
-    rng = np.random.default_rng(seed)
-    init = [(rng.standard_normal(s) * 0.5).astype(dtype) for s in SHAPES]
-    xs = rng.standard_normal((STEPS, 8, 5)).astype(dtype)
-    ts = rng.standard_normal((STEPS, 8, 3)).astype(dtype)
-    return init, xs, ts
-
-
-def _loss(params, x, t):
-    w1, b1, w2, b2 = params
-    h = (x @ w1.T + b1).tanh()
-    return ((h @ w2.T + b2 - t) ** 2).mean()
-
-
-def _ours(init, device="cpu"):
-    return [smalltrain.tensor(a.copy(), device=device, requires_grad=True) for a in init]
-
-
-def _torch(init):
-    return [torch.tensor(a.copy(), requires_grad=True) for a in init]
-
-
-def _groups(params, groups):
-    """groups: None (one plain list) or a list of (param indices, options) pairs."""
-    if groups is None:
-        return params
-    return [dict(opts, params=[params[i] for i in idx]) for idx, opts in groups]
-
-
-def _train(lib, opt, params, xs, ts, steps, device=None):
-    """Yield after each of `steps` training steps (the caller compares parameters)."""
-    for i in range(steps):
-        opt.zero_grad()
-        if lib is torch:
-            x, t = torch.tensor(xs[i]), torch.tensor(ts[i])
-        else:
-            x, t = smalltrain.tensor(xs[i], device=device), smalltrain.tensor(ts[i], device=device)
-        _loss(params, x, t).backward()
-        opt.step()
-        yield i
-
-
-def _assert_trajectory(name, kwargs, groups=None, device="cpu", dtype=np.float32, tol=TOL):
-    init, xs, ts = _init_and_batches(dtype=dtype)
-    ours, theirs = _ours(init, device), _torch(init)
-    o = getattr(optim, name)(_groups(ours, groups), **kwargs)
-    t = getattr(torch.optim, name)(_groups(theirs, groups), **kwargs)
-    for i, _ in zip(_train(smalltrain, o, ours, xs, ts, STEPS, device), _train(torch, t, theirs, xs, ts, STEPS)):
-        for k, (a, b) in enumerate(zip(ours, theirs)):
-            err = float(np.abs(np.asarray(a.detach(), np.float64) - b.detach().numpy().astype(np.float64)).max())
-            assert err <= tol, f"{name}{kwargs}: step {i + 1}, parameter {k}: max|ours - torch| = {err:.3g}"
-            assert a.array.dtype == dtype
-    return o, t, ours, theirs
-
 
 TRAJECTORIES = [
     ("SGD", {"lr": 0.1}),
@@ -118,7 +59,7 @@ TRAJECTORIES = [
 
 @pytest.mark.parametrize("name,kwargs", TRAJECTORIES, ids=[f"{n}-{k}" for n, k in TRAJECTORIES])
 def test_trajectory_matches_torch(name, kwargs, device):
-    _assert_trajectory(name, kwargs, device=device)
+    assert_trajectory(name, kwargs, device=device)
 
 
 GROUPS = [
@@ -128,32 +69,63 @@ GROUPS = [
                              ([3], {"weight_decay": 0.2, "maximize": True})]),
     ("AdamW", {"lr": 1e-2}, [([0, 1, 2], {"weight_decay": 0.5}), ([3], {"lr": 3e-2, "weight_decay": 0.0})]),
     ("RMSprop", {"lr": 1e-2}, [([0, 2], {"centered": True}), ([1, 3], {"lr": 1e-3, "momentum": 0.9})]),
+    ("Adadelta", {"lr": 1.0}, [([0, 1], {"rho": 0.8}), ([2, 3], {"lr": 0.5, "weight_decay": 0.1, "maximize": True})]),
+    # torch's Adagrad starts every group's accumulator from the constructor's initial_accumulator_value
+    ("Adagrad", {"initial_accumulator_value": 0.2}, [([0, 3], {"lr_decay": 0.1}),
+                                                     ([1, 2], {"lr": 0.05, "initial_accumulator_value": 0.9})]),
+    ("Adamax", {"lr": 1e-2}, [([0], {"betas": (0.5, 0.9)}), ([1, 2, 3], {"eps": 1e-3, "weight_decay": 0.1})]),
+    ("NAdam", {"lr": 1e-2}, [([0, 1], {"momentum_decay": 0.1}), ([2, 3], {"weight_decay": 0.1,
+                                                                          "decoupled_weight_decay": True})]),
+    ("RAdam", {"lr": 1e-2}, [([0, 2], {"betas": (0.8, 0.9)}), ([1, 3], {"weight_decay": 0.1, "maximize": True})]),
 ]
 
 
 @pytest.mark.parametrize("name,kwargs,groups", GROUPS, ids=[g[0] for g in GROUPS])
 def test_param_groups_match_torch(name, kwargs, groups):
-    o, t, _, _ = _assert_trajectory(name, kwargs, groups)
+    o, t, _, _ = assert_trajectory(name, kwargs, groups)
     assert len(o.param_groups) == len(t.param_groups)
     for og, tg in zip(o.param_groups, t.param_groups):
         assert {k: v for k, v in og.items() if k != "params"}.items() <= tg.items()
 
 
-def test_float64_trajectory():
-    _assert_trajectory("Adam", {"lr": 1e-2, "amsgrad": True, "weight_decay": 0.1}, dtype=np.float64, tol=1e-12)
-    _assert_trajectory("SGD", {"lr": 0.1, "momentum": 0.9, "nesterov": True}, dtype=np.float64, tol=1e-12)
+FLOAT64 = [
+    ("SGD", {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
+    ("Adam", {"lr": 1e-2, "amsgrad": True, "weight_decay": 0.1}),
+    ("AdamW", {"lr": 1e-2, "maximize": True}),
+    ("RMSprop", {"lr": 1e-2, "centered": True, "momentum": 0.5}),
+    ("Adadelta", {"weight_decay": 0.1}),
+    ("Adagrad", {"lr": 0.05, "lr_decay": 0.1}),
+    ("Adamax", {"lr": 1e-2}),
+    ("NAdam", {"lr": 1e-2, "weight_decay": 0.1}),
+    ("RAdam", {"lr": 1e-2, "betas": (0.9, 0.9)}),
+]
 
 
-@pytest.mark.parametrize("name,kwargs", [("SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.5, "weight_decay": 0.1}),
-                                         ("Adam", {"amsgrad": True}), ("RMSprop", {"centered": True,
-                                                                                         "momentum": 0.9})])
+@pytest.mark.parametrize("name,kwargs", FLOAT64, ids=[f"{n}-{k}" for n, k in FLOAT64])
+def test_float64_trajectory(name, kwargs, device):
+    assert_trajectory(name, kwargs, device=device, dtype=np.float64, tol=1e-12)
+
+
+STATES = [
+    ("SGD", {"lr": 0.1, "momentum": 0.9, "dampening": 0.5, "weight_decay": 0.1}),
+    ("Adam", {"amsgrad": True}),
+    ("RMSprop", {"centered": True, "momentum": 0.9}),
+    ("Adadelta", {}),
+    ("Adagrad", {"initial_accumulator_value": 0.1}),
+    ("Adamax", {}),
+    ("NAdam", {}),
+    ("RAdam", {}),
+]
+
+
+@pytest.mark.parametrize("name,kwargs", STATES, ids=[s[0] for s in STATES])
 def test_state_matches_torch(name, kwargs):
     """After one step: the same state keys, the first momentum buffer a copy of the (decayed) gradient, step 1."""
-    init, xs, ts = _init_and_batches()
-    ours, theirs = _ours(init), _torch(init)
+    init, xs, ts = init_and_batches()
+    ours, theirs = ours_params(init), torch_params(init)
     o, t = getattr(optim, name)(ours, **kwargs), getattr(torch.optim, name)(theirs, **kwargs)
-    next(_train(smalltrain, o, ours, xs, ts, 1))
-    next(_train(torch, t, theirs, xs, ts, 1))
+    next(train(smalltrain, o, ours, xs, ts, 1))
+    next(train(torch, t, theirs, xs, ts, 1))
     osd, tsd = o.state_dict(), t.state_dict()
     assert list(osd["state"]) == list(tsd["state"]) == [0, 1, 2, 3]
     assert [g["params"] for g in osd["param_groups"]] == [g["params"] for g in tsd["param_groups"]]
@@ -168,10 +140,10 @@ def test_state_matches_torch(name, kwargs):
 
 
 def test_step_counter_is_a_float_tensor_like_torch():
-    init, xs, ts = _init_and_batches()
-    ours = _ours(init)
+    init, xs, ts = init_and_batches()
+    ours = ours_params(init)
     o = optim.Adam(ours)
-    for _ in _train(smalltrain, o, ours, xs, ts, 3):
+    for _ in train(smalltrain, o, ours, xs, ts, 3):
         pass
     step = o.state[ours[0]]["step"]
     assert isinstance(step, smalltrain.Tensor) and step.shape == () and step.dtype == smalltrain.float32
@@ -179,25 +151,25 @@ def test_step_counter_is_a_float_tensor_like_torch():
 
 
 def test_grad_none_is_skipped():
-    init, xs, ts = _init_and_batches()
-    ours, theirs = _ours(init), _torch(init)
+    init, xs, ts = init_and_batches()
+    ours, theirs = ours_params(init), torch_params(init)
     extra_o, extra_t = smalltrain.ones(4, requires_grad=True), torch.ones(4, requires_grad=True)
     o, t = optim.Adam(ours + [extra_o], lr=1e-2), torch.optim.Adam(theirs + [extra_t], lr=1e-2)
-    for _ in zip(_train(smalltrain, o, ours, xs, ts, 3), _train(torch, t, theirs, xs, ts, 3)):
+    for _ in zip(train(smalltrain, o, ours, xs, ts, 3), train(torch, t, theirs, xs, ts, 3)):
         pass
     assert extra_o.grad is None and np.array_equal(extra_o.detach().array, np.ones(4, np.float32))
     assert len(o.state) == len(t.state) == 4 and extra_o not in o.state
 
 
 def _round_trip(name, kwargs):
-    init, xs, ts = _init_and_batches()
-    straight = _ours(init)
+    init, xs, ts = init_and_batches()
+    straight = ours_params(init)
     o = getattr(optim, name)(straight, **kwargs)
-    for _ in _train(smalltrain, o, straight, xs, ts, STEPS):
+    for _ in train(smalltrain, o, straight, xs, ts, STEPS):
         pass
-    first = _ours(init)
+    first = ours_params(init)
     o1 = getattr(optim, name)(first, **kwargs)
-    for _ in _train(smalltrain, o1, first, xs, ts, 10):
+    for _ in train(smalltrain, o1, first, xs, ts, 10):
         pass
     sd = o1.state_dict()
     snapshot = {i: {k: np.array(v.array) for k, v in st.items() if isinstance(v, smalltrain.Tensor)}
@@ -205,8 +177,8 @@ def _round_trip(name, kwargs):
     resumed = [smalltrain.tensor(p.detach().array.copy(), requires_grad=True) for p in first]
     o2 = getattr(optim, name)(resumed, **kwargs)
     o2.load_state_dict(sd)
-    next(_train(smalltrain, o1, first, xs, ts, 1))  # stepping the source after saving must not reach the dict
-    for _ in _train(smalltrain, o2, resumed, xs[10:], ts[10:], 10):
+    next(train(smalltrain, o1, first, xs, ts, 1))  # stepping the source after saving must not reach the dict
+    for _ in train(smalltrain, o2, resumed, xs[10:], ts[10:], 10):
         pass
     for a, b in zip(resumed, straight):
         assert np.array_equal(a.detach().array, b.detach().array), f"{name}{kwargs}: resumed run differs"
@@ -219,16 +191,20 @@ def _round_trip(name, kwargs):
 @pytest.mark.parametrize("name,kwargs", [("SGD", {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
                                          ("Adam", {"lr": 1e-2, "amsgrad": True, "weight_decay": 0.1}),
                                          ("AdamW", {"lr": 1e-2}),
-                                         ("RMSprop", {"lr": 1e-2, "centered": True, "momentum": 0.5})])
+                                         ("RMSprop", {"lr": 1e-2, "centered": True, "momentum": 0.5}),
+                                         ("Adadelta", {"weight_decay": 0.1}),
+                                         ("Adagrad", {"lr_decay": 0.1, "initial_accumulator_value": 0.2}),
+                                         ("Adamax", {"lr": 1e-2}), ("NAdam", {"lr": 1e-2}),
+                                         ("RAdam", {"lr": 1e-2, "decoupled_weight_decay": True, "weight_decay": 0.1})])
 def test_state_dict_round_trip_is_bitwise(name, kwargs):
     _round_trip(name, kwargs)
 
 
 def test_load_state_dict_accepts_plain_step_numbers_and_restores_groups():
-    init, xs, ts = _init_and_batches()
-    ours = _ours(init)
+    init, xs, ts = init_and_batches()
+    ours = ours_params(init)
     o = optim.Adam([{"params": ours[:2], "lr": 0.02}, {"params": ours[2:]}], lr=1e-3)
-    next(_train(smalltrain, o, ours, xs, ts, 1))
+    next(train(smalltrain, o, ours, xs, ts, 1))
     sd = o.state_dict()
     for st in sd["state"].values():  # what a JSON checkpoint holds
         st["step"] = int(st["step"].item())
@@ -241,11 +217,11 @@ def test_load_state_dict_accepts_plain_step_numbers_and_restores_groups():
 
 
 def test_load_state_dict_errors_match_torch():
-    init, _, _ = _init_and_batches()
+    init, _, _ = init_and_batches()
     cases = [([[0, 1, 2, 3]], [[0, 1], [2, 3]]), ([[0, 1], [2, 3]], [[0], [1, 2, 3]])]
     for saved_split, split in cases:
         msgs = []
-        for lib, make in ((torch, _torch), (smalltrain, _ours)):
+        for lib, make in ((torch, torch_params), (smalltrain, ours_params)):
             p = make(init)
             src = lib.optim.SGD([{"params": [p[i] for i in idx]} for idx in saved_split], lr=0.1)
             dst = lib.optim.SGD([{"params": [p[i] for i in idx]} for idx in split], lr=0.1)
@@ -253,7 +229,7 @@ def test_load_state_dict_errors_match_torch():
                 dst.load_state_dict(src.state_dict())
             msgs.append(str(e.value))
         assert msgs[0] == msgs[1]
-    o = optim.Adam(_ours(init))
+    o = optim.Adam(ours_params(init))
     sd = o.state_dict()
     sd["state"] = {0: {"step": 1, "exp_avg": smalltrain.zeros(3), "exp_avg_sq": smalltrain.zeros(7, 5)}}
     with pytest.raises(ValueError, match=r"state 'exp_avg' of parameter 0 has shape \[3\].*\[7, 5\]"):
@@ -268,6 +244,18 @@ VALIDATION = [
     ("AdamW", {"lr": -1e-3}), ("AdamW", {"betas": (0.9, 1.5)}), ("AdamW", {"weight_decay": -1.0}),
     ("RMSprop", {"lr": -1.0}), ("RMSprop", {"eps": -1.0}), ("RMSprop", {"momentum": -1.0}),
     ("RMSprop", {"weight_decay": -1.0}), ("RMSprop", {"alpha": -0.5}),
+    ("Adadelta", {"lr": -1.0}), ("Adadelta", {"rho": 1.5}), ("Adadelta", {"rho": -0.1}), ("Adadelta", {"eps": -1.0}),
+    ("Adadelta", {"weight_decay": -1.0}),
+    ("Adagrad", {"lr": -1.0}), ("Adagrad", {"lr_decay": -0.1}), ("Adagrad", {"weight_decay": -1.0}),
+    ("Adagrad", {"initial_accumulator_value": -0.5}), ("Adagrad", {"eps": -1e-10}),
+    ("Adamax", {"lr": -1.0}), ("Adamax", {"eps": -1.0}), ("Adamax", {"betas": (1.0, 0.999)}),
+    ("Adamax", {"betas": (0.9, 1.0)}), ("Adamax", {"weight_decay": -1.0}),
+    ("NAdam", {"lr": -1.0}), ("NAdam", {"eps": -1.0}), ("NAdam", {"betas": (-0.1, 0.999)}),
+    ("NAdam", {"betas": (0.9, 2.0)}), ("NAdam", {"weight_decay": -1.0}), ("NAdam", {"momentum_decay": -1e-3}),
+    ("RAdam", {"lr": -1.0}), ("RAdam", {"eps": -1.0}), ("RAdam", {"betas": (1.5, 0.999)}),
+    ("RAdam", {"betas": (0.9, -1.0)}), ("RAdam", {"weight_decay": -1.0}),
+    ("SGD", {"lr": -0.1, "momentum": -0.5}), ("Adam", {"lr": -1.0, "eps": -1.0}),  # the first fault is reported
+    ("NAdam", {"weight_decay": -1.0, "momentum_decay": -1.0}), ("Adagrad", {"lr_decay": -1.0, "eps": -1.0}),
 ]
 
 
@@ -362,18 +350,22 @@ def test_closure_runs_with_grad_and_returns_loss():
 
 
 def test_numpy_float64_hyperparameters_keep_float32():
-    init, xs, ts = _init_and_batches()
-    ours = _ours(init)
-    for opt in (optim.SGD(ours, lr=0.1, momentum=0.9), optim.Adam(ours), optim.RMSprop(ours, centered=True)):
+    init, xs, ts = init_and_batches()
+    ours = ours_params(init)
+    for opt in (optim.SGD(ours, lr=0.1, momentum=0.9), optim.Adam(ours), optim.RMSprop(ours, centered=True),
+                optim.Adadelta(ours), optim.Adagrad(ours, lr_decay=0.1), optim.Adamax(ours), optim.NAdam(ours),
+                optim.RAdam(ours, weight_decay=0.1)):
         opt.param_groups[0]["lr"] = np.float64(1e-2)
-        for _ in _train(smalltrain, opt, ours, xs, ts, 2):
+        for _ in train(smalltrain, opt, ours, xs, ts, 2):
             pass
         assert all(p.array.dtype == np.float32 for p in ours)
         assert all(v.array.dtype == np.float32 for st in opt.state.values() for v in st.values())
 
 
 @pytest.mark.parametrize("name,kwargs", [("SGD", {"lr": 0.1, "momentum": 0.9}), ("Adam", {"amsgrad": True}),
-                                         ("AdamW", {}), ("RMSprop", {"centered": True})])
+                                         ("AdamW", {}), ("RMSprop", {"centered": True}), ("Adadelta", {}),
+                                         ("Adagrad", {"lr_decay": 0.1}), ("Adamax", {}), ("NAdam", {}),
+                                         ("RAdam", {"decoupled_weight_decay": True})])
 def test_repr_matches_torch(name, kwargs):
     o = getattr(optim, name)([{"params": [smalltrain.ones(2, requires_grad=True)]},
                               {"params": [smalltrain.ones(2, requires_grad=True)], "lr": 0.5}], **kwargs)
@@ -451,13 +443,13 @@ def test_flat_cpu_adam_when_the_parameters_with_gradients_change():
 def test_flat_cpu_adam_state_is_live_after_load_state_dict():
     # loading replaces the state tensors: the flat buffers are rebuilt from them, and the loaded tensors (held by
     # the caller through opt.state) are what later steps update
-    init, xs, ts = _init_and_batches()
-    a, b = _ours(init), _ours(init)
+    init, xs, ts = init_and_batches()
+    a, b = ours_params(init), ours_params(init)
     oa, ob = optim.Adam(a, lr=1e-2), optim.Adam(b, lr=1e-2)
-    for _ in zip(_train(smalltrain, oa, a, xs, ts, 3), _train(smalltrain, ob, b, xs, ts, 3)):
+    for _ in zip(train(smalltrain, oa, a, xs, ts, 3), train(smalltrain, ob, b, xs, ts, 3)):
         pass
     ob.load_state_dict(oa.state_dict())
-    for _ in zip(_train(smalltrain, oa, a, xs[3:], ts[3:], 4), _train(smalltrain, ob, b, xs[3:], ts[3:], 4)):
+    for _ in zip(train(smalltrain, oa, a, xs[3:], ts[3:], 4), train(smalltrain, ob, b, xs[3:], ts[3:], 4)):
         pass
     for p, q in zip(a, b):
         assert np.array_equal(p.detach().array, q.detach().array)
