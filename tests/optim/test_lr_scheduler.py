@@ -27,6 +27,8 @@ def _optimizer(lib, kind, lrs=(0.1, 0.02)):
     groups = [{"params": [lib.zeros(2, requires_grad=True)], "lr": lr} for lr in lrs]
     if kind == "sgd":
         return lib.optim.SGD(groups, lr=0.1, momentum=0.9)
+    if kind == "adagrad":  # neither momentum nor betas
+        return lib.optim.Adagrad(groups)
     return lib.optim.Adam(groups, lr=1e-3)
 
 
@@ -121,7 +123,14 @@ SCHEDULES = [
 
 @pytest.mark.parametrize("name,kind,make", SCHEDULES, ids=[s[0] for s in SCHEDULES])
 def test_sequence_matches_torch(name, kind, make):
-    ours, theirs = _run(smalltrain, make, kind, STEPS), _run(torch, make, kind, STEPS)
+    with warnings.catch_warnings(record=True) as ours_warned:
+        warnings.simplefilter("always")
+        ours = _run(smalltrain, make, kind, STEPS)
+    with warnings.catch_warnings(record=True) as torch_warned:
+        warnings.simplefilter("always")
+        theirs = _run(torch, make, kind, STEPS)
+    # the usual order (optimizer.step(), then scheduler.step()) warns as often as torch's: not at all
+    assert [str(w.message)[:40] for w in ours_warned] == [str(w.message)[:40] for w in torch_warned] == []
     for i, ((oh, olr), (th, tlr)) in enumerate(zip(ours, theirs)):
         _assert_same(oh, th, f"{name}: groups after step {i}")
         _assert_same([olr], [tlr], f"{name}: get_last_lr() after step {i}")
@@ -213,6 +222,15 @@ ERRORS = [  # (make(S, opt), kind) -> the same exception type and message as tor
     (lambda S, o: S.SequentialLR(o, [], milestones=[]), "sgd"),
     (lambda S, o: S.StepLR(o, step_size=2, last_epoch=5), "sgd"),
     (lambda S, o: S.StepLR(None, step_size=2), "sgd"),
+    (lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=0), "sgd"),
+    (lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=2.5), "sgd"),
+    (lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=5, T_mult=0), "sgd"),
+    (lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=5, eta_min="0"), "sgd"),
+    (lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=5).step(-1), "sgd"),
+    (lambda S, o: S.CyclicLR(o, base_lr=0.01, max_lr=0.1, mode="cosine"), "sgd"),
+    (lambda S, o: S.CyclicLR(o, base_lr=0.01, max_lr=0.1), "adagrad"),
+    (lambda S, o: S.CyclicLR(o, base_lr=[0.01], max_lr=0.1), "sgd"),
+    (lambda S, o: S.OneCycleLR(o, max_lr=0.1, total_steps=10), "adagrad"),
 ]
 
 
@@ -255,3 +273,25 @@ def test_warnings_like_torch():
         with pytest.warns(UserWarning, match="epoch parameter"):
             sched2.step(4)  # the closed form
         assert sched2.get_last_lr() == [0.1 * 0.5 ** 4, 0.02 * 0.5 ** 4]
+
+
+@pytest.mark.parametrize("T_mult", [1, 2])
+def test_warm_restarts_with_fractional_and_jumping_epochs_like_torch(T_mult):
+    """step(epoch + i / iters) within epochs, then a jump and plain steps again, as torch's docs show."""
+    epochs = [e + i / 4 for e in range(12) for i in range(4)] + [26, None, None, 3.5, None, 40]
+    lrs = {}
+    for lib in (torch, smalltrain):
+        opt = _optimizer(lib, "sgd")
+        sched = lib.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=3, T_mult=T_mult, eta_min=1e-3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # no deprecation warning for step(epoch) here, as in torch
+            trace = []
+            for e in epochs:
+                opt.step()
+                sched.step(e)
+                trace.append((_hyper(opt), list(sched.get_last_lr()), sched.last_epoch, sched.T_i))
+        lrs[lib.__name__] = trace
+    for i, (o, t) in enumerate(zip(lrs["smalltrain"], lrs["torch"], strict=True)):
+        _assert_same(o[0], t[0], f"step({epochs[i]})")
+        _assert_same([o[1]], [t[1]], f"get_last_lr() after step({epochs[i]})")
+        assert o[2:] == t[2:], f"last_epoch, T_i after step({epochs[i]})"
