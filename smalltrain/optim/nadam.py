@@ -8,6 +8,8 @@ from .optimizer import Optimizer, _scalar_np_dtype, _step_tensor, check_hyper, d
 
 
 class NAdam(Optimizer):
+    _host_scalars = ("step", "mu_product")
+
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, momentum_decay=4e-3,
                  decoupled_weight_decay=False, *, maximize=False):
         check_hyper(("learning rate", lr, 0.0 <= lr), ("epsilon value", eps, 0.0 <= eps),

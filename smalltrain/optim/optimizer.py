@@ -88,6 +88,10 @@ def _copy_value(value):
 class Optimizer:
     """Base class: `params` is an iterable of Tensors or of dicts (parameter groups with their own options)."""
 
+    # per-parameter state kept as 0-d CPU tensors, read by the host at every step (torch keeps them on the CPU
+    # without capturable/fused); a subclass with more such scalars names them all
+    _host_scalars = ("step",)
+
     def __init__(self, params, defaults):
         self.defaults = defaults
         if isinstance(params, Tensor):
@@ -223,7 +227,8 @@ class Optimizer:
         for k, v in state_dict["state"].items():
             if k in id_map:
                 param = id_map[k]
-                state[param] = {name: _cast(param, value, k, name) for name, value in v.items()}
+                state[param] = {name: _cast(param, value, k, name, self._host_scalars)
+                                for name, value in v.items()}
             else:
                 state[k] = v  # state of no current parameter is kept as is, as torch does
         for group, new_group in zip(groups, saved_groups):
@@ -246,11 +251,11 @@ def host_scalar(value, dtype):
     return Tensor._wrap(np.array(float(value), dtype=dtype))
 
 
-def _cast(param, value, index, key):
-    """A copy of one state value on the parameter's device; float state takes the parameter's dtype. `step` and
-    `mu_product` stay CPU scalars (`step` in torch's scalar dtype), and a plain number, as an older or JSON
+def _cast(param, value, index, key, host_scalars=("step",)):
+    """A copy of one state value on the parameter's device; float state takes the parameter's dtype. The
+    `host_scalars` stay CPU scalars (`step` in torch's scalar dtype), and a plain number, as an older or JSON
     checkpoint holds it, becomes one."""
-    if key in ("step", "mu_product"):
+    if key in host_scalars:
         dtype = _scalar_np_dtype() if key == "step" or param.array.dtype.kind != "f" else param.array.dtype
         if isinstance(value, Tensor):
             return host_scalar(value.item(), dtype)
@@ -268,5 +273,5 @@ def _cast(param, value, index, key):
             a = a.astype(param.array.dtype)
         return Tensor._wrap(a.copy() if a is value.array else a)
     if isinstance(value, dict):
-        return {k: _cast(param, v, index, k) for k, v in value.items()}
+        return {k: _cast(param, v, index, k, host_scalars) for k, v in value.items()}
     return _copy_value(value)

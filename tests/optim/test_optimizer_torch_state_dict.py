@@ -19,6 +19,8 @@ ROWS = [
     ("Adamax", {"lr": 1e-2, "betas": (0.8, 0.99)}),
     ("NAdam", {"lr": 1e-2, "weight_decay": 0.1, "decoupled_weight_decay": True}),
     ("RAdam", {"lr": 1e-2, "betas": (0.9, 0.9)}),  # crosses rho_t > 5 in the torch segment
+    ("Rprop", {"lr": 0.05, "step_sizes": (1e-4, 0.1)}),
+    ("ASGD", {"lr": 0.05, "lambd": 1e-2, "t0": 10}),  # starts averaging in the torch segment
 ]
 SEGMENTS = (7, 14)   # ours for steps 1-7, torch for 8-14, ours again for 15-20
 
@@ -75,7 +77,7 @@ def test_state_dict_through_torch_and_back(name, kwargs, device):
         _check(c, reference[second + i], f"{name}: ours after loading torch's, step {second + i + 1}")
     for st in oc.state.values():   # scalar state stays on the host, array state on the parameters' device
         for key, value in st.items():
-            assert value.device.type == ("cpu" if key in ("step", "mu_product") else device), key
+            assert value.device.type == ("cpu" if key in ("step", "mu_product", "eta", "mu") else device), key
 
 
 def test_adagrad_state_exists_before_the_first_step_like_torch():

@@ -54,6 +54,12 @@ TRAJECTORIES = [
     ("RAdam", {"lr": 1e-2, "weight_decay": 0.1}),
     ("RAdam", {"lr": 1e-2, "betas": (0.7, 0.8), "weight_decay": 0.2, "decoupled_weight_decay": True,
                "maximize": True}),
+    ("Rprop", {}),
+    ("Rprop", {"lr": 0.05, "etas": (0.3, 1.5), "step_sizes": (1e-3, 0.02)}),  # both clamps bite
+    ("Rprop", {"lr": 1e-3, "maximize": True}),
+    ("ASGD", {}),
+    ("ASGD", {"lr": 0.05, "lambd": 1e-2, "alpha": 0.5, "t0": 5}),  # averaging from step 6
+    ("ASGD", {"lr": 0.05, "t0": 3, "weight_decay": 0.1, "maximize": True}),
 ]
 
 
@@ -77,6 +83,8 @@ GROUPS = [
     ("NAdam", {"lr": 1e-2}, [([0, 1], {"momentum_decay": 0.1}), ([2, 3], {"weight_decay": 0.1,
                                                                           "decoupled_weight_decay": True})]),
     ("RAdam", {"lr": 1e-2}, [([0, 2], {"betas": (0.8, 0.9)}), ([1, 3], {"weight_decay": 0.1, "maximize": True})]),
+    ("Rprop", {"lr": 1e-2}, [([0, 1], {"etas": (0.4, 1.1)}), ([2, 3], {"lr": 1e-3, "step_sizes": (1e-4, 1e-2)})]),
+    ("ASGD", {"lr": 1e-2}, [([0, 1], {"t0": 4}), ([2, 3], {"lr": 0.05, "lambd": 1e-3, "weight_decay": 0.1})]),
 ]
 
 
@@ -98,6 +106,8 @@ FLOAT64 = [
     ("Adamax", {"lr": 1e-2}),
     ("NAdam", {"lr": 1e-2, "weight_decay": 0.1}),
     ("RAdam", {"lr": 1e-2, "betas": (0.9, 0.9)}),
+    ("Rprop", {"lr": 0.05}),
+    ("ASGD", {"lr": 0.05, "t0": 5}),
 ]
 
 
@@ -115,6 +125,8 @@ STATES = [
     ("Adamax", {}),
     ("NAdam", {}),
     ("RAdam", {}),
+    ("Rprop", {}),
+    ("ASGD", {"t0": 0}),
 ]
 
 
@@ -195,7 +207,8 @@ def _round_trip(name, kwargs):
                                          ("Adadelta", {"weight_decay": 0.1}),
                                          ("Adagrad", {"lr_decay": 0.1, "initial_accumulator_value": 0.2}),
                                          ("Adamax", {"lr": 1e-2}), ("NAdam", {"lr": 1e-2}),
-                                         ("RAdam", {"lr": 1e-2, "decoupled_weight_decay": True, "weight_decay": 0.1})])
+                                         ("RAdam", {"lr": 1e-2, "decoupled_weight_decay": True, "weight_decay": 0.1}),
+                                         ("Rprop", {"lr": 0.05}), ("ASGD", {"lr": 0.05, "t0": 5})])
 def test_state_dict_round_trip_is_bitwise(name, kwargs):
     _round_trip(name, kwargs)
 
@@ -254,6 +267,8 @@ VALIDATION = [
     ("NAdam", {"betas": (0.9, 2.0)}), ("NAdam", {"weight_decay": -1.0}), ("NAdam", {"momentum_decay": -1e-3}),
     ("RAdam", {"lr": -1.0}), ("RAdam", {"eps": -1.0}), ("RAdam", {"betas": (1.5, 0.999)}),
     ("RAdam", {"betas": (0.9, -1.0)}), ("RAdam", {"weight_decay": -1.0}),
+    ("Rprop", {"lr": -1.0}), ("Rprop", {"etas": (1.0, 1.2)}), ("Rprop", {"etas": (0.5, 0.9)}),
+    ("Rprop", {"etas": (0.0, 1.2)}), ("ASGD", {"lr": -1.0}), ("ASGD", {"weight_decay": -1.0}),
     ("SGD", {"lr": -0.1, "momentum": -0.5}), ("Adam", {"lr": -1.0, "eps": -1.0}),  # the first fault is reported
     ("NAdam", {"weight_decay": -1.0, "momentum_decay": -1.0}), ("Adagrad", {"lr_decay": -1.0, "eps": -1.0}),
 ]
@@ -354,7 +369,7 @@ def test_numpy_float64_hyperparameters_keep_float32():
     ours = ours_params(init)
     for opt in (optim.SGD(ours, lr=0.1, momentum=0.9), optim.Adam(ours), optim.RMSprop(ours, centered=True),
                 optim.Adadelta(ours), optim.Adagrad(ours, lr_decay=0.1), optim.Adamax(ours), optim.NAdam(ours),
-                optim.RAdam(ours, weight_decay=0.1)):
+                optim.RAdam(ours, weight_decay=0.1), optim.Rprop(ours), optim.ASGD(ours, t0=0)):
         opt.param_groups[0]["lr"] = np.float64(1e-2)
         for _ in train(smalltrain, opt, ours, xs, ts, 2):
             pass
@@ -365,7 +380,8 @@ def test_numpy_float64_hyperparameters_keep_float32():
 @pytest.mark.parametrize("name,kwargs", [("SGD", {"lr": 0.1, "momentum": 0.9}), ("Adam", {"amsgrad": True}),
                                          ("AdamW", {}), ("RMSprop", {"centered": True}), ("Adadelta", {}),
                                          ("Adagrad", {"lr_decay": 0.1}), ("Adamax", {}), ("NAdam", {}),
-                                         ("RAdam", {"decoupled_weight_decay": True})])
+                                         ("RAdam", {"decoupled_weight_decay": True}), ("Rprop", {}),
+                                         ("ASGD", {"t0": 10})])
 def test_repr_matches_torch(name, kwargs):
     o = getattr(optim, name)([{"params": [smalltrain.ones(2, requires_grad=True)]},
                               {"params": [smalltrain.ones(2, requires_grad=True)], "lr": 0.5}], **kwargs)
