@@ -91,6 +91,8 @@ class Optimizer:
     # per-parameter state kept as 0-d CPU tensors, read by the host at every step (torch keeps them on the CPU
     # without capturable/fused); a subclass with more such scalars names them all
     _host_scalars = ("step",)
+    # state arrays not shaped like their parameter (LBFGS keeps flat vectors under the first parameter)
+    _flat_state = ()
 
     def __init__(self, params, defaults):
         self.defaults = defaults
@@ -227,8 +229,7 @@ class Optimizer:
         for k, v in state_dict["state"].items():
             if k in id_map:
                 param = id_map[k]
-                state[param] = {name: _cast(param, value, k, name, self._host_scalars)
-                                for name, value in v.items()}
+                state[param] = {name: _cast(self, param, value, k, name) for name, value in v.items()}
             else:
                 state[k] = v  # state of no current parameter is kept as is, as torch does
         for group, new_group in zip(groups, saved_groups):
@@ -251,11 +252,13 @@ def host_scalar(value, dtype):
     return Tensor._wrap(np.array(float(value), dtype=dtype))
 
 
-def _cast(param, value, index, key, host_scalars=("step",)):
-    """A copy of one state value on the parameter's device; float state takes the parameter's dtype. The
-    `host_scalars` stay CPU scalars (`step` in torch's scalar dtype), and a plain number, as an older or JSON
-    checkpoint holds it, becomes one."""
-    if key in host_scalars:
+def _cast(opt, param, value, index, key):
+    """A copy of one state value on the parameter's device; float state takes the parameter's dtype, and lists are
+    cast item by item. The optimizer's `_host_scalars` stay CPU scalars (`step` in torch's scalar dtype), and a plain
+    number, as an older or JSON checkpoint holds it, becomes one."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(opt, param, v, index, key) for v in value)
+    if key in opt._host_scalars:
         dtype = _scalar_np_dtype() if key == "step" or param.array.dtype.kind != "f" else param.array.dtype
         if isinstance(value, Tensor):
             return host_scalar(value.item(), dtype)
@@ -264,7 +267,7 @@ def _cast(param, value, index, key, host_scalars=("step",)):
         return _copy_value(value)
     if isinstance(value, Tensor):
         a = value.array
-        if a.ndim and a.shape != param.array.shape:
+        if a.ndim and a.shape != param.array.shape and key not in opt._flat_state:
             raise ValueError(f"load_state_dict: state {key!r} of parameter {index} has shape {list(a.shape)}, but "
                              f"the parameter has shape {list(param.array.shape)}")
         from ..backend import to_device
@@ -273,5 +276,5 @@ def _cast(param, value, index, key, host_scalars=("step",)):
             a = a.astype(param.array.dtype)
         return Tensor._wrap(a.copy() if a is value.array else a)
     if isinstance(value, dict):
-        return {k: _cast(param, v, index, k, host_scalars) for k, v in value.items()}
+        return {k: _cast(opt, param, v, index, k) for k, v in value.items()}
     return _copy_value(value)
