@@ -82,28 +82,9 @@ class LBFGS(Optimizer):
                 d = -flat_grad
                 old_dirs, old_stps, ro, H_diag = [], [], [], 1
             else:
-                y = flat_grad - prev_flat_grad
-                s = d * t
-                ys = dot(y, s)
-                if ys > 1e-10:   # update the memory, dropping the oldest pair once full
-                    if len(old_dirs) == history_size:
-                        old_dirs.pop(0)
-                        old_stps.pop(0)
-                        ro.pop(0)
-                    old_dirs.append(y)
-                    old_stps.append(s)
-                    ro.append(1.0 / ys)
-                    H_diag = ys / dot(y, y)   # the scale of the initial inverse Hessian
-                # the two-loop recursion: d = -H grad, with one buffer
                 al = state.setdefault("al", [None] * history_size)
-                q = -flat_grad
-                for i in range(len(old_dirs) - 1, -1, -1):
-                    al[i] = dot(old_stps[i], q) * ro[i]
-                    q += old_dirs[i] * -_unwrap(al[i])
-                d = r = q * H_diag
-                for i in range(len(old_dirs)):
-                    be_i = dot(old_dirs[i], r) * ro[i]
-                    r += old_stps[i] * (_unwrap(al[i]) - be_i)
+                d, H_diag = _direction(dot, flat_grad, prev_flat_grad, d * t, old_dirs, old_stps, ro, H_diag, al,
+                                       history_size)
             prev_flat_grad = flat_grad.copy()
             prev_loss = loss
             # the step length: the first iteration's is scaled by the gradient's 1-norm
@@ -137,6 +118,32 @@ class LBFGS(Optimizer):
                 break
         _store(state, d, t, old_dirs, old_stps, ro, H_diag, prev_flat_grad, prev_loss)
         return orig_loss
+
+
+def _direction(dot, flat_grad, prev_flat_grad, s, old_dirs, old_stps, ro, H_diag, al, history_size):
+    """The next direction -H grad by the two-loop recursion, with one buffer, after the last step s and its change of
+    gradient join the memory (old_dirs, old_stps, ro: changed in place; the oldest pair dropped once full) when their
+    curvature is positive: (direction, H_diag, the scale of the initial inverse Hessian)."""
+    y = flat_grad - prev_flat_grad
+    ys = dot(y, s)
+    if ys > 1e-10:
+        if len(old_dirs) == history_size:
+            old_dirs.pop(0)
+            old_stps.pop(0)
+            ro.pop(0)
+        old_dirs.append(y)
+        old_stps.append(s)
+        ro.append(1.0 / ys)
+        H_diag = ys / dot(y, y)
+    q = -flat_grad
+    for i in range(len(old_dirs) - 1, -1, -1):
+        al[i] = dot(old_stps[i], q) * ro[i]
+        q += old_dirs[i] * -_unwrap(al[i])
+    r = q * H_diag
+    for i in range(len(old_dirs)):
+        be_i = dot(old_dirs[i], r) * ro[i]
+        r += old_stps[i] * (_unwrap(al[i]) - be_i)
+    return r, H_diag
 
 
 def _unwrap(v):
