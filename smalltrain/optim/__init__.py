@@ -1,6 +1,7 @@
 """Optimizers and learning-rate schedulers with torch.optim's names, arguments, state_dict format and update order."""
 from . import lr_scheduler
 from .adadelta import Adadelta
+from .adafactor import Adafactor
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .adamax import Adamax
@@ -13,5 +14,5 @@ from .rmsprop import RMSprop
 from .rprop import Rprop
 from .sgd import SGD
 
-__all__ = ["ASGD", "LBFGS", "SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam", "Optimizer", "RAdam",
-           "RMSprop", "Rprop", "lr_scheduler"]
+__all__ = ["ASGD", "LBFGS", "SGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam",
+           "Optimizer", "RAdam", "RMSprop", "Rprop", "lr_scheduler"]

@@ -21,6 +21,7 @@ ROWS = [
     ("RAdam", {"lr": 1e-2, "betas": (0.9, 0.9)}),  # crosses rho_t > 5 in the torch segment
     ("Rprop", {"lr": 0.05, "step_sizes": (1e-4, 0.1)}),
     ("ASGD", {"lr": 0.05, "lambd": 1e-2, "t0": 10}),  # starts averaging in the torch segment
+    ("Adafactor", {"lr": 0.05, "weight_decay": 0.1}),
 ]
 SEGMENTS = (7, 14)   # ours for steps 1-7, torch for 8-14, ours again for 15-20
 

@@ -60,6 +60,9 @@ TRAJECTORIES = [
     ("ASGD", {}),
     ("ASGD", {"lr": 0.05, "lambd": 1e-2, "alpha": 0.5, "t0": 5}),  # averaging from step 6
     ("ASGD", {"lr": 0.05, "t0": 3, "weight_decay": 0.1, "maximize": True}),
+    ("Adafactor", {}),
+    ("Adafactor", {"lr": 0.05, "beta2_decay": -0.5, "eps": (1e-4, 1e-2), "d": 2.0}),
+    ("Adafactor", {"lr": 0.02, "weight_decay": 0.1, "maximize": True}),
 ]
 
 
@@ -85,6 +88,7 @@ GROUPS = [
     ("RAdam", {"lr": 1e-2}, [([0, 2], {"betas": (0.8, 0.9)}), ([1, 3], {"weight_decay": 0.1, "maximize": True})]),
     ("Rprop", {"lr": 1e-2}, [([0, 1], {"etas": (0.4, 1.1)}), ([2, 3], {"lr": 1e-3, "step_sizes": (1e-4, 1e-2)})]),
     ("ASGD", {"lr": 1e-2}, [([0, 1], {"t0": 4}), ([2, 3], {"lr": 0.05, "lambd": 1e-3, "weight_decay": 0.1})]),
+    ("Adafactor", {"lr": 1e-2}, [([0, 1], {"d": 1.5}), ([2, 3], {"eps": (1e-3, 1e-2), "weight_decay": 0.2})]),
 ]
 
 
@@ -108,6 +112,7 @@ FLOAT64 = [
     ("RAdam", {"lr": 1e-2, "betas": (0.9, 0.9)}),
     ("Rprop", {"lr": 0.05}),
     ("ASGD", {"lr": 0.05, "t0": 5}),
+    ("Adafactor", {"weight_decay": 0.1}),
 ]
 
 
@@ -127,6 +132,7 @@ STATES = [
     ("RAdam", {}),
     ("Rprop", {}),
     ("ASGD", {"t0": 0}),
+    ("Adafactor", {}),
 ]
 
 
@@ -208,7 +214,8 @@ def _round_trip(name, kwargs):
                                          ("Adagrad", {"lr_decay": 0.1, "initial_accumulator_value": 0.2}),
                                          ("Adamax", {"lr": 1e-2}), ("NAdam", {"lr": 1e-2}),
                                          ("RAdam", {"lr": 1e-2, "decoupled_weight_decay": True, "weight_decay": 0.1}),
-                                         ("Rprop", {"lr": 0.05}), ("ASGD", {"lr": 0.05, "t0": 5})])
+                                         ("Rprop", {"lr": 0.05}), ("ASGD", {"lr": 0.05, "t0": 5}),
+                                         ("Adafactor", {"weight_decay": 0.1})])
 def test_state_dict_round_trip_is_bitwise(name, kwargs):
     _round_trip(name, kwargs)
 
@@ -269,6 +276,8 @@ VALIDATION = [
     ("RAdam", {"betas": (0.9, -1.0)}), ("RAdam", {"weight_decay": -1.0}),
     ("Rprop", {"lr": -1.0}), ("Rprop", {"etas": (1.0, 1.2)}), ("Rprop", {"etas": (0.5, 0.9)}),
     ("Rprop", {"etas": (0.0, 1.2)}), ("ASGD", {"lr": -1.0}), ("ASGD", {"weight_decay": -1.0}),
+    ("Adafactor", {"lr": -1.0}), ("Adafactor", {"beta2_decay": 0.5}), ("Adafactor", {"eps": (-1.0, 1e-3)}),
+    ("Adafactor", {"eps": (None, -1.0)}), ("Adafactor", {"d": 0.5}), ("Adafactor", {"weight_decay": -1.0}),
     ("SGD", {"lr": -0.1, "momentum": -0.5}), ("Adam", {"lr": -1.0, "eps": -1.0}),  # the first fault is reported
     ("NAdam", {"weight_decay": -1.0, "momentum_decay": -1.0}), ("Adagrad", {"lr_decay": -1.0, "eps": -1.0}),
 ]
@@ -369,7 +378,8 @@ def test_numpy_float64_hyperparameters_keep_float32():
     ours = ours_params(init)
     for opt in (optim.SGD(ours, lr=0.1, momentum=0.9), optim.Adam(ours), optim.RMSprop(ours, centered=True),
                 optim.Adadelta(ours), optim.Adagrad(ours, lr_decay=0.1), optim.Adamax(ours), optim.NAdam(ours),
-                optim.RAdam(ours, weight_decay=0.1), optim.Rprop(ours), optim.ASGD(ours, t0=0)):
+                optim.RAdam(ours, weight_decay=0.1), optim.Rprop(ours), optim.ASGD(ours, t0=0),
+                optim.Adafactor(ours)):
         opt.param_groups[0]["lr"] = np.float64(1e-2)
         for _ in train(smalltrain, opt, ours, xs, ts, 2):
             pass
@@ -381,7 +391,7 @@ def test_numpy_float64_hyperparameters_keep_float32():
                                          ("AdamW", {}), ("RMSprop", {"centered": True}), ("Adadelta", {}),
                                          ("Adagrad", {"lr_decay": 0.1}), ("Adamax", {}), ("NAdam", {}),
                                          ("RAdam", {"decoupled_weight_decay": True}), ("Rprop", {}),
-                                         ("ASGD", {"t0": 10})])
+                                         ("ASGD", {"t0": 10}), ("Adafactor", {"d": 2.0})])
 def test_repr_matches_torch(name, kwargs):
     o = getattr(optim, name)([{"params": [smalltrain.ones(2, requires_grad=True)]},
                               {"params": [smalltrain.ones(2, requires_grad=True)], "lr": 0.5}], **kwargs)
@@ -471,3 +481,22 @@ def test_flat_cpu_adam_state_is_live_after_load_state_dict():
         assert np.array_equal(p.detach().array, q.detach().array)
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert np.array_equal(oa.state[p][key].array, ob.state[q][key].array)
+
+
+def test_adafactor_factors_the_last_two_dims_like_torch():
+    """A conv-shaped parameter keeps row and column means per leading index; a 0-d one a full variance."""
+    rng = np.random.default_rng(6)
+    shapes = [(4, 3, 2, 5), ()]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(5)]
+    ours, theirs = ours_params(init), torch_params(init)
+    o, t = optim.Adafactor(ours, lr=0.05), torch.optim.Adafactor(theirs, lr=0.05)
+    for step in grads:
+        for a, b, g in zip(ours, theirs, step):
+            a.grad, b.grad = smalltrain.tensor(g), torch.tensor(g)
+        o.step()
+        t.step()
+        for a, b in zip(ours, theirs):
+            assert_close(a.detach(), b.detach(), 1e-6)
+    for a, b in zip(ours, theirs):
+        assert {k: tuple(v.shape) for k, v in o.state[a].items()} == {k: tuple(v.shape) for k, v in t.state[b].items()}
