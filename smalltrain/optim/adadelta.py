@@ -2,14 +2,16 @@
 sqrt(acc_delta + eps) / sqrt(square_avg + eps) * grad, scaled by lr."""
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .optimizer import Optimizer, _step_tensor, check_hyper, decayed_grad, ema_square_
+from .optimizer import Optimizer, _step_tensor, check_hyper, decayed_grad, ema_square_, switches
 
 
 class Adadelta(Optimizer):
-    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, *, maximize=False):
+    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, foreach=None, *, capturable=False,
+                 maximize=False, differentiable=False):
         check_hyper(("learning rate", lr, 0.0 <= lr), ("rho value", rho, 0.0 <= rho <= 1.0),
                     ("epsilon value", eps, 0.0 <= eps), ("weight_decay value", weight_decay, 0.0 <= weight_decay))
-        defaults = {"lr": lr, "rho": rho, "eps": eps, "weight_decay": weight_decay, "maximize": maximize}
+        defaults = {"lr": lr, "rho": rho, "eps": eps, "weight_decay": weight_decay, "maximize": maximize,
+                    **switches("Adadelta", capturable=capturable, foreach=foreach, differentiable=differentiable)}
         super().__init__(params, defaults)
 
     def step(self, closure=None):

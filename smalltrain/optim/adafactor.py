@@ -5,14 +5,14 @@ import numpy as np
 
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .optimizer import Optimizer, _step_tensor, lerp_
+from .optimizer import Optimizer, _step_tensor, lerp_, switches
 
 
 class Adafactor(Optimizer):
     _flat_state = ("row_var", "col_var")   # the factors are shaped like the parameter with one dimension 1
 
     def __init__(self, params, lr=1e-2, beta2_decay=-0.8, eps=(None, 1e-3), d=1.0, weight_decay=0.0, *,
-                 maximize=False):
+                 foreach=None, maximize=False):
         checks = [(0.0 <= lr, f"Learning rate should be >= 0 but is: {lr}"),
                   (0.0 >= beta2_decay, f"beta2_decay should be <= 0 but is: {beta2_decay}"),
                   (eps[0] is None or 0.0 <= eps[0], f"epsilon1 should be >= 0 but is: {eps[0]}"),
@@ -23,7 +23,7 @@ class Adafactor(Optimizer):
             if not ok:
                 raise ValueError(message)
         defaults = {"lr": lr, "beta2_decay": beta2_decay, "eps": eps, "d": d, "weight_decay": weight_decay,
-                    "maximize": maximize}
+                    "maximize": maximize, **switches("Adafactor", foreach=foreach)}
         super().__init__(params, defaults)
 
     def step(self, closure=None):

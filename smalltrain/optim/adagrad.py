@@ -2,18 +2,19 @@
 single-tensor implementation: param -= lr / (1 + (step - 1) * lr_decay) * grad / (sqrt(sum) + eps)."""
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .optimizer import Optimizer, _step_tensor, check_hyper, decayed_grad
+from .optimizer import Optimizer, _step_tensor, check_hyper, decayed_grad, switches
 
 
 class Adagrad(Optimizer):
-    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10, *,
-                 maximize=False):
+    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
+                 foreach=None, *, maximize=False, differentiable=False, fused=None):
         check_hyper(("learning rate", lr, 0.0 <= lr), ("lr_decay value", lr_decay, 0.0 <= lr_decay),
                     ("weight_decay value", weight_decay, 0.0 <= weight_decay),
                     ("initial_accumulator_value value", initial_accumulator_value, 0.0 <= initial_accumulator_value),
                     ("epsilon value", eps, 0.0 <= eps))
         defaults = {"lr": lr, "lr_decay": lr_decay, "eps": eps, "weight_decay": weight_decay,
-                    "initial_accumulator_value": initial_accumulator_value, "maximize": maximize}
+                    "initial_accumulator_value": initial_accumulator_value, "maximize": maximize,
+                    **switches("Adagrad", foreach=foreach, differentiable=differentiable, fused=fused)}
         super().__init__(params, defaults)
         # torch fills the state of the constructor's parameters at once (a fresh state_dict already holds it)
         for group in self.param_groups:

@@ -3,16 +3,19 @@ decaying step eta and a running average `ax` of the parameters once the step cou
 per-parameter CPU scalars in torch's scalar dtype, as `step`."""
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .optimizer import Optimizer, _scalar_np_dtype, _step_tensor, check_hyper, decayed_grad, host_scalar
+from .optimizer import Optimizer, _scalar_np_dtype, _step_tensor, check_hyper, decayed_grad, host_scalar, \
+    switches
 
 
 class ASGD(Optimizer):
     _host_scalars = ("step", "eta", "mu")
 
-    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0, *, maximize=False):
+    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0, foreach=None,
+                 maximize=False, differentiable=False, capturable=False):
         check_hyper(("learning rate", lr, 0.0 <= lr), ("weight_decay value", weight_decay, 0.0 <= weight_decay))
         defaults = {"lr": lr, "lambd": lambd, "alpha": alpha, "t0": t0, "weight_decay": weight_decay,
-                    "maximize": maximize}
+                    "maximize": maximize,
+                    **switches("ASGD", foreach=foreach, differentiable=differentiable, capturable=capturable)}
         super().__init__(params, defaults)
 
     def step(self, closure=None):

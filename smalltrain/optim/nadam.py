@@ -4,14 +4,15 @@ a CPU scalar in torch's scalar dtype, as torch keeps it."""
 from ..ops._util import xp_of
 from ..tensor import Tensor
 from .optimizer import Optimizer, _scalar_np_dtype, _step_tensor, check_hyper, decayed_grad, ema_square_, \
-    host_scalar, lerp_
+    host_scalar, lerp_, switches
 
 
 class NAdam(Optimizer):
     _host_scalars = ("step", "mu_product")
 
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, momentum_decay=4e-3,
-                 decoupled_weight_decay=False, *, maximize=False):
+                 decoupled_weight_decay=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False):
         check_hyper(("learning rate", lr, 0.0 <= lr), ("epsilon value", eps, 0.0 <= eps),
                     ("beta parameter at index 0", betas[0], 0.0 <= betas[0] < 1.0),
                     ("beta parameter at index 1", betas[1], 0.0 <= betas[1] < 1.0),
@@ -19,7 +20,8 @@ class NAdam(Optimizer):
                     ("momentum_decay value", momentum_decay, 0.0 <= momentum_decay))
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                     "momentum_decay": momentum_decay, "decoupled_weight_decay": decoupled_weight_decay,
-                    "maximize": maximize}
+                    "maximize": maximize,
+                    **switches("NAdam", foreach=foreach, capturable=capturable, differentiable=differentiable)}
         super().__init__(params, defaults)
 
     def step(self, closure=None):

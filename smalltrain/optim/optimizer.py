@@ -47,6 +47,19 @@ def check_hyper(*checks):
             raise ValueError(f"Invalid {what}: {value}")
 
 
+def switches(name, **given):
+    """torch's implementation switches (foreach, fused, capturable, differentiable) as given, for the defaults:
+    accepted so that scripts run unchanged, and kept in the groups as torch keeps them. They pick among torch's
+    implementations of one update; smalltrain has one per device (the CUDA one fused and capturable already), so
+    they change nothing, except differentiable=True, autograd through the step, which smalltrain does not do."""
+    if given.get("differentiable"):
+        raise NotImplementedError(f"{name}: differentiable=True (autograd through the optimizer step) is not "
+                                  "supported by smalltrain")
+    if given.get("fused") and given.get("foreach"):
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+    return given
+
+
 def decayed_grad(xp, param, grad, weight_decay, maximize):
     """torch's `grad = -grad if maximize`, then `grad = grad.add(param, alpha=weight_decay)` (L2 decay); a new array
     whenever it differs from `grad`, which is the parameter's own gradient and must not change."""

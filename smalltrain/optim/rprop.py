@@ -2,14 +2,16 @@
 its sign and shrinks by etaminus when it flips (that step then skipped), in torch's single-tensor order."""
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .optimizer import Optimizer, _step_tensor, check_hyper
+from .optimizer import Optimizer, _step_tensor, check_hyper, switches
 
 
 class Rprop(Optimizer):
-    def __init__(self, params, lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50), *, maximize=False):
+    def __init__(self, params, lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50), *, capturable=False, foreach=None,
+                 maximize=False, differentiable=False):
         check_hyper(("learning rate", lr, 0.0 <= lr),
                     ("eta values", f"{etas[0]}, {etas[1]}", 0.0 < etas[0] < 1.0 < etas[1]))
-        defaults = {"lr": lr, "etas": etas, "step_sizes": step_sizes, "maximize": maximize}
+        defaults = {"lr": lr, "etas": etas, "step_sizes": step_sizes, "maximize": maximize,
+                    **switches("Rprop", capturable=capturable, foreach=foreach, differentiable=differentiable)}
         super().__init__(params, defaults)
 
     def step(self, closure=None):

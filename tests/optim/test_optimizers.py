@@ -1,6 +1,6 @@
 """Optimizers against torch.optim: 20-step trajectories of a 5-7-3 tanh MLP, param groups, state_dict round trips,
 zero_grad, repr, and constructor/loading errors (same exception type and message as torch)."""
-import re
+import inspect
 
 import numpy as np
 import pytest
@@ -97,7 +97,7 @@ def test_param_groups_match_torch(name, kwargs, groups):
     o, t, _, _ = assert_trajectory(name, kwargs, groups)
     assert len(o.param_groups) == len(t.param_groups)
     for og, tg in zip(o.param_groups, t.param_groups):
-        assert {k: v for k, v in og.items() if k != "params"}.items() <= tg.items()
+        assert {k: v for k, v in og.items() if k != "params"} == {k: v for k, v in tg.items() if k != "params"}
 
 
 FLOAT64 = [
@@ -397,8 +397,7 @@ def test_repr_matches_torch(name, kwargs):
                               {"params": [smalltrain.ones(2, requires_grad=True)], "lr": 0.5}], **kwargs)
     t = getattr(torch.optim, name)([{"params": [torch.ones(2, requires_grad=True)]},
                                     {"params": [torch.ones(2, requires_grad=True)], "lr": 0.5}], **kwargs)
-    torch_only = r"    (foreach|fused|differentiable|capturable): .*\n"  # torch options smalltrain does not take
-    assert repr(o) == re.sub(torch_only, "", repr(t))
+    assert repr(o) == repr(t)
 
 
 def _reference_adam(params, grads_per_step, kwargs):
@@ -500,3 +499,37 @@ def test_adafactor_factors_the_last_two_dims_like_torch():
             assert_close(a.detach(), b.detach(), 1e-6)
     for a, b in zip(ours, theirs):
         assert {k: tuple(v.shape) for k, v in o.state[a].items()} == {k: tuple(v.shape) for k, v in t.state[b].items()}
+
+
+NAMES = ["SGD", "Adam", "AdamW", "RMSprop", "Adadelta", "Adagrad", "Adamax", "NAdam", "RAdam", "Rprop", "ASGD",
+         "Adafactor", "LBFGS"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_signature_is_torchs(name):
+    """The same arguments in the same order, positional or keyword-only, with the same defaults: a script's call
+    binds the same way, torch's implementation switches (foreach, fused, capturable, differentiable) included."""
+    ours = inspect.signature(getattr(optim, name)).parameters.values()
+    theirs = inspect.signature(getattr(torch.optim, name)).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in ours] == [(p.name, p.kind, p.default) for p in theirs]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("LBFGS",)])
+def test_implementation_switches(name):
+    """foreach/fused/capturable only choose among torch's implementations: accepted and kept in the groups as torch
+    keeps them; differentiable=True (autograd through the step) is refused."""
+    params = inspect.signature(getattr(torch.optim, name)).parameters
+    given = {k: True for k in ("foreach", "capturable") if k in params}
+    o = getattr(optim, name)([smalltrain.ones(2, requires_grad=True)], **given)
+    t = getattr(torch.optim, name)([torch.ones(2, requires_grad=True)], **given)
+    assert {k: v for k, v in o.param_groups[0].items() if k != "params"} == \
+        {k: v for k, v in t.param_groups[0].items() if k != "params"}
+    if "differentiable" in params:
+        with pytest.raises(NotImplementedError, match=f"{name}: differentiable=True"):
+            getattr(optim, name)([smalltrain.ones(2, requires_grad=True)], differentiable=True)
+    if "fused" in params:
+        for lib in (torch, smalltrain):
+            with pytest.raises(RuntimeError, match="`fused` and `foreach` cannot be `True` together."):
+                getattr(lib.optim, name)([lib.ones(2, requires_grad=True)], foreach=True, fused=True)
+        o = getattr(optim, name)([smalltrain.ones(2, requires_grad=True)], fused=True)
+        assert o.param_groups[0]["fused"] is True
