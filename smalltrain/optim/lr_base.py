@@ -144,3 +144,7 @@ class LRScheduler:
         for group, lr in zip(self.optimizer.param_groups, values):
             _set_group_value(group, "lr", lr)
         self._last_lr = _group_values(self.optimizer, "lr")
+
+
+class _LRScheduler(LRScheduler):
+    """The base class's older name, which scripts written for torch < 2.0 still subclass."""

@@ -295,3 +295,27 @@ def test_warm_restarts_with_fractional_and_jumping_epochs_like_torch(T_mult):
         _assert_same(o[0], t[0], f"step({epochs[i]})")
         _assert_same([o[1]], [t[1]], f"get_last_lr() after step({epochs[i]})")
         assert o[2:] == t[2:], f"last_epoch, T_i after step({epochs[i]})"
+
+
+def _warmup_then_decay(S):
+    """A user's scheduler, written as torch's docs show: get_lr from last_epoch and base_lrs."""
+    class WarmupThenDecay(S._LRScheduler):
+        def __init__(self, optimizer, warmup=5, gamma=0.9, last_epoch=-1):
+            self.warmup, self.gamma = warmup, gamma
+            super().__init__(optimizer, last_epoch)
+
+        def get_lr(self):
+            if self.last_epoch < self.warmup:
+                return [base * (self.last_epoch + 1) / self.warmup for base in self.base_lrs]
+            return [base * self.gamma ** (self.last_epoch - self.warmup) for base in self.base_lrs]
+    return WarmupThenDecay
+
+
+def test_user_subclass_matches_torch():
+    traces = {}
+    for lib in (torch, smalltrain):
+        cls = _warmup_then_decay(lib.optim.lr_scheduler)
+        traces[lib.__name__] = _run(lib, lambda S, o, cls=cls: cls(o), "sgd", 30, resume_at=12)
+    for i, ((oh, olr), (th, tlr)) in enumerate(zip(traces["smalltrain"], traces["torch"], strict=True)):
+        _assert_same(oh, th, f"after step {i}")
+        _assert_same([olr], [tlr], f"get_last_lr() after step {i}")
