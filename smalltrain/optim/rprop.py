@@ -36,18 +36,18 @@ def _init_state(state, param, group):
 def _rprop_update(param, grad, state, etaminus, etaplus, step_size_min, step_size_max, maximize):
     xp = xp_of(param)
     state["step"].array += 1
-    grad = xp.negative(grad) if maximize else grad.copy()   # a copy: its sign-flipped elements are zeroed below
+    if maximize:
+        grad = xp.negative(grad)
     prev, step_size = state["prev"].array, state["step_size"].array
-    # sign = grad.mul(prev).sign(), then etaplus where > 0, etaminus where < 0, 1 where 0 (NaN stays NaN)
-    factor = xp.sign(xp.multiply(grad, prev))
-    positive, negative = factor > 0, factor < 0
-    factor[positive] = etaplus
-    factor[negative] = etaminus
-    factor[factor == 0] = 1
+    # sign = grad.mul(prev).sign(), then etaplus where > 0, etaminus where < 0, 1 where 0 (NaN stays NaN); xp.where
+    # with scalars of the arrays' type, not masked stores, which would synchronize a GPU
+    one, plus, minus = (param.dtype.type(v) for v in (1, etaplus, etaminus))
+    sign = xp.sign(xp.multiply(grad, prev))
+    factor = xp.where(sign > 0, plus, xp.where(sign < 0, minus, xp.where(sign == 0, one, sign)))
     xp.multiply(step_size, factor, out=step_size)
     xp.clip(step_size, step_size_min, step_size_max, out=step_size)
     # where the gradient changed sign, this step does not move and the next one sees no previous sign
-    grad[factor == factor.dtype.type(etaminus)] = 0
+    grad = xp.where(factor == minus, param.dtype.type(0), grad)
     # param.addcmul_(grad.sign(), step_size, value=-1) == param + (-1 * sign(grad)) * step_size
     upd = xp.negative(xp.sign(grad))
     xp.add(param, xp.multiply(upd, step_size, out=upd), out=param)
