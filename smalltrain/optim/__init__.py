@@ -1,5 +1,5 @@
 """Optimizers and learning-rate schedulers with torch.optim's names, arguments, state_dict format and update order."""
-from . import lr_scheduler
+from . import lr_scheduler, swa_utils
 from .adadelta import Adadelta
 from .adafactor import Adafactor
 from .adagrad import Adagrad
@@ -15,4 +15,4 @@ from .rprop import Rprop
 from .sgd import SGD
 
 __all__ = ["ASGD", "LBFGS", "SGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam",
-           "Optimizer", "RAdam", "RMSprop", "Rprop", "lr_scheduler"]
+           "Optimizer", "RAdam", "RMSprop", "Rprop", "lr_scheduler", "swa_utils"]
