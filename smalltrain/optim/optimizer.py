@@ -10,6 +10,8 @@ import numpy as np
 
 from .. import _dtype
 from ..tensor import Tensor
+from .hooks import (OptimizerHooks, register_optimizer_step_post_hook,  # noqa: F401 (torch.optim.optimizer's)
+                    register_optimizer_step_pre_hook)
 
 
 class _RequiredParameter:
@@ -98,7 +100,7 @@ def _copy_value(value):
     return copy.deepcopy(value)
 
 
-class Optimizer:
+class Optimizer(OptimizerHooks):
     """Base class: `params` is an iterable of Tensors or of dicts (parameter groups with their own options)."""
 
     # per-parameter state kept as 0-d CPU tensors, read by the host at every step (torch keeps them on the CPU
@@ -109,6 +111,7 @@ class Optimizer:
 
     def __init__(self, params, defaults):
         self.defaults = defaults
+        self._init_hooks()
         if isinstance(params, Tensor):
             raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
                             "but got " + _typename(params))
@@ -215,6 +218,8 @@ class Optimizer:
         Unlike torch, state tensors are snapshots (copies), so a saved dict never changes with later steps
         (smalltrain tensors cannot be deep-copied with copy.deepcopy)."""
         from . import fused
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
         fused.flush(self)   # steps replayed from a CUDA graph since the last eager step
         index, groups, start = {}, [], 0
         for group in self.param_groups:
@@ -225,10 +230,18 @@ class Optimizer:
             start += len(packed["params"])
             groups.append(packed)
         state = {(index[id(k)] if isinstance(k, Tensor) else k): _copy_value(v) for k, v in self.state.items()}
-        return {"state": state, "param_groups": groups}
+        state_dict = {"state": state, "param_groups": groups}
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, state_dict)
+            state_dict = state_dict if result is None else result
+        return state_dict
 
     def load_state_dict(self, state_dict):
         """Load what state_dict() returned (values are copied: later steps never write into `state_dict`)."""
+        state_dict = dict(state_dict)
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            state_dict = state_dict if result is None else result
         groups = self.param_groups
         saved_groups = _copy_value(state_dict["param_groups"])
         if len(groups) != len(saved_groups):
@@ -252,6 +265,8 @@ class Optimizer:
         self.state = state
         self.param_groups = saved_groups
         self._fill_group_defaults()
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
     def _fill_group_defaults(self):
         # groups saved by an older or other configuration may lack options that this optimizer reads
