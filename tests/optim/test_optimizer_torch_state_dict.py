@@ -3,7 +3,7 @@ the continued trajectory still follows torch's uninterrupted one at every step."
 import numpy as np
 import pytest
 import torch
-from _optim_golden import STEPS, TOL, init_and_batches, ours_params, torch_params, train
+from _optim_golden import STEPS, init_and_batches, ours_params, tolerance, torch_params, train
 
 import smalltrain
 from smalltrain import optim
@@ -44,11 +44,11 @@ def _from_torch(sd):
     return {"state": state, "param_groups": [dict(g) for g in sd["param_groups"]]}
 
 
-def _check(ours, reference, where):
+def _check(ours, reference, where, device):
     for k, (a, b) in enumerate(zip(ours, reference)):
         got = np.asarray(a.detach(), np.float64) if isinstance(a, smalltrain.Tensor) else a.detach().double().numpy()
         err = float(np.abs(got - b).max())
-        assert err <= TOL, f"{where}, parameter {k}: max|ours - torch| = {err:.3g}"
+        assert err <= tolerance(device), f"{where}, parameter {k}: max|ours - torch| = {err:.3g}"
 
 
 @pytest.mark.parametrize("name,kwargs", ROWS, ids=[f"{n}-{k}" for n, k in ROWS])
@@ -62,20 +62,20 @@ def test_state_dict_through_torch_and_back(name, kwargs, device):
     a = ours_params(init, device)
     oa = getattr(optim, name)(_two_groups(a, kwargs), **kwargs)
     for i in train(smalltrain, oa, a, xs, ts, first, device):
-        _check(a, reference[i], f"{name}: ours, step {i + 1}")
+        _check(a, reference[i], f"{name}: ours, step {i + 1}", device)
 
     b = torch_params([np.asarray(p.detach()) for p in a])
     ob = getattr(torch.optim, name)(_two_groups(b, kwargs), lr=123.0)   # the loaded groups bring the options
     ob.load_state_dict(_to_torch(oa.state_dict()))
     for i in train(torch, ob, b, xs[first:], ts[first:], second - first):
-        _check(b, reference[first + i], f"{name}: torch after loading ours, step {first + i + 1}")
+        _check(b, reference[first + i], f"{name}: torch after loading ours, step {first + i + 1}", device)
 
     c = ours_params([p.detach().numpy() for p in b], device)
     oc = getattr(optim, name)(_two_groups(c, kwargs), lr=123.0)
     oc.load_state_dict(_from_torch(ob.state_dict()))
     assert [g["lr"] for g in oc.param_groups] == [g["lr"] for g in t0.param_groups]
     for i in train(smalltrain, oc, c, xs[second:], ts[second:], STEPS - second, device):
-        _check(c, reference[second + i], f"{name}: ours after loading torch's, step {second + i + 1}")
+        _check(c, reference[second + i], f"{name}: ours after loading torch's, step {second + i + 1}", device)
     for st in oc.state.values():   # scalar state stays on the host, array state on the parameters' device
         for key, value in st.items():
             assert value.device.type == ("cpu" if key in ("step", "mu_product", "eta", "mu") else device), key

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
+from _optim_golden import tolerance
+
 import smalltrain
 from smalltrain.optim import swa_utils
-
-TOL = 1e-6
 
 
 def _net(lib, device=None):
@@ -33,13 +33,13 @@ def _state(module):
             module.state_dict().items()}
 
 
-def _assert_same_state(ours, theirs, where):
+def _assert_same_state(ours, theirs, where, device="cpu"):
     a, b = _state(ours), _state(theirs)
     assert a.keys() == b.keys(), where
     for k in a:
         assert a[k].dtype == b[k].dtype, f"{where}: {k}"
         err = float(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)).max()) if a[k].size else 0.0
-        assert err <= TOL, f"{where}: {k} differs by {err:.3g}"
+        assert err <= tolerance(device), f"{where}: {k} differs by {err:.3g}"
 
 
 AVERAGING = [
@@ -66,7 +66,7 @@ def test_averaged_model_matches_torch(name, kwargs, device):
             ((model(xs) - ts) ** 2).mean().backward()
             opt.step()
             avg.update_parameters(model)
-        _assert_same_state(avg_o, avg_t, f"{name} after update {i + 1}")
+        _assert_same_state(avg_o, avg_t, f"{name} after update {i + 1}", device)
     assert int(avg_o.n_averaged) == int(avg_t.n_averaged) == 6
     x = _batches()[0][0]
     avg_o.eval()
