@@ -5,12 +5,13 @@ import numpy as np
 from ..ops._util import xp_of
 from ..tensor import Tensor
 from . import fused
-from .optimizer import Optimizer, _step_tensor
+from .optimizer import Optimizer, _step_tensor, lerp_, switches
 
 
 class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
-                 maximize=False, decoupled_weight_decay=False):
+                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -25,7 +26,9 @@ class Adam(Optimizer):
             # torch also takes a pair of Tensors here; smalltrain takes floats only
             raise ValueError("betas must be either both floats or both Tensors")  # noqa: TRY004 (torch's type)
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad,
-                    "maximize": maximize, "decoupled_weight_decay": decoupled_weight_decay}
+                    "maximize": maximize, "decoupled_weight_decay": decoupled_weight_decay,
+                    **switches(type(self).__name__, foreach=foreach, capturable=capturable,
+                               differentiable=differentiable, fused=fused)}
         super().__init__(params, defaults)
 
     def step(self, closure=None):
@@ -54,8 +57,9 @@ class AdamW(Adam):
     """Adam with decoupled weight decay: param *= 1 - lr * weight_decay before the Adam update."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, foreach=foreach,
+                         capturable=capturable, differentiable=differentiable, fused=fused,
                          decoupled_weight_decay=True)
 
     def _fill_group_defaults(self):
@@ -71,16 +75,6 @@ def _init_state(state, param, amsgrad):
     state["exp_avg_sq"] = Tensor._wrap(xp.zeros_like(param))
     if amsgrad:
         state["max_exp_avg_sq"] = Tensor._wrap(xp.zeros_like(param))
-
-
-def lerp_(xp, start, end, weight, tmp):
-    """start.lerp_(end, weight) with torch's two branches (the small-weight form is exact at weight 0)."""
-    w = start.dtype.type(weight)  # torch rounds the weight to the tensor's type before both branches
-    xp.subtract(end, start, out=tmp)
-    if abs(w) < 0.5:
-        xp.add(start, xp.multiply(tmp, w, out=tmp), out=start)
-    else:
-        xp.subtract(end, xp.multiply(tmp, start.dtype.type(1) - w, out=tmp), out=start)
 
 
 def _flat_state(opt, group, live):

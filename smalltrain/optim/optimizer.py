@@ -10,6 +10,8 @@ import numpy as np
 
 from .. import _dtype
 from ..tensor import Tensor
+from .hooks import (OptimizerHooks, register_optimizer_step_post_hook,  # noqa: F401 (torch.optim.optimizer's)
+                    register_optimizer_step_pre_hook)
 
 
 class _RequiredParameter:
@@ -36,7 +38,55 @@ def _scalar_np_dtype():
 
 def _step_tensor(value=0.0):
     """The per-parameter step counter: a 0-d float CPU tensor, as torch >= 1.12 (without capturable/fused)."""
-    return Tensor._wrap(np.array(float(value), dtype=_scalar_np_dtype()))
+    return host_scalar(value, _scalar_np_dtype())
+
+
+def check_hyper(*checks):
+    """Each check is (what, value, ok), in the order torch's constructor tests them: the first one not ok raises
+    torch's ValueError(f"Invalid {what}: {value}")."""
+    for what, value, ok in checks:
+        if not ok:
+            raise ValueError(f"Invalid {what}: {value}")
+
+
+def switches(name, **given):
+    """torch's implementation switches (foreach, fused, capturable, differentiable) as given, for the defaults:
+    accepted so that scripts run unchanged, and kept in the groups as torch keeps them. They pick among torch's
+    implementations of one update; smalltrain has one per device (the CUDA one fused and capturable already), so
+    they change nothing, except differentiable=True, autograd through the step, which smalltrain does not do."""
+    if given.get("differentiable"):
+        raise NotImplementedError(f"{name}: differentiable=True (autograd through the optimizer step) is not "
+                                  "supported by smalltrain")
+    if given.get("fused") and given.get("foreach"):
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+    return given
+
+
+def decayed_grad(xp, param, grad, weight_decay, maximize):
+    """torch's `grad = -grad if maximize`, then `grad = grad.add(param, alpha=weight_decay)` (L2 decay); a new array
+    whenever it differs from `grad`, which is the parameter's own gradient and must not change."""
+    if maximize:
+        grad = xp.negative(grad)
+    if weight_decay != 0:
+        grad = xp.add(grad, xp.multiply(param, weight_decay))
+    return grad
+
+
+def lerp_(xp, start, end, weight, tmp):
+    """start.lerp_(end, weight) with torch's two branches (the small-weight form is exact at weight 0)."""
+    w = start.dtype.type(weight)  # torch rounds the weight to the tensor's type before both branches
+    xp.subtract(end, start, out=tmp)
+    if abs(w) < 0.5:
+        xp.add(start, xp.multiply(tmp, w, out=tmp), out=start)
+    else:
+        xp.subtract(end, xp.multiply(tmp, start.dtype.type(1) - w, out=tmp), out=start)
+
+
+def ema_square_(xp, avg, x, decay, tmp):
+    """avg.mul_(decay).addcmul_(x, x, value=1 - decay): addcmul computes (value * x) * x."""
+    xp.multiply(avg, decay, out=avg)
+    xp.multiply(x, 1 - decay, out=tmp)
+    xp.add(avg, xp.multiply(tmp, x, out=tmp), out=avg)
 
 
 def _copy_value(value):
@@ -50,11 +100,18 @@ def _copy_value(value):
     return copy.deepcopy(value)
 
 
-class Optimizer:
+class Optimizer(OptimizerHooks):
     """Base class: `params` is an iterable of Tensors or of dicts (parameter groups with their own options)."""
+
+    # per-parameter state kept as 0-d CPU tensors, read by the host at every step (torch keeps them on the CPU
+    # without capturable/fused); a subclass with more such scalars names them all
+    _host_scalars = ("step",)
+    # state arrays not shaped like their parameter (LBFGS keeps flat vectors under the first parameter)
+    _flat_state = ()
 
     def __init__(self, params, defaults):
         self.defaults = defaults
+        self._init_hooks()
         if isinstance(params, Tensor):
             raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
                             "but got " + _typename(params))
@@ -86,6 +143,17 @@ class Optimizer:
         from ..autograd import enable_grad
         with enable_grad():
             return closure()
+
+    def _params_with_grad(self, group, init_state):
+        """(parameter array, gradient array, state) of each parameter of `group` that has a gradient, in order; an
+        empty state is first filled by init_state(state, param_array, group) (torch's lazy initialization)."""
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if len(state) == 0:
+                init_state(state, p.array, group)
+            yield p.array, p.grad.array, state
 
     def zero_grad(self, set_to_none=True):
         """Drop (default) or zero every parameter's .grad; zeroing keeps the gradient arrays' identity."""
@@ -150,6 +218,8 @@ class Optimizer:
         Unlike torch, state tensors are snapshots (copies), so a saved dict never changes with later steps
         (smalltrain tensors cannot be deep-copied with copy.deepcopy)."""
         from . import fused
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
         fused.flush(self)   # steps replayed from a CUDA graph since the last eager step
         index, groups, start = {}, [], 0
         for group in self.param_groups:
@@ -160,10 +230,18 @@ class Optimizer:
             start += len(packed["params"])
             groups.append(packed)
         state = {(index[id(k)] if isinstance(k, Tensor) else k): _copy_value(v) for k, v in self.state.items()}
-        return {"state": state, "param_groups": groups}
+        state_dict = {"state": state, "param_groups": groups}
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, state_dict)
+            state_dict = state_dict if result is None else result
+        return state_dict
 
     def load_state_dict(self, state_dict):
         """Load what state_dict() returned (values are copied: later steps never write into `state_dict`)."""
+        state_dict = dict(state_dict)
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            state_dict = state_dict if result is None else result
         groups = self.param_groups
         saved_groups = _copy_value(state_dict["param_groups"])
         if len(groups) != len(saved_groups):
@@ -177,7 +255,7 @@ class Optimizer:
         for k, v in state_dict["state"].items():
             if k in id_map:
                 param = id_map[k]
-                state[param] = {name: _cast(param, value, k, name) for name, value in v.items()}
+                state[param] = {name: _cast(self, param, value, k, name) for name, value in v.items()}
             else:
                 state[k] = v  # state of no current parameter is kept as is, as torch does
         for group, new_group in zip(groups, saved_groups):
@@ -187,6 +265,8 @@ class Optimizer:
         self.state = state
         self.param_groups = saved_groups
         self._fill_group_defaults()
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
     def _fill_group_defaults(self):
         # groups saved by an older or other configuration may lack options that this optimizer reads
@@ -195,18 +275,27 @@ class Optimizer:
                 group.setdefault(name, default)
 
 
-def _cast(param, value, index, key):
-    """A copy of one state value on the parameter's device; float state takes the parameter's dtype, `step` stays
-    a CPU float tensor (a plain number, as an older or JSON checkpoint holds it, becomes one)."""
-    if key == "step":
+def host_scalar(value, dtype):
+    """A 0-d CPU tensor: per-parameter scalar state (`step`, NAdam's `mu_product`), read by the host every step."""
+    return Tensor._wrap(np.array(float(value), dtype=dtype))
+
+
+def _cast(opt, param, value, index, key):
+    """A copy of one state value on the parameter's device; float state takes the parameter's dtype, and lists are
+    cast item by item. The optimizer's `_host_scalars` stay CPU scalars (`step` in torch's scalar dtype), and a plain
+    number, as an older or JSON checkpoint holds it, becomes one."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(opt, param, v, index, key) for v in value)
+    if key in opt._host_scalars:
+        dtype = _scalar_np_dtype() if key == "step" or param.array.dtype.kind != "f" else param.array.dtype
         if isinstance(value, Tensor):
-            return Tensor._wrap(np.array(float(value.item()), dtype=_scalar_np_dtype()))
+            return host_scalar(value.item(), dtype)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return _step_tensor(value)
+            return host_scalar(value, dtype)
         return _copy_value(value)
     if isinstance(value, Tensor):
         a = value.array
-        if a.ndim and a.shape != param.array.shape:
+        if a.ndim and a.shape != param.array.shape and key not in opt._flat_state:
             raise ValueError(f"load_state_dict: state {key!r} of parameter {index} has shape {list(a.shape)}, but "
                              f"the parameter has shape {list(param.array.shape)}")
         from ..backend import to_device
@@ -215,5 +304,5 @@ def _cast(param, value, index, key):
             a = a.astype(param.array.dtype)
         return Tensor._wrap(a.copy() if a is value.array else a)
     if isinstance(value, dict):
-        return {k: _cast(param, v, index, k) for k, v in value.items()}
+        return {k: _cast(opt, param, v, index, k) for k, v in value.items()}
     return _copy_value(value)

@@ -2,13 +2,12 @@
 single-tensor implementation: eps is added after the square root."""
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .adam import lerp_
-from .optimizer import Optimizer, _step_tensor
+from .optimizer import Optimizer, _step_tensor, lerp_, switches
 
 
 class RMSprop(Optimizer):
-    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False, *,
-                 maximize=False):
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False,
+                 capturable=False, foreach=None, maximize=False, differentiable=False):
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -20,7 +19,8 @@ class RMSprop(Optimizer):
         if not 0.0 <= alpha:
             raise ValueError(f"Invalid alpha value: {alpha}")
         defaults = {"lr": lr, "momentum": momentum, "alpha": alpha, "eps": eps, "centered": centered,
-                    "weight_decay": weight_decay, "maximize": maximize}
+                    "weight_decay": weight_decay, "maximize": maximize,
+                    **switches("RMSprop", capturable=capturable, foreach=foreach, differentiable=differentiable)}
         super().__init__(params, defaults)
 
     def step(self, closure=None):

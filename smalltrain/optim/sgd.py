@@ -3,12 +3,12 @@ single-tensor implementation (the first momentum buffer is a copy of the gradien
 from . import fused
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .optimizer import Optimizer
+from .optimizer import Optimizer, switches
 
 
 class SGD(Optimizer):
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
-                 maximize=False):
+                 maximize=False, foreach=None, differentiable=False, fused=None):
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:
@@ -18,7 +18,8 @@ class SGD(Optimizer):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
-                    "nesterov": nesterov, "maximize": maximize}
+                    "nesterov": nesterov, "maximize": maximize,
+                    **switches("SGD", foreach=foreach, differentiable=differentiable, fused=fused)}
         super().__init__(params, defaults)
 
     def step(self, closure=None):

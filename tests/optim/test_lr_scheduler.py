@@ -27,6 +27,8 @@ def _optimizer(lib, kind, lrs=(0.1, 0.02)):
     groups = [{"params": [lib.zeros(2, requires_grad=True)], "lr": lr} for lr in lrs]
     if kind == "sgd":
         return lib.optim.SGD(groups, lr=0.1, momentum=0.9)
+    if kind == "adagrad":  # neither momentum nor betas
+        return lib.optim.Adagrad(groups)
     return lib.optim.Adam(groups, lr=1e-3)
 
 
@@ -101,12 +103,34 @@ SCHEDULES = [
     # the cosine recurrence scales the current lr, so composed with another schedule it departs from the closed form
     ("ChainedScheduler-cosine", "adam", lambda S, o: S.ChainedScheduler([S.CosineAnnealingLR(o, T_max=40),
                                                                          S.ExponentialLR(o, gamma=0.98)])),
+    ("CosineAnnealingWarmRestarts", "sgd", lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=15)),
+    ("CosineAnnealingWarmRestarts-mult", "adam", lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=5, T_mult=2,
+                                                                                            eta_min=1e-4)),
+    ("CyclicLR-triangular", "sgd", lambda S, o: S.CyclicLR(o, base_lr=0.01, max_lr=[0.1, 0.05], step_size_up=8)),
+    ("CyclicLR-triangular2", "adam", lambda S, o: S.CyclicLR(o, base_lr=[1e-4, 1e-3], max_lr=1e-2, step_size_up=6,
+                                                             step_size_down=10, mode="triangular2",
+                                                             base_momentum=0.7, max_momentum=0.95)),
+    ("CyclicLR-exp_range", "sgd", lambda S, o: S.CyclicLR(o, base_lr=0.01, max_lr=0.2, step_size_up=12,
+                                                          mode="exp_range", gamma=0.98)),
+    ("CyclicLR-scale_fn", "adam", lambda S, o: S.CyclicLR(o, base_lr=1e-3, max_lr=1e-2, step_size_up=5,
+                                                          scale_fn=Halve(), scale_mode="iterations",
+                                                          cycle_momentum=False)),
+    ("SequentialLR-warm-restarts", "sgd", lambda S, o: S.SequentialLR(
+        o, [S.LinearLR(o, start_factor=0.1, total_iters=10), S.CosineAnnealingWarmRestarts(o, T_0=20)],
+        milestones=[10])),
 ]
 
 
 @pytest.mark.parametrize("name,kind,make", SCHEDULES, ids=[s[0] for s in SCHEDULES])
 def test_sequence_matches_torch(name, kind, make):
-    ours, theirs = _run(smalltrain, make, kind, STEPS), _run(torch, make, kind, STEPS)
+    with warnings.catch_warnings(record=True) as ours_warned:
+        warnings.simplefilter("always")
+        ours = _run(smalltrain, make, kind, STEPS)
+    with warnings.catch_warnings(record=True) as torch_warned:
+        warnings.simplefilter("always")
+        theirs = _run(torch, make, kind, STEPS)
+    # the usual order (optimizer.step(), then scheduler.step()) warns as often as torch's: not at all
+    assert [str(w.message)[:40] for w in ours_warned] == [str(w.message)[:40] for w in torch_warned] == []
     for i, ((oh, olr), (th, tlr)) in enumerate(zip(ours, theirs)):
         _assert_same(oh, th, f"{name}: groups after step {i}")
         _assert_same([olr], [tlr], f"{name}: get_last_lr() after step {i}")
@@ -198,6 +222,15 @@ ERRORS = [  # (make(S, opt), kind) -> the same exception type and message as tor
     (lambda S, o: S.SequentialLR(o, [], milestones=[]), "sgd"),
     (lambda S, o: S.StepLR(o, step_size=2, last_epoch=5), "sgd"),
     (lambda S, o: S.StepLR(None, step_size=2), "sgd"),
+    (lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=0), "sgd"),
+    (lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=2.5), "sgd"),
+    (lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=5, T_mult=0), "sgd"),
+    (lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=5, eta_min="0"), "sgd"),
+    (lambda S, o: S.CosineAnnealingWarmRestarts(o, T_0=5).step(-1), "sgd"),
+    (lambda S, o: S.CyclicLR(o, base_lr=0.01, max_lr=0.1, mode="cosine"), "sgd"),
+    (lambda S, o: S.CyclicLR(o, base_lr=0.01, max_lr=0.1), "adagrad"),
+    (lambda S, o: S.CyclicLR(o, base_lr=[0.01], max_lr=0.1), "sgd"),
+    (lambda S, o: S.OneCycleLR(o, max_lr=0.1, total_steps=10), "adagrad"),
 ]
 
 
@@ -240,3 +273,49 @@ def test_warnings_like_torch():
         with pytest.warns(UserWarning, match="epoch parameter"):
             sched2.step(4)  # the closed form
         assert sched2.get_last_lr() == [0.1 * 0.5 ** 4, 0.02 * 0.5 ** 4]
+
+
+@pytest.mark.parametrize("T_mult", [1, 2])
+def test_warm_restarts_with_fractional_and_jumping_epochs_like_torch(T_mult):
+    """step(epoch + i / iters) within epochs, then a jump and plain steps again, as torch's docs show."""
+    epochs = [e + i / 4 for e in range(12) for i in range(4)] + [26, None, None, 3.5, None, 40]
+    lrs = {}
+    for lib in (torch, smalltrain):
+        opt = _optimizer(lib, "sgd")
+        sched = lib.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=3, T_mult=T_mult, eta_min=1e-3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # no deprecation warning for step(epoch) here, as in torch
+            trace = []
+            for e in epochs:
+                opt.step()
+                sched.step(e)
+                trace.append((_hyper(opt), list(sched.get_last_lr()), sched.last_epoch, sched.T_i))
+        lrs[lib.__name__] = trace
+    for i, (o, t) in enumerate(zip(lrs["smalltrain"], lrs["torch"], strict=True)):
+        _assert_same(o[0], t[0], f"step({epochs[i]})")
+        _assert_same([o[1]], [t[1]], f"get_last_lr() after step({epochs[i]})")
+        assert o[2:] == t[2:], f"last_epoch, T_i after step({epochs[i]})"
+
+
+def _warmup_then_decay(S):
+    """A user's scheduler, written as torch's docs show: get_lr from last_epoch and base_lrs."""
+    class WarmupThenDecay(S._LRScheduler):
+        def __init__(self, optimizer, warmup=5, gamma=0.9, last_epoch=-1):
+            self.warmup, self.gamma = warmup, gamma
+            super().__init__(optimizer, last_epoch)
+
+        def get_lr(self):
+            if self.last_epoch < self.warmup:
+                return [base * (self.last_epoch + 1) / self.warmup for base in self.base_lrs]
+            return [base * self.gamma ** (self.last_epoch - self.warmup) for base in self.base_lrs]
+    return WarmupThenDecay
+
+
+def test_user_subclass_matches_torch():
+    traces = {}
+    for lib in (torch, smalltrain):
+        cls = _warmup_then_decay(lib.optim.lr_scheduler)
+        traces[lib.__name__] = _run(lib, lambda S, o, cls=cls: cls(o), "sgd", 30, resume_at=12)
+    for i, ((oh, olr), (th, tlr)) in enumerate(zip(traces["smalltrain"], traces["torch"], strict=True)):
+        _assert_same(oh, th, f"after step {i}")
+        _assert_same([olr], [tlr], f"get_last_lr() after step {i}")
