@@ -68,17 +68,18 @@ def _bn_cnn(torch):
 
 
 def _strided(torch):
-    """3x3 padding-1 convolutions, strided instead of pooled, with BatchNorm, global average pooling in forward."""
+    """3x3 padding-1 convolutions, strided instead of pooled, without bias before BatchNorm (which would cancel it),
+    global average pooling in forward."""
     nn, F = torch.nn, torch.nn.functional
 
     class StridedNet(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+            self.conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=False)
             self.bn1 = nn.BatchNorm2d(16)
-            self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False)
             self.bn2 = nn.BatchNorm2d(32)
-            self.conv3 = nn.Conv2d(32, 64, 3, stride=2, padding=1)
+            self.conv3 = nn.Conv2d(32, 64, 3, stride=2, padding=1, bias=False)
             self.bn3 = nn.BatchNorm2d(64)
             self.fc = nn.Linear(64, 10)
 
