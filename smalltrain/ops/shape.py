@@ -5,6 +5,7 @@ from .._dtype import result_type
 from ..autograd.function import Function
 from ..tensor import Tensor
 from ._util import check_same_device, normalize_dim, xp_of
+from .inplace import link_view
 
 
 def _shape_arg(shape):
@@ -40,6 +41,12 @@ def infer_shape(op, shape, numel, old_shape):
 
 
 class Reshape(Function):
+    @classmethod
+    def apply(cls, x, shape):
+        out = super().apply(x, shape)
+        new_shape = out.array.shape
+        return link_view(out, x, lambda a: a.reshape(new_shape))
+
     @staticmethod
     def forward(ctx, x, shape):
         a = x.array
@@ -52,6 +59,13 @@ class Reshape(Function):
 
 
 class Permute(Function):
+    @classmethod
+    def apply(cls, x, dims):
+        out = super().apply(x, dims)
+        n = x.array.ndim
+        order = tuple(d % n for d in dims) if n else ()
+        return link_view(out, x, lambda a: a.transpose(order))
+
     @staticmethod
     def forward(ctx, x, dims):
         a = x.array
