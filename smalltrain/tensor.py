@@ -532,7 +532,9 @@ def _install_methods():
 
 
 def _mod(a, b):
-    x, y, _ = _util.promote("remainder", a, b)
+    x, y, dt = _util.promote("remainder", a, b)
+    if dt.kind in "iu":
+        _ew.check_int_divisor(y)
     return _util.xp_of(x if hasattr(x, "dtype") else y).mod(x, y)  # Python's sign convention, as torch's
 
 

@@ -285,12 +285,24 @@ def div(a, b, rounding_mode=None):
                          f"'{rounding_mode}'")
     x, y, dt = promote("div", a, b)
     xp = xp_of(x if hasattr(x, "dtype") else y)
+    if dt.kind in "iu":
+        check_int_divisor(y)
     if dt.kind in "iu" and rounding_mode == "floor":
         return Tensor._wrap(xp.floor_divide(x, y))
     with np.errstate(divide="ignore", invalid="ignore"):
         q = xp.true_divide(x, y)
     q = xp.floor(q) if rounding_mode == "floor" else xp.trunc(q)
     return Tensor._wrap(q.astype(dt, copy=False))
+
+
+def check_int_divisor(y):
+    """torch's CPU kernels raise for an integer `//`, `%` or rounding division by zero (CUDA's give garbage and no
+    error: checking there would cost a host sync, so only the CPU checks, as torch)."""
+    if isinstance(y, (int, np.integer)) and not isinstance(y, bool):
+        if y == 0:
+            raise RuntimeError("ZeroDivisionError")
+    elif isinstance(y, np.ndarray) and y.dtype.kind in "iub" and not y.all():
+        raise RuntimeError("ZeroDivisionError")
 
 
 def pow(a, b):  # noqa: A001

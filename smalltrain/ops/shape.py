@@ -184,7 +184,10 @@ def flatten(x, start_dim=0, end_dim=-1):
     e = normalize_dim("flatten", end_dim, len(shape))
     if s > e:
         raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
-    return Reshape.apply(x, shape[:s] + (-1 if 0 not in shape[s:e + 1] else 0,) + shape[e + 1:])
+    merged = 1
+    for n in shape[s:e + 1]:
+        merged *= n
+    return Reshape.apply(x, shape[:s] + (merged,) + shape[e + 1:])   # an empty batch stays (0, N), as torch's
 
 
 def unflatten(x, dim, sizes):
