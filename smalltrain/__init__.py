@@ -26,6 +26,8 @@ from .ops.shape import (cat, chunk, concat, concatenate, flatten, flip,  # noqa
                         unsqueeze)
 from .ops.index import gather, index_select, masked_fill, nonzero
 from .ops.matmul import bmm, matmul, mm
+from .ops.sort import argsort, sort, topk, unique
+from .ops.scan import cumprod, cumsum
 from . import cuda
 from . import autograd
 

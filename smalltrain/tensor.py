@@ -506,6 +506,9 @@ def _install_methods():
     for name in ("view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "squeeze", "unsqueeze",
                  "expand", "expand_as", "repeat", "split", "chunk", "unbind", "flip"):
         setattr(T, name, getattr(s, name))
+    for name in ("sort", "argsort", "topk", "unique"):
+        setattr(T, name, getattr(_sort, name))
+    T.cumsum, T.cumprod = _scan.cumsum, _scan.cumprod
     T.view_as = lambda a, other: s.view(a, *other.array.shape)
     T.reshape_as = T.view_as
     T.swapaxes = T.swapdims = s.transpose
@@ -578,5 +581,5 @@ class _Convert(Function):
 
 
 from .ops import _util, elementwise as _ew, index as _index, matmul as _mm, reduce as _red, shape as _shape  # noqa
-from .ops import inplace as _inplace  # noqa: E402
+from .ops import inplace as _inplace, scan as _scan, sort as _sort  # noqa: E402
 _install_methods()

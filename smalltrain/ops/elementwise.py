@@ -212,21 +212,33 @@ class Clamp(Function):
         dt = result_type(x, min, max)
         a, lo, hi = (_cast(v, dt) for v in (x.array, arr(min), arr(max)))
         xp = xp_of(a)
-        out = a if lo is None else xp.maximum(a, lo)
-        out = out if hi is None else xp.minimum(out, hi)
+        try:
+            out = a if lo is None else xp.maximum(a, lo)
+            out = out if hi is None else xp.minimum(out, hi)
+        except ValueError as e:
+            raise (broadcast_error("clamp", a, lo if lo is not None else hi) or
+                   broadcast_error("clamp", a, hi) or e) from None
         ctx.a, ctx.lo, ctx.hi = a, lo, hi
         return out.astype(dt, copy=False)
 
     @staticmethod
     def backward(ctx, dout):
-        # the bounds get no gradient (torch gives tensor bounds one; we document that they do not)
-        g, a = dout.array, ctx.a
+        # torch's clamp_backward_min_max: a tensor bound takes the gradient where it decided the output
+        g, a, lo, hi = dout.array, ctx.a, ctx.lo, ctx.hi
+        xp = xp_of(g)
+        need = ctx.needs_input_grad
         mask = True
-        if ctx.lo is not None:
-            mask = a >= ctx.lo
-        if ctx.hi is not None:
-            mask = mask & (a <= ctx.hi)
-        return xp_of(g).where(mask, g, 0), None, None
+        if lo is not None:
+            mask = a >= lo
+        if hi is not None:
+            mask = mask & (a <= hi)
+        dx = xp.where(mask, g, 0) if need[0] else None
+        dlo = dhi = None
+        if len(need) > 1 and need[1]:
+            dlo = xp.where((a < lo) & (lo < hi) if hi is not None else a < lo, g, 0)
+        if len(need) > 2 and need[2]:
+            dhi = xp.where((a > hi) | (hi < lo) if lo is not None else a > hi, g, 0)
+        return dx, dlo, dhi
 
 
 class Where(Function):
