@@ -30,6 +30,9 @@ from .ops.sort import argsort, sort, topk, unique
 from .ops.scan import cumprod, cumsum
 from . import cuda
 from . import autograd
+from . import accelerator, backends
+from .backends import get_float32_matmul_precision, set_float32_matmul_precision
+from .threads import get_num_interop_threads, get_num_threads, set_num_interop_threads, set_num_threads
 
 bool = bool_  # noqa: A001 - torch.bool
 negative, multiply, divide, subtract = neg, mul, div, sub
@@ -47,6 +50,8 @@ def __getattr__(name):
         return getattr(importlib.import_module(".nn.functional", __name__), name)
     if name == "compile":
         return importlib.import_module(".compile_", __name__).compile
+    if name == "Generator":
+        return importlib.import_module(".generator", __name__).Generator
     if name in ("save", "load"):
         return getattr(importlib.import_module(".serialization", __name__), name)
     raise AttributeError(f"module 'smalltrain' has no attribute '{name}'")
@@ -68,7 +73,3 @@ def is_tensor(obj):
 def numel(input):  # noqa: A002
     return input.numel()
 
-
-def get_num_threads():
-    import os
-    return os.cpu_count() or 1

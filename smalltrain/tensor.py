@@ -527,8 +527,8 @@ def _install_methods():
     for name in ("exp", "log", "sqrt", "abs", "neg", "sigmoid", "tanh", "pow"):
         setattr(T, name + "_", inplace_op(getattr(e, name), name + "_"))
     T.relu_ = inplace_op(lambda a: _act().relu(a), "relu_")
-    T.uniform_ = lambda a, low=0.0, high=1.0: _init().uniform_(a, low, high)
-    T.normal_ = lambda a, mean=0.0, std=1.0: _init().normal_(a, mean, std)
+    T.uniform_ = lambda a, low=0.0, high=1.0, *, generator=None: _init().uniform_(a, low, high, generator=generator)
+    T.normal_ = lambda a, mean=0.0, std=1.0, *, generator=None: _init().normal_(a, mean, std, generator=generator)
 
     # `x += y` is x.add_(y), as in torch: in place, through views, recorded while grad mode is on
     T.__iadd__, T.__isub__, T.__imul__, T.__itruediv__ = e.add_, e.sub_, e.mul_, e.div_
