@@ -26,7 +26,7 @@ class Size(tuple):
 
 class Tensor:
     __slots__ = ("array", "grad", "requires_grad", "_ctx", "_out_idx", "_hooks", "_post_hooks", "_retain", "_view",
-                 "__weakref__")
+                 "_version", "__weakref__")
     __array_ufunc__ = None  # make `ndarray + Tensor` defer to Tensor.__radd__
 
     def __init__(self, data=None, dtype=None, device=None, requires_grad=False):
@@ -47,7 +47,8 @@ class Tensor:
         self._hooks = None
         self._post_hooks = None
         self._retain = False
-        self._view = None   # (base, fn) for a view of base's memory: ops/inplace.py
+        self._view = None   # (base, fn, base's _version when made) for a view of base's memory: ops/inplace.py
+        self._version = None   # a base's count of recorded in-place writes, once a view of it exists
 
     @classmethod
     def _wrap(cls, array, requires_grad=False):
@@ -353,7 +354,7 @@ class Tensor:
             object.__setattr__(new, name, getattr(self, name))
         new.array = self.array.copy()
         new.grad = copy.deepcopy(self.grad, memo)
-        new._hooks = new._post_hooks = new._view = None
+        new._hooks = new._post_hooks = new._view = new._version = None
         if hasattr(self, "__dict__"):  # subclasses (nn.Parameter) may carry attributes of their own
             new.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return new

@@ -2,16 +2,17 @@
 view), and while recording, the in-place op joins the graph: the tensor's history moves onto it, and a view's base
 is rebased onto a CopySlices node, so that backward through the base sees the write (torch's "CopySlices").
 
-A view remembers its base tensor and how to make the view from the base's array (`tensor._view = (base, fn)`);
-view ops (basic indexing, view/reshape/flatten/squeeze/unsqueeze, permute/transpose) set it with link_view.
+A view remembers its base tensor and how to make the view from the base's array (`tensor._view = (base, fn,
+version)`); view ops (basic indexing, view/reshape/flatten/squeeze/unsqueeze, permute/transpose) set it with
+link_view. A base counts its recorded in-place writes (`_version`, once it has views); a view whose version is
+behind takes the base's new history when next used by an op (refresh_view, called from Function.apply).
 Not tracked: a node that saved a tensor's values before they were overwritten in place (torch raises at backward
-through a version counter; here the producing node's own saved copy is kept, other consumers read the new values),
-and a view made before its base was itself changed in place keeps the history it was made with.
+through its version counter; here the producing node's own saved copy is kept, other consumers read the new values).
 """
 import numpy as np
 
 from ..autograd import grad_mode
-from ..autograd.function import Function
+from ..autograd.function import Function, stale_views
 from ..tensor import Tensor
 
 
@@ -43,10 +44,12 @@ def link_view(out, x, fn):
     if out is x or not overlaps(out.array, x.array):
         return out
     if x._view is None:
-        out._view = (x, fn)
+        if x._version is None:
+            x._version = 0
+        out._view = (x, fn, x._version)
     else:
-        base, first = x._view
-        out._view = (base, lambda a: fn(first(a)))
+        base, first, _ = x._view
+        out._view = (base, lambda a: fn(first(a)), base._version)
     return out
 
 
@@ -77,6 +80,8 @@ def recorded(t, op, compute, saves_input=True):
     memory cannot change what backward reads.
     """
     check_leaf(t, op)
+    if t._view is not None and t._view[2] != t._view[0]._version:
+        refresh_view(t)
     x = Tensor._wrap(t.array.copy() if saves_input else t.array, t.requires_grad)
     x._ctx, x._out_idx = t._ctx, t._out_idx
     return commit(t, op, compute(x))
@@ -100,13 +105,28 @@ def commit(t, op, new):
         t.array = new.array
     if t._view is None or not new.requires_grad:
         t._ctx, t._out_idx, t.requires_grad = new._ctx, new._out_idx, new.requires_grad
+        if t._version is not None:   # t has views: they now read t's new history (refresh_view)
+            t._version += 1
+            stale_views[0] = True
         return t
-    base, fn = t._view
+    base, fn, _ = t._view
     rebased = CopySlices.apply(base, new, fn)
     base._ctx, base._out_idx, base.requires_grad = rebased._ctx, 0, True
+    base._version += 1
+    stale_views[0] = True
     view = AsView.apply(base, fn)
     t._ctx, t._out_idx, t.requires_grad = view._ctx, 0, True
+    t._view = (base, fn, base._version)
     return t
+
+
+def refresh_view(t):
+    """A view made before its base was written in place while recording: its history becomes the base's."""
+    base, fn, _ = t._view
+    t._view = (base, fn, base._version)
+    if base.requires_grad:
+        view = AsView.apply(base, fn)
+        t._ctx, t._out_idx, t.requires_grad = view._ctx, 0, True
 
 
 def _keep_saved(t):
@@ -204,3 +224,6 @@ class Overwrite(Function):
     def backward(ctx, dout):
         g = dout.array
         return None, (g if ctx.dtype is None else g.astype(ctx.dtype, copy=False))
+
+
+stale_views[1] = refresh_view

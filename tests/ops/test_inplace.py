@@ -80,7 +80,23 @@ def _clamp_view(L, x):
     return a
 
 
-CASES = {"rows": (_rows, 1), "column_mul": (_column_mul, 2), "transpose": (_transpose_view, 2),
+def _base_written_after_views(L, x, w):
+    a = x * 2.0
+    row, col = a[1:], a.t()[:, 0]
+    a.mul_(w)              # views made before the write see it, values and gradients
+    return row * 1.0, col.exp()
+
+
+def _sibling_views(L, x, w):
+    a = x * 1.0
+    first, second = a[0], a[:, 1:]
+    first.add_(w[0])
+    second.mul_(w[1, :2])   # overlaps the first write: its history includes it
+    return first + 0.0, a
+
+
+CASES = {"base_then_views": (_base_written_after_views, 2), "sibling_views": (_sibling_views, 2),
+         "rows": (_rows, 1), "column_mul": (_column_mul, 2), "transpose": (_transpose_view, 2),
          "reshape": (_reshape_view, 1), "chain_of_views": (_chain_of_views, 2), "plain_base": (_view_of_plain_base, -1),
          "zero_fill": (_zero_and_fill, 1), "iadd": (_iadd_on_view, 2), "setitem": (_setitem_on_view, 2),
          "clamp_div_neg": (_clamp_view, 1)}
