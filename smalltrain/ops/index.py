@@ -95,8 +95,8 @@ class GetItem(Function):
         ctx.key, ctx.shape = key, a.shape
         try:
             out = a[key]
-            if not hasattr(out, "strides") or isinstance(out, np.generic):   # ints only: a 0-d view, as torch's
-                out = a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
+            if getattr(out, "ndim", 0) == 0 and not (isinstance(key, tuple) and any(k is Ellipsis for k in key)):
+                out = a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]   # ints only: a 0-d view, as torch's
             return out
         except (IndexError, ValueError) as e:  # arrays (bool masks among them) that do not broadcast together
             if isinstance(e, ValueError) and "broadcast" not in str(e):

@@ -18,7 +18,7 @@ sort_result = namedtuple("sort", ["values", "indices"])
 def _argsort(a, axis, descending):
     """Stable argsort along axis; descending keeps ties in input order (argsort of the flipped input, reversed)."""
     xp = xp_of(a)
-    kw = {"kind": "stable"} if xp is np else {}
+    kw = {"kind": "stable"}   # CuPy's sorts are stable and accept only this kind
     if a.dtype == np.bool_:
         a = a.astype(np.uint8)
     if not descending:

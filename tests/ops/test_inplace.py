@@ -46,7 +46,7 @@ def _chain_of_views(L, x, w):
 
 
 def _view_of_plain_base(L, w):
-    b = L.zeros(3, 3, dtype=w.dtype)
+    b = L.zeros(3, 3, dtype=w.dtype, device=w.device)
     b[1].copy_(w[0])       # a base that did not require grad takes the view's history
     b[2, 1:3].fill_(7.0)
     return b * 2
