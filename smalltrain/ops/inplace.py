@@ -41,7 +41,12 @@ def overlaps(a, b):
 def link_view(out, x, fn):
     """Mark `out`, made from x by a view op whose array-level form is fn(array), as a view of x's base (when its
     array does share x's memory: a reshape may have copied). Returns out."""
-    if out is x or not overlaps(out.array, x.array):
+    a, o = x.array, out.array
+    if type(o) is np.ndarray:   # NumPy: a view's base is the array owning the memory (cheaper than a bounds check)
+        b = o.base
+        if b is None or out is x or (b is not a and b is not a.base):
+            return out
+    elif out is x or not overlaps(o, a):
         return out
     if x._view is None:
         if x._version is None:

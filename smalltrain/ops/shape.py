@@ -62,9 +62,7 @@ class Permute(Function):
     @classmethod
     def apply(cls, x, dims):
         out = super().apply(x, dims)
-        n = x.array.ndim
-        order = tuple(d % n for d in dims) if n else ()
-        return link_view(out, x, lambda a: a.transpose(order))
+        return link_view(out, x, lambda a: a.transpose([d % a.ndim for d in dims]))
 
     @staticmethod
     def forward(ctx, x, dims):
