@@ -267,3 +267,14 @@ def test_batched_path_equals_per_sample_calls_with_the_same_draws():
     arr = rot.per_sample(batch, generator=smalltrain.Generator().manual_seed(4))
     ten = rot.per_sample(smalltrain.tensor(batch[:, None]), generator=smalltrain.Generator().manual_seed(4))
     np.testing.assert_array_equal(ten.numpy()[:, 0], arr)
+
+
+@pytest.mark.parametrize("make", [lambda: T.RandomCrop(7, padding=1), lambda: T.RandomHorizontalFlip(),
+                                  lambda: T.RandomAffine(20, translate=(0.1, 0.2), scale=(0.9, 1.1), shear=5,
+                                                         interpolation="bilinear")])
+def test_per_sample_on_device_tensors_matches_cpu(make, device):
+    batch = np.random.default_rng(0).uniform(0, 1, (4, 2, 7, 7)).astype(np.float32)
+    cpu = make().per_sample(smalltrain.tensor(batch), generator=smalltrain.Generator().manual_seed(9))
+    dev = make().per_sample(smalltrain.tensor(batch, device=device), generator=smalltrain.Generator().manual_seed(9))
+    assert dev.device.type == device
+    np.testing.assert_allclose(dev.numpy(force=True), cpu.numpy(), rtol=1e-6, atol=1e-6)
