@@ -26,8 +26,13 @@ from .ops.shape import (cat, chunk, concat, concatenate, flatten, flip,  # noqa
                         unsqueeze)
 from .ops.index import gather, index_select, masked_fill, nonzero
 from .ops.matmul import bmm, matmul, mm
+from .ops.sort import argsort, sort, topk, unique
+from .ops.scan import cumprod, cumsum
 from . import cuda
 from . import autograd
+from . import accelerator, backends
+from .backends import get_float32_matmul_precision, set_float32_matmul_precision
+from .threads import get_num_interop_threads, get_num_threads, set_num_interop_threads, set_num_threads
 
 bool = bool_  # noqa: A001 - torch.bool
 negative, multiply, divide, subtract = neg, mul, div, sub
@@ -45,6 +50,8 @@ def __getattr__(name):
         return getattr(importlib.import_module(".nn.functional", __name__), name)
     if name == "compile":
         return importlib.import_module(".compile_", __name__).compile
+    if name == "Generator":
+        return importlib.import_module(".generator", __name__).Generator
     if name in ("save", "load"):
         return getattr(importlib.import_module(".serialization", __name__), name)
     raise AttributeError(f"module 'smalltrain' has no attribute '{name}'")
@@ -66,7 +73,3 @@ def is_tensor(obj):
 def numel(input):  # noqa: A002
     return input.numel()
 
-
-def get_num_threads():
-    import os
-    return os.cpu_count() or 1

@@ -118,9 +118,10 @@ def full(size, fill_value, dtype=None, device=None, requires_grad=False):
                  dtype, device, requires_grad)
 
 
-def _random(xp, shape, dtype, kind, **kw):
-    """Draw on the CPU generator (one stream for both devices: the same seed gives the same numbers)."""
-    g = random.default_generator()
+def _random(xp, shape, dtype, kind, generator=None, **kw):
+    """Draw on the CPU generator (one stream for both devices: the same seed gives the same numbers), or on
+    `generator` (a smalltrain.Generator or numpy.random.Generator)."""
+    g = random.default_generator() if generator is None else generator
     if kind == "rand":
         a = g.random(shape, dtype=np.float64 if dtype == np.float64 else np.float32)
     elif kind == "randn":
@@ -133,12 +134,12 @@ def _random(xp, shape, dtype, kind, **kw):
 
 def rand(*shape, size=None, dtype=None, device=None, requires_grad=False, generator=None):
     """Uniform on [0, 1) from the global generator (manual_seed makes it reproducible)."""
-    return _make(lambda xp, s, d: _random(xp, s, d, "rand"), shape or (size,), dtype, device, requires_grad)
+    return _make(lambda xp, s, d: _random(xp, s, d, "rand", generator), shape or (size,), dtype, device, requires_grad)
 
 
 def randn(*shape, size=None, dtype=None, device=None, requires_grad=False, generator=None):
     """Standard normal from the global generator."""
-    return _make(lambda xp, s, d: _random(xp, s, d, "randn"), shape or (size,), dtype, device, requires_grad)
+    return _make(lambda xp, s, d: _random(xp, s, d, "randn", generator), shape or (size,), dtype, device, requires_grad)
 
 
 def randint(low, high=None, size=None, dtype=None, device=None, requires_grad=False, generator=None):
@@ -151,12 +152,13 @@ def randint(low, high=None, size=None, dtype=None, device=None, requires_grad=Fa
         raise TypeError("randint() missing required argument 'size'")
     if high <= low:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
-    return _make(lambda xp, s, d: _random(xp, s, d, "randint", low=low, high=high), tuple(size), dtype, device,
-                 requires_grad, default=np.int64)
+    return _make(lambda xp, s, d: _random(xp, s, d, "randint", generator, low=low, high=high), tuple(size), dtype,
+                 device, requires_grad, default=np.int64)
 
 
 def randperm(n, dtype=None, device=None, generator=None):
-    a = random.default_generator().permutation(int(n)).astype(_dtype.to_numpy_dtype(dtype) or np.int64)
+    g = random.default_generator() if generator is None else generator
+    a = g.permutation(int(n)).astype(_dtype.to_numpy_dtype(dtype) or np.int64)
     return Tensor._wrap(a if as_device(device).type == "cpu" else to_device(a, device))
 
 

@@ -25,8 +25,8 @@ class Size(tuple):
 
 
 class Tensor:
-    __slots__ = ("array", "grad", "requires_grad", "_ctx", "_out_idx", "_hooks", "_post_hooks", "_retain",
-                 "__weakref__")
+    __slots__ = ("array", "grad", "requires_grad", "_ctx", "_out_idx", "_hooks", "_post_hooks", "_retain", "_view",
+                 "_version", "__weakref__")
     __array_ufunc__ = None  # make `ndarray + Tensor` defer to Tensor.__radd__
 
     def __init__(self, data=None, dtype=None, device=None, requires_grad=False):
@@ -47,6 +47,8 @@ class Tensor:
         self._hooks = None
         self._post_hooks = None
         self._retain = False
+        self._view = None   # (base, fn, base's _version when made) for a view of base's memory: ops/inplace.py
+        self._version = None   # a base's count of recorded in-place writes, once a view of it exists
 
     @classmethod
     def _wrap(cls, array, requires_grad=False):
@@ -352,7 +354,7 @@ class Tensor:
             object.__setattr__(new, name, getattr(self, name))
         new.array = self.array.copy()
         new.grad = copy.deepcopy(self.grad, memo)
-        new._hooks = new._post_hooks = None
+        new._hooks = new._post_hooks = new._view = new._version = None
         if hasattr(self, "__dict__"):  # subclasses (nn.Parameter) may carry attributes of their own
             new.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return new
@@ -491,7 +493,7 @@ def _install_methods():
     for name in ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "exp", "log", "log1p", "sqrt",
                  "rsqrt", "abs", "sin", "cos", "tanh", "cosh", "sinh", "sigmoid", "clamp", "clip", "neg",
                  "sign", "floor", "ceil", "round", "isnan", "isinf", "isfinite", "logical_not", "eq", "ne", "lt",
-                 "le", "gt", "ge", "add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "clamp_", "copy_",
+                 "le", "gt", "ge", "add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "clamp_", "clip_", "copy_",
                  "fill_", "zero_", "allclose", "equal", "logical_and", "logical_or", "logical_xor",
                  "bitwise_not"):
         setattr(T, name, getattr(e, name))
@@ -505,6 +507,9 @@ def _install_methods():
     for name in ("view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "squeeze", "unsqueeze",
                  "expand", "expand_as", "repeat", "split", "chunk", "unbind", "flip"):
         setattr(T, name, getattr(s, name))
+    for name in ("sort", "argsort", "topk", "unique"):
+        setattr(T, name, getattr(_sort, name))
+    T.cumsum, T.cumprod = _scan.cumsum, _scan.cumprod
     T.view_as = lambda a, other: s.view(a, *other.array.shape)
     T.reshape_as = T.view_as
     T.swapaxes = T.swapdims = s.transpose
@@ -513,36 +518,27 @@ def _install_methods():
     T.softmax = lambda a, dim: _act().softmax(a, dim)
     T.log_softmax = lambda a, dim: _act().log_softmax(a, dim)
 
-    def inplace_op(fn):
+    def inplace_op(fn, name):
         def method(self, *args, **kwargs):
-            if e._recording(self):
-                return e.record_inplace(self, fn.__name__ + "_", fn(self, *args, **kwargs))
-            e.check_inplace(self, fn.__name__ + "_")
-            return e.inplace(self, fn.__name__ + "_", fn(self.detach(), *args, **kwargs).array)
+            if _inplace.recording(self, *args):
+                return _inplace.recorded(self, name, lambda x: fn(x, *args, **kwargs))
+            return _inplace.write(self, fn(self.detach(), *args, **kwargs).array)
+        method.__name__ = name
         return method
     for name in ("exp", "log", "sqrt", "abs", "neg", "sigmoid", "tanh", "pow"):
-        setattr(T, name + "_", inplace_op(getattr(e, name)))
-    T.relu_ = lambda a: e.inplace(a, "relu_", _act().relu(a.detach()).array)
-    T.uniform_ = lambda a, low=0.0, high=1.0: _init().uniform_(a, low, high)
-    T.normal_ = lambda a, mean=0.0, std=1.0: _init().normal_(a, mean, std)
+        setattr(T, name + "_", inplace_op(getattr(e, name), name + "_"))
+    T.relu_ = inplace_op(lambda a: _act().relu(a), "relu_")
+    T.uniform_ = lambda a, low=0.0, high=1.0, *, generator=None: _init().uniform_(a, low, high, generator=generator)
+    T.normal_ = lambda a, mean=0.0, std=1.0, *, generator=None: _init().normal_(a, mean, std, generator=generator)
 
-    def iop(fn, name):
-        def method(self, other):
-            from .autograd import grad_mode
-            if grad_mode._state.enabled and (self.requires_grad or getattr(other, "requires_grad", False)):
-                if self.requires_grad and self._ctx is None:
-                    e.check_inplace(self, f"__i{name}__")  # torch refuses `leaf += ...` while recording
-                return getattr(e, name)(self, other)  # recorded out of place, rebinding the name
-            return fn(self, other)
-        return method
-    T.__iadd__ = iop(e.add_, "add")
-    T.__isub__ = iop(e.sub_, "sub")
-    T.__imul__ = iop(e.mul_, "mul")
-    T.__itruediv__ = iop(e.div_, "div")
+    # `x += y` is x.add_(y), as in torch: in place, through views, recorded while grad mode is on
+    T.__iadd__, T.__isub__, T.__imul__, T.__itruediv__ = e.add_, e.sub_, e.mul_, e.div_
 
 
 def _mod(a, b):
-    x, y, _ = _util.promote("remainder", a, b)
+    x, y, dt = _util.promote("remainder", a, b)
+    if dt.kind in "iu":
+        _ew.check_int_divisor(y)
     return _util.xp_of(x if hasattr(x, "dtype") else y).mod(x, y)  # Python's sign convention, as torch's
 
 
@@ -586,4 +582,5 @@ class _Convert(Function):
 
 
 from .ops import _util, elementwise as _ew, index as _index, matmul as _mm, reduce as _red, shape as _shape  # noqa
+from .ops import inplace as _inplace, scan as _scan, sort as _sort  # noqa: E402
 _install_methods()

@@ -145,3 +145,27 @@ def test_methods_on_noncontiguous_inputs(op, device, rng):
     golden(fns[op], fns[op], rng.uniform(-1, 1, (3, 4)).astype(np.float32), device=device)
     assert_close(fns[op](st.tensor(np.eye(3, 4, dtype=np.float32))),
                  fns[op](torch.tensor(np.eye(3, 4, dtype=np.float32))))
+
+
+INT_DIVISION = {"floordiv": lambda L, a, b: a // b, "mod": lambda L, a, b: a % b,
+                "floordiv_scalar": lambda L, a, b: a // 0, "mod_scalar": lambda L, a, b: a % 0,
+                "rfloordiv": lambda L, a, b: 5 // b, "trunc": lambda L, a, b: L.div(a, b, rounding_mode="trunc")}
+
+
+@pytest.mark.parametrize("name", sorted(INT_DIVISION))
+def test_integer_division_by_zero_raises_like_torch(name):
+    a, b = np.array([3, -3, 4]), np.array([0, 2, 1])
+    fn = INT_DIVISION[name]
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(torch, torch.tensor(a), torch.tensor(b))
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(st, st.tensor(a), st.tensor(b))
+
+
+def test_true_division_of_integers_by_zero_gives_inf_nan():
+    a, b = np.array([3, -3, 0, 4]), np.array([0, 0, 0, 2])
+    ours, theirs = st.tensor(a) / st.tensor(b), torch.tensor(a) / torch.tensor(b)
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    nonzero = np.array([0, 2, 1, 3])   # a nonzero divisor still floors and wraps like torch
+    np.testing.assert_array_equal((st.tensor(a) // st.tensor(nonzero + 1)).numpy(),
+                                  (torch.tensor(a) // torch.tensor(nonzero + 1)).numpy())

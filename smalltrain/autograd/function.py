@@ -53,6 +53,11 @@ class Node:
         return f"<{self.name()}>"
 
 
+# [whether any base with views was written in place while recording, the refresh of a stale view]: set by
+# ops/inplace.py (torch regenerates such a view's grad_fn from its base's version counter the same way)
+stale_views = [False, None]
+
+
 class Function:
     """Subclass with static `forward(ctx, ...)` and `backward(ctx, ...)`; call with `MyFn.apply(...)`."""
 
@@ -72,6 +77,10 @@ class Function:
         state = grad_mode._state
         prev = state.enabled
         if prev:
+            if stale_views[0]:   # a base was written in place while recording: its older views take the write
+                for a in args:
+                    if isinstance(a, Tensor) and a._view is not None and a._view[2] != a._view[0]._version:
+                        stale_views[1](a)
             needs = tuple([isinstance(a, Tensor) and a.requires_grad for a in args])
             record = True in needs
         else:

@@ -114,7 +114,11 @@ class Module:
     def __call__(self, *args, **kwargs):
         if self._forward_pre_hooks or self._forward_hooks:
             return self._call_with_hooks(args, kwargs)
-        return self.forward(*args, **kwargs)
+        try:
+            return self.forward(*args, **kwargs)
+        except AttributeError:
+            _check_not_numpy(self, args)
+            raise
 
     def _call_with_hooks(self, args, kwargs):
         for hook_id, hook in list(self._forward_pre_hooks.items()):
@@ -610,3 +614,11 @@ def _parse_to(args, kwargs):
         else:
             raise TypeError(f"to() received an invalid combination of arguments: {typename(a)}")
     return (None if device is None else as_device(device)), dtype
+
+
+def _check_not_numpy(module, args):
+    """A NumPy array where a Tensor belongs fails deep in forward with an AttributeError; torch raises TypeError."""
+    for i, a in enumerate(args):
+        if type(a).__module__ == "numpy":
+            raise TypeError(f"{type(module).__name__}.forward(): argument {i} must be Tensor, not "
+                            f"numpy.{type(a).__name__} (wrap it with smalltrain.from_numpy)") from None

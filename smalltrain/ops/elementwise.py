@@ -9,6 +9,7 @@ from .._dtype import get_default_dtype, result_type
 from ..autograd import grad_mode
 from ..autograd.function import Function
 from ..tensor import Tensor
+from . import inplace as _inplace
 from ._util import _cast, arr, broadcast_error, promote, xp_of
 
 
@@ -211,21 +212,33 @@ class Clamp(Function):
         dt = result_type(x, min, max)
         a, lo, hi = (_cast(v, dt) for v in (x.array, arr(min), arr(max)))
         xp = xp_of(a)
-        out = a if lo is None else xp.maximum(a, lo)
-        out = out if hi is None else xp.minimum(out, hi)
+        try:
+            out = a if lo is None else xp.maximum(a, lo)
+            out = out if hi is None else xp.minimum(out, hi)
+        except ValueError as e:
+            raise (broadcast_error("clamp", a, lo if lo is not None else hi) or
+                   broadcast_error("clamp", a, hi) or e) from None
         ctx.a, ctx.lo, ctx.hi = a, lo, hi
         return out.astype(dt, copy=False)
 
     @staticmethod
     def backward(ctx, dout):
-        # the bounds get no gradient (torch gives tensor bounds one; we document that they do not)
-        g, a = dout.array, ctx.a
+        # torch's clamp_backward_min_max: a tensor bound takes the gradient where it decided the output
+        g, a, lo, hi = dout.array, ctx.a, ctx.lo, ctx.hi
+        xp = xp_of(g)
+        need = ctx.needs_input_grad
         mask = True
-        if ctx.lo is not None:
-            mask = a >= ctx.lo
-        if ctx.hi is not None:
-            mask = mask & (a <= ctx.hi)
-        return xp_of(g).where(mask, g, 0), None, None
+        if lo is not None:
+            mask = a >= lo
+        if hi is not None:
+            mask = mask & (a <= hi)
+        dx = xp.where(mask, g, 0) if need[0] else None
+        dlo = dhi = None
+        if len(need) > 1 and need[1]:
+            dlo = xp.where((a < lo) & (lo < hi) if hi is not None else a < lo, g, 0)
+        if len(need) > 2 and need[2]:
+            dhi = xp.where((a > hi) | (hi < lo) if lo is not None else a > hi, g, 0)
+        return dx, dlo, dhi
 
 
 class Where(Function):
@@ -284,12 +297,24 @@ def div(a, b, rounding_mode=None):
                          f"'{rounding_mode}'")
     x, y, dt = promote("div", a, b)
     xp = xp_of(x if hasattr(x, "dtype") else y)
+    if dt.kind in "iu":
+        check_int_divisor(y)
     if dt.kind in "iu" and rounding_mode == "floor":
         return Tensor._wrap(xp.floor_divide(x, y))
     with np.errstate(divide="ignore", invalid="ignore"):
         q = xp.true_divide(x, y)
     q = xp.floor(q) if rounding_mode == "floor" else xp.trunc(q)
     return Tensor._wrap(q.astype(dt, copy=False))
+
+
+def check_int_divisor(y):
+    """torch's CPU kernels raise for an integer `//`, `%` or rounding division by zero (CUDA's give garbage and no
+    error: checking there would cost a host sync, so only the CPU checks, as torch)."""
+    if isinstance(y, (int, np.integer)) and not isinstance(y, bool):
+        if y == 0:
+            raise RuntimeError("ZeroDivisionError")
+    elif isinstance(y, np.ndarray) and y.dtype.kind in "iub" and not y.all():
+        raise RuntimeError("ZeroDivisionError")
 
 
 def pow(a, b):  # noqa: A001
@@ -417,48 +442,16 @@ def equal(a, b):
     return a.shape == b.shape and bool((a.array == b.array).all())
 
 
-# ---- in-place updates (optimizers, initializers): no graph, checked like torch -------------------------------
+# ---- in-place updates: written into the tensor's memory; recorded through ops/inplace.py while grad mode is on ----
 
 def check_inplace(t, op):
-    """In-place writes while recording would corrupt gradients: refuse them on tensors that require grad."""
-    if grad_mode._state.enabled and t.requires_grad:
-        if t._ctx is None:
-            raise RuntimeError(f"{op}: a leaf Variable that requires grad is being used in an in-place operation. "
-                               "Wrap the update in smalltrain.no_grad().")
-        raise RuntimeError(f"{op}: in-place operations on a tensor that is part of a recorded graph are not "
-                           "supported; use the out-of-place op (or smalltrain.no_grad())")
-
-
-def _recording(t):
-    return grad_mode._state.enabled and t.requires_grad and t._ctx is not None
-
-
-def record_inplace(t, op, new):
-    """An in-place op on an intermediate tensor while recording: t becomes the name of the out-of-place result
-    `new` (kept in t's shape and dtype), so gradients stay right; other views of t's memory are not updated."""
-    if new.array.shape != t.array.shape:
-        raise RuntimeError(f"{op}: output with shape {list(t.array.shape)} doesn't match the broadcast shape "
-                           f"{list(new.array.shape)}")
-    if new.array.dtype != t.array.dtype:
-        new = new.to(t.dtype)
-    t.array, t._ctx, t._out_idx = new.array, new._ctx, new._out_idx
-    return t
-
-
-def inplace(t, op, value):
-    """Write `value` (array or scalar) into t's array, keeping t's dtype and identity."""
-    check_inplace(t, op)
-    a = t.array
-    if a.shape == () or not getattr(a.flags, "writeable", True):
-        t.array = xp_of(a).asarray(value, dtype=a.dtype).reshape(a.shape).copy()
-    else:
-        a[...] = value
-    return t
+    """In-place writes while recording are refused on a leaf that requires grad (and on views of one), as in torch."""
+    if grad_mode._state.enabled:
+        _inplace.check_leaf(t, op)
 
 
 def _operand(t, op, other, floating=False):
-    """The raw `other` of an in-place op on t, after torch's checks: grad mode, device, castability."""
-    check_inplace(t, op)
+    """The raw `other` of an in-place op on t, after torch's checks: device, castability."""
     o = other.array if isinstance(other, Tensor) else other
     a = t.array
     od = getattr(o, "dtype", None)
@@ -485,38 +478,52 @@ def _apply_inplace(t, op, ufunc, value):
 
 
 def add_(t, other, alpha=1):
-    if _recording(t):
-        return record_inplace(t, "add_", add(t, other, alpha))
+    if _inplace.recording(t, other):
+        _operand(t, "add_", other)
+        return _inplace.recorded(t, "add_", lambda x: add(x, other, alpha), saves_input=False)
     o = _operand(t, "add_", other)
     return _apply_inplace(t, "add_", xp_of(t.array).add, o if alpha == 1 else o * alpha)
 
 
 def sub_(t, other, alpha=1):
-    if _recording(t):
-        return record_inplace(t, "sub_", sub(t, other, alpha))
+    if _inplace.recording(t, other):
+        _operand(t, "sub_", other)
+        return _inplace.recorded(t, "sub_", lambda x: sub(x, other, alpha), saves_input=False)
     o = _operand(t, "sub_", other)
     return _apply_inplace(t, "sub_", xp_of(t.array).subtract, o if alpha == 1 else o * alpha)
 
 
 def mul_(t, other):
-    if _recording(t):
-        return record_inplace(t, "mul_", mul(t, other))
+    if _inplace.recording(t, other):
+        _operand(t, "mul_", other)
+        return _inplace.recorded(t, "mul_", lambda x: mul(x, other))
     return _apply_inplace(t, "mul_", xp_of(t.array).multiply, _operand(t, "mul_", other))
 
 
-def div_(t, other):
-    if _recording(t):
-        return record_inplace(t, "div_", div(t, other))
+def div_(t, other, rounding_mode=None):
+    if rounding_mode is not None:
+        return _inplace.write(t, div(t.detach(), other, rounding_mode=rounding_mode).array) \
+            if not _inplace.recording(t, other) else _inplace.recorded(t, "div_", lambda x: div(x, other,
+                                                                                                 rounding_mode))
+    if _inplace.recording(t, other):
+        _operand(t, "div_", other, floating=True)
+        return _inplace.recorded(t, "div_", lambda x: div(x, other))
     return _apply_inplace(t, "div_", xp_of(t.array).true_divide, _operand(t, "div_", other, floating=True))
 
 
 def addcmul_(t, t1, t2, value=1):
+    if _inplace.recording(t, t1, t2):
+        return _inplace.recorded(t, "addcmul_", lambda x: add(x, mul(t1, t2) if value == 1 else mul(t1, t2) * value),
+                                 saves_input=False)
     _operand(t, "addcmul_", t1)
     p = arr(t1) * arr(t2)
     return _apply_inplace(t, "addcmul_", xp_of(t.array).add, p if value == 1 else value * p)
 
 
 def addcdiv_(t, t1, t2, value=1):
+    if _inplace.recording(t, t1, t2):
+        return _inplace.recorded(t, "addcdiv_", lambda x: add(x, div(t1, t2) if value == 1 else div(t1, t2) * value),
+                                 saves_input=False)
     _operand(t, "addcdiv_", t1, floating=True)
     q = arr(t1) / arr(t2)
     return _apply_inplace(t, "addcdiv_", xp_of(t.array).add, q if value == 1 else value * q)
@@ -525,6 +532,8 @@ def addcdiv_(t, t1, t2, value=1):
 def clamp_(t, min=None, max=None):  # noqa: A002
     if min is None and max is None:
         raise RuntimeError("clamp_: At least one of 'min' or 'max' must not be None")
+    if _inplace.recording(t, min, max):
+        return _inplace.recorded(t, "clamp_", lambda x: clamp(x, min, max))
     xp = xp_of(t.array)
     if min is not None:
         _apply_inplace(t, "clamp_", xp.maximum, _operand(t, "clamp_", min))
@@ -533,8 +542,14 @@ def clamp_(t, min=None, max=None):  # noqa: A002
     return t
 
 
-def copy_(t, src):
-    check_inplace(t, "copy_")
+clip_ = clamp_
+
+
+def copy_(t, src, non_blocking=False):
+    if _inplace.recording(t, src):
+        if isinstance(src, Tensor) and src.device != t.device:
+            src = src.to(t.device)
+        return _inplace.recorded(t, "copy_", lambda x: _inplace.Overwrite.apply(x, src), saves_input=False)
     s = arr(src)
     if isinstance(src, Tensor) and type(s) is not type(t.array):
         from ..backend import to_device
@@ -548,13 +563,15 @@ def copy_(t, src):
 
 
 def fill_(t, value):
-    check_inplace(t, "fill_")
+    if _inplace.recording(t, value):
+        return _inplace.recorded(t, "fill_", lambda x: _inplace.Overwrite.apply(x, value), saves_input=False)
     t.array.fill(value.item() if isinstance(value, Tensor) else value)
     return t
 
 
 def zero_(t):
-    check_inplace(t, "zero_")
+    if _inplace.recording(t):
+        return _inplace.recorded(t, "zero_", lambda x: _inplace.Overwrite.apply(x, 0), saves_input=False)
     t.array.fill(0)
     return t
 

@@ -5,6 +5,7 @@ from ..autograd import grad_mode
 from ..autograd.function import Function
 from ..backend.cuda import index as cuda_index
 from ..tensor import Tensor
+from .inplace import commit, check_leaf, link_view
 from ._util import check_same_device, normalize_dim, xp_of
 
 _KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -93,7 +94,10 @@ class GetItem(Function):
         key, _, ctx.scatter = _prepare_key(key, a.shape, xp_of(a))
         ctx.key, ctx.shape = key, a.shape
         try:
-            return a[key]
+            out = a[key]
+            if getattr(out, "ndim", 0) == 0 and not (isinstance(key, tuple) and any(k is Ellipsis for k in key)):
+                out = a[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]   # ints only: a 0-d view, as torch's
+            return out
         except (IndexError, ValueError) as e:  # arrays (bool masks among them) that do not broadcast together
             if isinstance(e, ValueError) and "broadcast" not in str(e):
                 raise
@@ -144,18 +148,20 @@ def _assign(a, key, v):
 
 
 def getitem(x, key):
-    return GetItem.apply(x, key)
+    out = GetItem.apply(x, key)
+    if out.array.ndim == 0 and not (isinstance(key, tuple) and any(k is Ellipsis for k in key)):
+        view_key = (key if isinstance(key, tuple) else (key,)) + (Ellipsis,)
+    else:
+        view_key = key
+    return link_view(out, x, lambda a: a[view_key])   # basic indexing: a view of x (advanced copies)
 
 
 def setitem(x, key, value):
     """`x[key] = value`. While recording, a leaf that requires grad refuses (as in torch); otherwise a tensor in
     a graph, or a value that requires grad, makes x the output of a recorded SetItem."""
     if grad_mode._state.enabled and (x.requires_grad or (isinstance(value, Tensor) and value.requires_grad)):
-        if x.requires_grad and x._ctx is None:
-            raise RuntimeError("setitem: a leaf Variable that requires grad is being used in an in-place operation; "
-                               "assign under smalltrain.no_grad()")
-        new = SetItem.apply(x, value, key)
-        x.array, x._ctx, x._out_idx, x.requires_grad = new.array, new._ctx, new._out_idx, True
+        check_leaf(x, "setitem")
+        commit(x, "setitem", SetItem.apply(x, value, key))   # written through, x's base rebased if x is a view
         return
     a = x.array
     key, _, _ = _prepare_key(key, a.shape, xp_of(a))

@@ -5,6 +5,7 @@ from .._dtype import result_type
 from ..autograd.function import Function
 from ..tensor import Tensor
 from ._util import check_same_device, normalize_dim, xp_of
+from .inplace import link_view
 
 
 def _shape_arg(shape):
@@ -40,6 +41,12 @@ def infer_shape(op, shape, numel, old_shape):
 
 
 class Reshape(Function):
+    @classmethod
+    def apply(cls, x, shape):
+        out = super().apply(x, shape)
+        new_shape = out.array.shape
+        return link_view(out, x, lambda a: a.reshape(new_shape))
+
     @staticmethod
     def forward(ctx, x, shape):
         a = x.array
@@ -52,6 +59,11 @@ class Reshape(Function):
 
 
 class Permute(Function):
+    @classmethod
+    def apply(cls, x, dims):
+        out = super().apply(x, dims)
+        return link_view(out, x, lambda a: a.transpose([d % a.ndim for d in dims]))
+
     @staticmethod
     def forward(ctx, x, dims):
         a = x.array
@@ -170,7 +182,10 @@ def flatten(x, start_dim=0, end_dim=-1):
     e = normalize_dim("flatten", end_dim, len(shape))
     if s > e:
         raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
-    return Reshape.apply(x, shape[:s] + (-1 if 0 not in shape[s:e + 1] else 0,) + shape[e + 1:])
+    merged = 1
+    for n in shape[s:e + 1]:
+        merged *= n
+    return Reshape.apply(x, shape[:s] + (merged,) + shape[e + 1:])   # an empty batch stays (0, N), as torch's
 
 
 def unflatten(x, dim, sizes):

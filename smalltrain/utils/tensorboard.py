@@ -1,4 +1,5 @@
-"""TensorBoard `SummaryWriter` (torch's API) that writes real event files with no TensorFlow/tensorboard/protobuf.
+"""TensorBoard `SummaryWriter` (torch's API: scalars, histograms, images, text, hparams) that writes real event files
+with no TensorFlow/tensorboard/protobuf.
 
 Records are TFRecord-framed (length, masked CRC32C, payload, masked CRC32C); payloads are hand-encoded Event protos.
 """
@@ -127,6 +128,113 @@ def _summary_histogram(tag, hist):
     return _pb_bytes(1, _pb_string(1, tag) + _pb_bytes(5, histo))
 
 
+def _pb_message(field, payload):
+    return _pb_bytes(field, payload)
+
+
+def _summary_value(tag, metadata=b"", image=b"", tensor=b""):
+    """A Summary with one Value: tag (1), image (4), tensor (8), metadata (9), in field order."""
+    value = _pb_string(1, tag)
+    if image:
+        value += _pb_message(4, image)
+    if tensor:
+        value += _pb_message(8, tensor)
+    if metadata:
+        value += _pb_message(9, metadata)
+    return _pb_bytes(1, value)
+
+
+def _plugin_metadata(plugin_name, content=b""):
+    """SummaryMetadata{plugin_data: PluginData{plugin_name, content}}."""
+    plugin = _pb_string(1, plugin_name) + (_pb_bytes(2, content) if content else b"")
+    return _pb_message(1, plugin)
+
+
+def _png(hwc):
+    """An 8-bit RGB or RGBA PNG of a uint8 [H, W, 3 or 4] array (rows unfiltered, zlib-deflated)."""
+    import zlib
+    h, w, c = hwc.shape
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    header = struct.pack(">IIBBBBB", w, h, 8, 2 if c == 3 else 6, 0, 0, 0)
+    rows = np.concatenate([np.zeros((h, 1), np.uint8), np.ascontiguousarray(hwc).reshape(h, w * c)], axis=1)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
+            + chunk(b"IEND", b""))
+
+
+def _image_hwc(tag, img, dataformats):
+    """torch's add_image conversion: to HWC, gray tiled to RGB, float scaled by 255 (uint8 kept), clipped."""
+    array = _as_numpy(img)
+    fmt = dataformats.upper()
+    if sorted(fmt) not in (sorted("CHW"), sorted("HW")) or len(set(fmt)) != len(fmt):
+        raise ValueError(f"add_image: dataformats must be a permutation of 'CHW', 'HWC' or 'HW', got {dataformats!r}")
+    if array.ndim != len(fmt):
+        raise ValueError(f"add_image: tag {tag!r}: an image of shape {list(array.shape)} does not match "
+                         f"dataformats {dataformats!r}")
+    scale = 1 if array.dtype == np.uint8 else 255
+    if len(fmt) == 2:
+        hwc = np.stack([array.transpose([fmt.find(c) for c in "HW"])] * 3, axis=2)
+    else:
+        hwc = array.transpose([fmt.find(c) for c in "HWC"])
+        if hwc.shape[2] == 1:
+            hwc = np.concatenate([hwc] * 3, axis=2)
+    if hwc.shape[2] not in (3, 4):
+        raise ValueError(f"add_image: tag {tag!r}: expected 1, 3 or 4 channels, got {hwc.shape[2]}")
+    return (hwc.astype(np.float32) * scale).clip(0, 255).astype(np.uint8)
+
+
+def _summary_image(tag, hwc):
+    h, w, c = hwc.shape
+    image = _pb_int64(1, h) + _pb_int64(2, w) + _pb_int64(3, c) + _pb_bytes(4, _png(hwc))
+    return _summary_value(tag, image=image)
+
+
+def _summary_text(tag, text):
+    # TensorProto{dtype: DT_STRING (7), tensor_shape: [1], string_val: [text]}; TextPluginData(version=0) is empty
+    tensor = _pb_int64(1, 7) + _pb_message(2, _pb_message(2, _pb_int64(1, 1))) + _pb_string(8, text)
+    return _summary_value(tag + "/text_summary", metadata=_plugin_metadata("text"), tensor=tensor)
+
+
+def _pb_value(v):
+    """google.protobuf.Value: number_value (2), string_value (3) or bool_value (4)."""
+    if isinstance(v, bool):
+        return _pb_int64(4, int(v))
+    if isinstance(v, str):
+        return _pb_string(3, v)
+    return _pb_double(2, float(v))
+
+
+def _hparams_summaries(hparam_dict, metric_dict, domain_discrete):
+    """torch's summary.hparams: the experiment, session-start and session-end summaries (the hparams plugin)."""
+    infos, start = b"", b""
+    for k, v in hparam_dict.items():
+        if v is None:
+            continue
+        if not isinstance(v, (int, float, str, bool)):
+            if callable(getattr(v, "item", None)):
+                v = float(_as_numpy(v).reshape(-1)[0])
+            else:
+                raise ValueError("value should be one of int, float, str, bool, or torch.Tensor")
+        # torch tests int before bool, so a bool is reported as a FLOAT64 hparam holding its number
+        kind = 1 if isinstance(v, str) else 3
+        v = v if isinstance(v, str) else float(v)
+        info = _pb_string(1, k) + _pb_int64(4, kind)
+        if k in domain_discrete:
+            info += _pb_message(5, b"".join(_pb_message(1, _pb_value(d if isinstance(d, str) else float(d)))
+                                            for d in domain_discrete[k]))
+        infos += _pb_message(4, info)
+        start += _pb_message(1, _pb_string(1, k) + _pb_message(2, _pb_value(v)))
+    metrics = b"".join(_pb_message(5, _pb_message(1, _pb_string(2, k))) for k in metric_dict)
+
+    def summary(tag, field, payload):
+        content = _pb_message(field, payload)   # HParamsPluginData{version: 0, <field>: payload}
+        return _summary_value(tag, metadata=_plugin_metadata("hparams", content))
+    return (summary("_hparams_/experiment", 2, infos + metrics),
+            summary("_hparams_/session_start_info", 3, start),
+            summary("_hparams_/session_end_info", 4, _pb_int64(1, 1)))   # status: STATUS_SUCCESS
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Values: numpy arrays, Python numbers, smalltrain/torch tensors (anything with .numpy() or .item()).
 
@@ -253,7 +361,8 @@ class _EventFileWriter:
 
 
 class SummaryWriter:
-    """Writes scalars and histograms to TensorBoard event files under `log_dir`, like torch's SummaryWriter.
+    """Writes scalars, histograms, images, text and hparams to TensorBoard event files under `log_dir`, like
+    torch's SummaryWriter.
 
     Events are buffered in memory and appended to the file by `flush()`, `close()`, when more than `max_queue`
     are pending, or on the first event added `flush_secs` after the last flush (there is no background thread).
@@ -314,6 +423,34 @@ class SummaryWriter:
         summary = _summary_histogram(tag, _histogram(tag, values, bins, max_bins))
         wall_time = time.time() if walltime is None else float(walltime)
         self._file_writer().add_event(_event(wall_time, step=_as_step(global_step), summary=summary))
+
+    def _add_summary(self, summary, global_step, walltime):
+        wall_time = time.time() if walltime is None else float(walltime)
+        self._file_writer().add_event(_event(wall_time, step=_as_step(global_step), summary=summary))
+
+    def add_image(self, tag, img_tensor, global_step=None, walltime=None, dataformats="CHW"):
+        """One image (uint8 0..255, or float in [0, 1]), stored as a PNG; dataformats 'CHW', 'HWC', 'HW'..."""
+        _check_tag("add_image", tag)
+        self._add_summary(_summary_image(tag, _image_hwc(tag, img_tensor, dataformats)), global_step, walltime)
+
+    def add_text(self, tag, text_string, global_step=None, walltime=None):
+        _check_tag("add_text", tag)
+        if not isinstance(text_string, str):
+            raise TypeError(f"add_text: text_string must be a str, got {type(text_string).__name__}")
+        self._add_summary(_summary_text(tag, text_string), global_step, walltime)
+
+    def add_hparams(self, hparam_dict, metric_dict, hparam_domain_discrete=None, run_name=None, global_step=None):
+        """Hyperparameters and their metrics for TensorBoard's HPARAMS tab, in a run `log_dir/run_name`."""
+        if not isinstance(hparam_dict, dict) or not isinstance(metric_dict, dict):
+            raise TypeError("hparam_dict and metric_dict should be dictionary.")
+        domain = hparam_domain_discrete or {}
+        summaries = _hparams_summaries(hparam_dict, metric_dict, domain)
+        run_dir = os.path.join(self._file_writer().log_dir, run_name or str(time.time()))
+        with SummaryWriter(log_dir=run_dir) as w_hp:
+            for summary in summaries:
+                w_hp._add_summary(summary, global_step, None)
+            for k, v in metric_dict.items():
+                w_hp.add_scalar(k, v, global_step)
 
     def flush(self):
         for writer in (self._writers or {}).values():

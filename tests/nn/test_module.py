@@ -500,3 +500,12 @@ def test_module_list_and_dict():
     with pytest.raises(ValueError, match="has length 1; 2 is required"):
         md.update([("x",)])
     assert re.search(r"\(b\): Linear", repr(md))
+
+
+@pytest.mark.parametrize("name, args", [("Linear", (3, 2)), ("Conv2d", (1, 1, 3)), ("ReLU", ())])
+def test_numpy_input_raises_type_error_like_torch(name, args):
+    x = np.ones((1, 1, 3, 3), np.float32)
+    with pytest.raises(TypeError):
+        getattr(torch.nn, name)(*args)(x)
+    with pytest.raises(TypeError, match="must be Tensor, not (numpy.)?ndarray"):
+        getattr(nn, name)(*args)(x)

@@ -297,3 +297,29 @@ def test_gradcheck(op, rng):
             a = np.where(np.abs(np.abs(a) - 0.5) < 0.05, 0.7, a)
         inputs.append(st.tensor(a, dtype=st.float64, requires_grad=True))
     assert gradcheck(fn, tuple(inputs))
+
+
+CLAMP_TENSOR_BOUNDS = {
+    "both": lambda L, x, lo, hi: L.clamp(x, lo, hi),
+    "min_only": lambda L, x, lo, hi: x.clamp(min=lo),
+    "max_only": lambda L, x, lo, hi: L.clip(x, max=hi),
+    "crossed": lambda L, x, lo, hi: L.clamp(x, hi, lo),    # min > max in places: the output is max, as torch's
+    "broadcast": lambda L, x, lo, hi: L.clamp(x, lo[0], hi[:, :1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLAMP_TENSOR_BOUNDS))
+def test_clamp_tensor_bounds_golden(name, device, rng):
+    x = uniform(rng, (3, 4))
+    lo, hi = uniform(rng, (3, 4), -1.5, 0.0), uniform(rng, (3, 4), 0.0, 1.5)
+    both(CLAMP_TENSOR_BOUNDS[name], x, lo, hi, device=device)
+
+
+def test_clamp_inplace_tensor_bounds_on_view(device, rng):
+    x, lo, hi = uniform(rng, (2, 3)), uniform(rng, (3,), -0.5, 0.5), uniform(rng, (3,), 0.5, 1.0)
+
+    def fn(L, x, lo, hi):
+        a = x * 1.0
+        a[1].clamp_(lo, hi)
+        return a
+    both(fn, x, lo, hi, device=device)

@@ -167,3 +167,10 @@ def test_gradcheck(name, rng):
         return tuple(out) if isinstance(out, list) else out
     xs = tuple(st.tensor(rng.uniform(-1, 1, s), requires_grad=True) for s in shapes)
     assert gradcheck(wrapped, xs)
+
+
+@pytest.mark.parametrize("shape", [(0, 3, 4), (2, 0, 4), (0, 0)])
+def test_flatten_empty(shape, device):
+    ours = st.zeros(*shape, device=device)
+    assert ours.flatten(1).shape == torch.zeros(*shape).flatten(1).shape
+    assert st.nn.Flatten()(ours).shape == torch.nn.Flatten()(torch.zeros(*shape)).shape

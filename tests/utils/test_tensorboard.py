@@ -224,3 +224,86 @@ def test_purge_step_hides_stale_events(tmp_path):
 def test_bad_input_raises(tmp_path, call, error):
     with SummaryWriter(tmp_path) as writer, pytest.raises((ValueError, TypeError), match=re.escape(error)):
         call(writer)
+
+
+# ---- images, text, hparams: read back with EventAccumulator, beside torch's SummaryWriter for the same calls ----
+
+def _both_writers(tmp_path, calls):
+    """Run calls(writer) with ours and torch's SummaryWriter; the accumulators of both log dirs."""
+    from torch.utils.tensorboard import SummaryWriter as TorchWriter
+    with SummaryWriter(tmp_path / "ours") as w:
+        calls(w)
+    with TorchWriter(str(tmp_path / "torch")) as w:
+        calls(w)
+    return accumulate(tmp_path / "ours"), accumulate(tmp_path / "torch")
+
+
+def _decode_png(data):
+    import io
+
+    from PIL import Image
+    return np.asarray(Image.open(io.BytesIO(data)))
+
+
+def test_add_image_round_trip_like_torch(tmp_path):
+    rng = np.random.default_rng(0)
+    chw = rng.uniform(0, 1, (3, 5, 7)).astype(np.float32)
+    hwc = rng.integers(0, 256, (4, 6, 3), dtype=np.uint8)
+    gray = rng.uniform(-0.5, 1.5, (1, 3, 4)).astype(np.float32)   # out of [0, 1]: clipped, as torch's
+    hw = rng.integers(0, 256, (2, 3), dtype=np.uint8)
+    rgba = rng.uniform(0, 1, (4, 3, 2)).astype(np.float64)
+
+    def calls(w):
+        w.add_image("chw", chw, 1)
+        w.add_image("hwc", hwc, 2, dataformats="HWC")
+        w.add_image("gray", gray, 3)
+        w.add_image("hw", hw, 4, dataformats="HW")
+        w.add_image("rgba", rgba, 5)
+    ours, theirs = _both_writers(tmp_path, calls)
+    for tag in ("chw", "hwc", "gray", "hw", "rgba"):
+        (a,), (b,) = ours.Images(tag), theirs.Images(tag)
+        assert (a.step, a.width, a.height) == (b.step, b.width, b.height)
+        np.testing.assert_array_equal(_decode_png(a.encoded_image_string), _decode_png(b.encoded_image_string))
+    np.testing.assert_array_equal(_decode_png(ours.Images("hwc")[0].encoded_image_string), hwc)
+
+
+def test_add_text_round_trip_like_torch(tmp_path):
+    def calls(w):
+        w.add_text("notes", "lr **1e-3**, ünïcode", 7)
+    ours, theirs = _both_writers(tmp_path, calls)
+    (a,), (b,) = ours.Tensors("notes/text_summary"), theirs.Tensors("notes/text_summary")
+    assert a.step == b.step == 7
+    assert a.tensor_proto == b.tensor_proto
+    assert ours.PluginTagToContent("text") == theirs.PluginTagToContent("text")
+
+
+def test_add_hparams_like_torch(tmp_path):
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    def calls(w):
+        w.add_hparams({"lr": 0.01, "bsize": 64, "opt": "adam", "nesterov": True}, {"hparam/accuracy": 0.91},
+                      hparam_domain_discrete={"opt": ["adam", "sgd"], "bsize": [32, 64]}, run_name="run0")
+    calls_dirs = _both_writers(tmp_path, calls)
+    del calls_dirs
+    ours, theirs = accumulate(tmp_path / "ours" / "run0"), accumulate(tmp_path / "torch" / "run0")
+    a, b = ours.PluginTagToContent("hparams"), theirs.PluginTagToContent("hparams")
+    assert sorted(a) == sorted(b) == ["_hparams_/experiment", "_hparams_/session_end_info",
+                                      "_hparams_/session_start_info"]
+    for tag in a:
+        pa, pb = plugin_data_pb2.HParamsPluginData(), plugin_data_pb2.HParamsPluginData()
+        pa.ParseFromString(a[tag])
+        pb.ParseFromString(b[tag])
+        assert pa == pb, tag
+    assert [e.value for e in ours.Scalars("hparam/accuracy")] == pytest.approx([0.91])
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda w: w.add_image("x", np.zeros((2, 3, 4)), dataformats="HW"), ValueError),
+    (lambda w: w.add_image("x", np.zeros((2, 3, 4)), dataformats="CHX"), ValueError),
+    (lambda w: w.add_text("x", 3), TypeError),
+    (lambda w: w.add_hparams([1], {}), TypeError),
+    (lambda w: w.add_hparams({"a": [1]}, {}), ValueError),
+])
+def test_image_text_hparams_bad_input(tmp_path, call, error):
+    with SummaryWriter(tmp_path) as w, pytest.raises(error):
+        call(w)

@@ -1,13 +1,13 @@
-"""torchvision.transforms' array subset: ToTensor, Normalize, Compose, Lambda (same arithmetic, same reprs).
+"""torchvision.transforms' basic array subset: ToTensor, Normalize, Compose, Lambda (same arithmetic, same reprs).
 
 There is no PIL here: ToTensor takes the uint8 HxW / HxWxC NumPy arrays a dataset hands out. ToTensor,
 Normalize and a Compose of them also have a batched form (`apply_batch`) that datasets use in `__getitems__`.
 """
 import numpy as np
 
-from . import _dtype
-from .backend import get_array_module
-from .tensor import Tensor
+from .. import _dtype
+from ..backend import get_array_module
+from ..tensor import Tensor
 
 __all__ = ["Compose", "Lambda", "Normalize", "ToTensor", "apply_batch"]
 
@@ -24,8 +24,11 @@ class Compose:
         return img
 
     def _apply_batch(self, batch):
+        layout = "nhwc"   # raw samples until ToTensor makes them [N, C, H, W]
         for t in self.transforms:
-            batch = t._apply_batch(batch)
+            batch = t._apply_batch(batch, layout) if _is_augmentation(t) else t._apply_batch(batch)
+            if type(t) is ToTensor:
+                layout = "chw"
         return batch
 
     def _batchable(self):
@@ -123,24 +126,36 @@ class Lambda:
         return f"{self.__class__.__name__}()"
 
 
+def _is_augmentation(t):
+    from .augment import AUGMENTATIONS
+    return type(t) in AUGMENTATIONS
+
+
 def _batchable(t):
     # exact types only: a subclass may override __call__ and no longer match the batched arithmetic
     if type(t) is Compose:
         return t._batchable()
-    return type(t) in (ToTensor, Normalize)
+    return type(t) in (ToTensor, Normalize) or _is_augmentation(t)
 
 
 def apply_batch(transform, batch):
     """`transform` applied to every sample of `batch` ([B, H, W] or [B, H, W, C] uint8) in one vectorized pass,
-    stacked into a Tensor [B, C, H, W]; None when `transform` is not made only of ToTensor/Normalize/Compose.
+    stacked into a Tensor [B, C, H, W]; None when `transform` is not made only of ToTensor/Normalize/Compose and
+    the random augmentations (each sample then gets its own random parameters, as per-sample calls would).
 
-    A transform that starts with Normalize (no ToTensor) gets float input, so it is left to the per-sample path.
+    A transform without a ToTensor before any Normalize gets float input, so it is left to the per-sample path.
     """
     if transform is None or not _batchable(transform):
         return None
-    first = transform
-    while type(first) is Compose and first.transforms:
-        first = first.transforms[0]
+    steps = transform.transforms if type(transform) is Compose else [transform]
+    flat = []
+    while steps:
+        t, steps = steps[0], steps[1:]
+        if type(t) is Compose:
+            steps = list(t.transforms) + list(steps)
+        else:
+            flat.append(t)
+    first = next((t for t in flat if not _is_augmentation(t)), None)
     if type(first) is not ToTensor:
         return None
     return Tensor._wrap(transform._apply_batch(batch))
