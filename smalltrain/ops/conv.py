@@ -7,7 +7,6 @@ import operator
 
 import numpy as np
 
-from ..autograd import held
 from ..autograd.engine import Prepared, takes_plainly
 from ..autograd.function import Function
 from ..backend import cpu, metadata_cache
@@ -91,7 +90,7 @@ class Conv2d(Function):
         if unbatched:
             x = x[None]
         if not isinstance(x, np.ndarray):
-            # CUDA: im2col kernel + one cuBLAS GEMM + a fused bias epilogue (smalltrain/backend/cuda/conv.py)
+            # CUDA: the tile, direct, implicit-GEMM or im2col + GEMM kernels (smalltrain/backend/cuda/conv/)
             if x.dtype.kind != "f":   # torch convolves integers on the CPU only
                 raise NotImplementedError(f"conv2d: the CUDA convolution supports float32 and float64 input, "
                                           f"got {x.dtype}")
@@ -198,8 +197,7 @@ class Conv2dActPool(Function):
     epilogue, the next layer (a convolution, or the linear chain reading the output flattened: LinearChain) may
     hand it its g ready-made, through the pooling's backward ("conv_g", as Conv2d's), so the pooling's backward
     kernel does not run; and where x comes from another CUDA convolution, its input gradient is written as that
-    one's g the same way (conv2d_backward's `into`, as Conv2dActLinear's). Through a pooling only with
-    conv.INTO_POOLED on."""
+    one's g the same way (conv2d_backward's `into`, as Conv2dActLinear's)."""
     makes_prepared = True
 
     @staticmethod
@@ -329,7 +327,7 @@ def conv2d_act_linear(input, weight, bias=None, stride=1, padding=0, dilation=1,
         lw, lb = lin_weight.array, None if lin_bias is None else lin_bias.array
         if (lw.ndim == 2 and lw.shape[1] == o * oh * ow and lw.dtype == x.dtype
                 and (lb is None or (lb.shape == (lw.shape[0],) and lb.dtype == x.dtype))):
-            return held.mark(Conv2dActLinear.apply(input, weight, bias, stride, pads, dilation, groups, activation,
-                                                   lin_weight, lin_bias))
+            return Conv2dActLinear.apply(input, weight, bias, stride, pads, dilation, groups, activation, lin_weight,
+                                         lin_bias)
     out = conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation)
     return linear(out.reshape(out.shape[0], -1), lin_weight, lin_bias)   # nn.Flatten()'s start_dim 1

@@ -113,7 +113,7 @@ def validate(x, w, b, stride, padding, dilation, groups, activation):
 
 def _pads(padding, stride, dilation, kernel):
     """(top, bottom, left, right) from an int, (ph, pw), (top, bottom, left, right), 'valid' or 'same'."""
-    if isinstance(padding, (tuple, list)) and len(padding) == 4:   # already resolved by smalltrain.ops.conv
+    if isinstance(padding, (tuple, list)) and len(padding) == 4:   # already resolved by the caller (ops/conv.py)
         pads = tuple(operator.index(p) for p in padding)
         if min(pads) < 0:
             raise RuntimeError(f"conv2d: negative padding is not supported, got padding={list(pads)}")
