@@ -1,7 +1,7 @@
 """Shared benchmark plumbing, kept for the scripts that import it: timing (warm-up excluded, median of repeats),
 the environment line and the result table live in smalltrain/bench.py (one copy, also behind `smalltrain bench`);
 `timed` is the GPU time of a few-microsecond call, from a CUDA graph of many (the kernel-variant scripts);
-`apply_settings` sets module-level knobs for an A/B run (`--set smalltrain.backend.cuda.conv.TILE_CONV=False`)."""
+`apply_settings` sets module-level knobs for an A/B run (`--set smalltrain.backend.cuda.linear.CHAIN_STAGE=False`)."""
 import ast
 import importlib
 import os

@@ -3,7 +3,7 @@
 A probe, not a path of the package: the one piece of the captured LeNet-5 step that is not bound by latency is the
 second convolution's input gradient inside tile_conv_unpool_wgrad (an implicit GEMM of M = N*12*12 positions,
 N = 6 channels, K = 16*5*5 taps). This script times that GEMM alone three ways on the same data:
-  - tile_conv: the backend's input-gradient kernel (conv._tile_dx, float32 FMAs), as the step runs it minus the
+  - tile_conv: the backend's input-gradient kernel (conv.tile_dx, float32 FMAs), as the step runs it minus the
     unpooling and weight-gradient epilogue;
   - mma 3xTF32: warp-level mma.sync m16n8k8 TF32 products of split operands (x = big + small, each a TF32 value;
     big*big + big*small + small*big, the small*small term dropped), whose error is that of float32 FMAs;
@@ -162,7 +162,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     cp = _cupy()
     from smalltrain.backend.cuda import conv
-    conv.TILE_DX_MIN_THREADS_PER_SM = 0   # tile_conv at every batch (the step's plans take it at 64 and 512)
+    from smalltrain.backend.cuda.tuning import override
+    # tile_conv at every batch (the step's plans take it at 64 and 512)
+    tuned = override(conv.CONV, tile_dx_min_threads_per_sm=0)
+    tuned.__enter__()
     print(environment(None, "cuda"))
     module = cp.RawModule(code=SOURCE, options=("-std=c++17",))
     rows = []
@@ -178,8 +181,8 @@ def main(argv=None):
         def error(dx):
             return float(cp.abs(dx.astype(cp.float64).reshape(ref.shape) - ref).max()) / scale
 
-        dx_tile = conv._tile_dx(g, saved)
-        rows.append((n, "tile_conv (float32 FMAs)", timed(cp, lambda: conv._tile_dx(g, saved)), error(dx_tile)))
+        dx_tile = conv.tile_dx(g, saved)
+        rows.append((n, "tile_conv (float32 FMAs)", timed(cp, lambda: conv.tile_dx(g, saved)), error(dx_tile)))
         for img, passes, mt in ((1, 3, 3), (2, 3, 3), (4, 3, 3), (1, 3, 1), (2, 3, 1), (2, 1, 3),
                                 (2, 1, 1)):
             kern = module.get_function(f"dgrad_mma_{img}_{passes}_{mt}")
