@@ -18,7 +18,8 @@ def main(argv=None):
     p = bench.parser(prog="bench_compile.py")
     p.add_argument("--torch-compile", action="store_true", help="also time torch.compile (slow to compile)")
     p.add_argument("--set", action="append", metavar="MODULE.NAME=VALUE",
-                   help="set a module-level knob first, e.g. smalltrain.backend.cuda.conv.TILE_CONV=False (repeatable; "
+                   help="set a module-level knob first, e.g. smalltrain.backend.cuda.linear.CHAIN_STAGE=False "
+                        "(repeatable; "
                         "modes that run in processes of their own, as on the CPU, do not see it)")
     p.set_defaults(device="cuda")
     args = p.parse_args(argv)

@@ -59,7 +59,8 @@ def main():
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--summarize", metavar="CSV")
     p.add_argument("--set", action="append", metavar="MODULE.NAME=VALUE",
-                   help="set a module-level knob first, e.g. smalltrain.backend.cuda.conv.TILE_CONV=False (repeatable)")
+                   help="set a module-level knob first, e.g. smalltrain.backend.cuda.linear.CHAIN_STAGE=False "
+                        "(repeatable)")
     args = p.parse_args()
     from common import apply_settings
     apply_settings(args.set)

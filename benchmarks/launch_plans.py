@@ -1,9 +1,10 @@
 """The kernels a training step launches and their plans (grid, block, dynamic shared memory, scalar arguments), recorded
 on the CUDA emulator: no GPU needed. It shows what a knob changes before any device time goes into timing it.
 
-  python benchmarks/launch_plans.py --config cnn:64 --set smalltrain.backend.cuda.conv._TILE_MIN_THREADS=128
+  python benchmarks/launch_plans.py --config cnn:64 --tune conv.tile_min_threads=128
 
-prints the step's launches under the defaults, then, with --set, the launches that differ under the settings. Each
+prints the step's launches under the defaults, then, with --tune (an entry of a family's tuning table, e.g. the conv
+table's: smalltrain/backend/cuda/conv/plan.py CONV) or --set (a module-level name), the launches that differ. Each
 setting runs in a process of its own, because plans are cached per process.
   --mode eager (default): one eager step (zero_grad, forward, loss, backward, optimizer step) after a warm-up step.
   --mode compiled: the launches smalltrain.compile's step captures into its CUDA graph (what the bench times).
@@ -58,11 +59,37 @@ def lines(launches):
             for name, grid, block, smem, scalars in launches]
 
 
-def run_recorder(config, mode, settings):
-    """lines() of a step recorded in a fresh process under `settings` (module.NAME=value strings)."""
+TABLES = {"conv": ("smalltrain.backend.cuda.conv", "CONV")}   # --tune's families: module, table
+
+
+def tuned(tunes):
+    """A context manager that overrides the tuning entries `tunes` ("family.entry=value" strings)."""
+    import ast
+    import contextlib
+    import importlib
+
+    from smalltrain.backend.cuda.tuning import override
+    stack = contextlib.ExitStack()
+    for t in tunes:
+        key, _, value = t.partition("=")
+        family, _, entry = key.partition(".")
+        if family not in TABLES or not entry or not value:
+            raise SystemExit(f"launch_plans: --tune takes family.entry=value with a family of {sorted(TABLES)}, "
+                             f"got {t!r}")
+        module, table = TABLES[family]
+        stack.enter_context(override(getattr(importlib.import_module(module), table),
+                                     **{entry: ast.literal_eval(value)}))
+    return stack
+
+
+def run_recorder(config, mode, settings, tunes=()):
+    """lines() of a step recorded in a fresh process under `settings` (module.NAME=value strings) and `tunes`
+    (family.entry=value strings)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--config", config, "--mode", mode, "--record-only"]
     for s in settings:
         cmd += ["--set", s]
+    for t in tunes:
+        cmd += ["--tune", t]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"launch_plans: the recording under {settings or 'the defaults'} failed:\n{out.stderr}")
@@ -75,21 +102,25 @@ def main(argv=None):
     p.add_argument("--mode", choices=("eager", "compiled"), default="eager")
     p.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                    help="a module-level knob for the second recording (repeatable)")
+    p.add_argument("--tune", action="append", default=[], metavar="FAMILY.ENTRY=VALUE",
+                   help="a tuning-table entry for the second recording, e.g. conv.tile_min_threads=128 (repeatable)")
     p.add_argument("--record-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.record_only:
         from common import apply_settings
         apply_settings(args.set)
-        print("\n".join(lines(record(args.config, args.mode))))
+        with tuned(args.tune):
+            print("\n".join(lines(record(args.config, args.mode))))
         return 0
     base = run_recorder(args.config, args.mode, [])
     print(f"{args.config} {args.mode}: {len(base)} launches under the defaults")
     print("\n".join(base))
-    if args.set:
-        changed = run_recorder(args.config, args.mode, args.set)
-        diff = [d for d in difflib.unified_diff(base, changed, "defaults", " ".join(args.set), lineterm="", n=0)
+    if args.set or args.tune:
+        changed = run_recorder(args.config, args.mode, args.set, args.tune)
+        label = " ".join(args.set + args.tune)
+        diff = [d for d in difflib.unified_diff(base, changed, "defaults", label, lineterm="", n=0)
                 if not d.startswith("@@")]
-        print(f"\nunder {' '.join(args.set)}: {len(changed)} launches, "
+        print(f"\nunder {label}: {len(changed)} launches, "
               + ("the same plans" if base == changed else "these differ:"))
         if diff:
             print("\n".join(diff))

@@ -2,6 +2,7 @@
 seed, and reprs as the installed torch prints them. With SMALLTRAIN_CUDA_EMULATOR=1 and no GPU, the CUDA cases run
 on the CPU emulator of the CUDA backend (tests/tooling/cuda_emulator.py, on sys.path through pyproject's pytest
 `pythonpath`), installed here before any test module imports CuPy."""
+import contextlib
 import inspect
 import re
 
@@ -63,6 +64,27 @@ def record_kernels(monkeypatch):
                             lambda family, name, *a, **k: names.append(name) or real(family, name, *a, **k))
         return names
     return record
+
+
+@pytest.fixture
+def tune():
+    """tune(**entries): the conv tuning table (backend/cuda/conv/plan.py CONV) with those entries, through
+    tuning.override, until the test ends."""
+    from smalltrain.backend.cuda.conv import CONV
+    from smalltrain.backend.cuda.tuning import override
+    with contextlib.ExitStack() as stack:
+        yield lambda **entries: stack.enter_context(override(CONV, **entries))
+
+
+@pytest.fixture
+def conv_launches(monkeypatch):
+    """The names of the kernels the CUDA convolution's rooms ask for (their `get`) from then on, in one list."""
+    from smalltrain.backend.cuda import conv
+    names = []
+    for room in (conv.tile, conv.fused, conv.direct, conv.igemm, conv.epilogue, conv.wgrad):
+        monkeypatch.setattr(room, "get", lambda family, name, *a, _real=room.get, **k: names.append(name)
+                            or _real(family, name, *a, **k))
+    return names
 
 
 @pytest.fixture(autouse=True)

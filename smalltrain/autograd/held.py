@@ -1,8 +1,7 @@
 """One kernel launch held back, so that the op after it can take it over: fusion across an op boundary.
 
 An op cannot know, when it launches, what reads its output next. The CUDA ops that end in logits (the chain of
-linear layers, ops/matmul.py LinearChain; a convolution with the linear layer in its epilogue, ops/conv.py
-Conv2dActLinear, where backend/cuda/conv.py TILE_LINEAR_HOLD is on) therefore hold their forward launch while a
+linear layers, ops/matmul.py LinearChain) therefore hold their forward launch while a
 CUDA graph is captured, and mark their output tensor held; cross_entropy, finding a held tensor as its input,
 takes the launch and runs one kernel for both (backend/cuda/_common.py HeldHead). Anything else that could see
 the held output, or whose work must run after it, runs it first ("flushes"):

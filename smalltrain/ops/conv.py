@@ -7,10 +7,11 @@ import operator
 
 import numpy as np
 
-from ..autograd import held
 from ..autograd.engine import Prepared, takes_plainly
 from ..autograd.function import Function
 from ..backend import cpu, metadata_cache
+from ..backend.conv_geometry import conv_ints as _ints
+from ..backend.conv_geometry import conv_padding as _padding
 from ..backend.cuda import conv as cuda_conv
 from ..backend.cuda import linear as cuda_linear
 from ..backend.cuda import pool as cuda_pool
@@ -22,42 +23,6 @@ from .pool import _geometry, act_max_pool2d, max_pool2d
 
 def _shape(a):
     return list(a.shape)
-
-
-def _ints(name, value, n=2):
-    """An int or a sequence of n ints -> tuple of n ints; TypeError / RuntimeError like torch otherwise."""
-    vals = value if isinstance(value, (tuple, list)) else (value,)
-    try:
-        vals = tuple(operator.index(v) for v in vals)
-    except TypeError:
-        raise TypeError(f"conv2d: {name} must be an int or a tuple of {n} ints, got {value!r}") from None
-    if len(vals) == 1:
-        return vals * n
-    if len(vals) != n:
-        raise RuntimeError(f"conv2d: expected {name} to be a single integer value or a list of {n} values to match "
-                           f"the convolution dimensions, but got {name}={list(vals)}")
-    return vals
-
-
-def _padding(padding, stride, dilation, kernel):
-    """(top, bottom, left, right); 'same' pads like torch: total d*(k-1), the odd extra row/column at the end."""
-    if isinstance(padding, str):
-        if padding == "valid":
-            return (0, 0, 0, 0)
-        if padding != "same":
-            raise RuntimeError(f"conv2d: Invalid padding string: {padding!r} (expected 'same' or 'valid')")
-        if stride != (1, 1):
-            raise RuntimeError(f"conv2d: padding='same' is not supported for strided convolutions, got "
-                               f"stride={list(stride)}")
-        out = []
-        for d, k in zip(dilation, kernel):
-            total = d * (k - 1)
-            out += [total // 2, total - total // 2]
-        return tuple(out)
-    ph, pw = _ints("padding", padding)
-    if ph < 0 or pw < 0:
-        raise RuntimeError(f"conv2d: negative padding is not supported, got padding={[ph, pw]}")
-    return (ph, ph, pw, pw)
 
 
 def _check(x, w, b, stride, padding, dilation, groups):
@@ -125,7 +90,7 @@ class Conv2d(Function):
         if unbatched:
             x = x[None]
         if not isinstance(x, np.ndarray):
-            # CUDA: im2col kernel + one cuBLAS GEMM + a fused bias epilogue (smalltrain/backend/cuda/conv.py)
+            # CUDA: the tile, direct, implicit-GEMM or im2col + GEMM kernels (smalltrain/backend/cuda/conv/)
             if x.dtype.kind != "f":   # torch convolves integers on the CPU only
                 raise NotImplementedError(f"conv2d: the CUDA convolution supports float32 and float64 input, "
                                           f"got {x.dtype}")
@@ -166,7 +131,7 @@ class Conv2d(Function):
     def backward(ctx, dout):
         if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our dw's rows or sums
             return cuda_conv.conv2d_backward(None, ctx.kernel_saved, g=dout.value.g, wpartial=dout.value.wpartial,
-                                             wgrad_beside=takes_plainly(ctx, (1, 2)), dwdb=dout.value.wgrad)
+                                             wgrad_beside=takes_plainly(ctx, (1, 2)))
         if hasattr(ctx, "kernel_saved"):
             dx, dw, db = cuda_conv.conv2d_backward(dout.array[None] if ctx.unbatched else dout.array, ctx.kernel_saved,
                                                    wgrad_beside=takes_plainly(ctx, (1, 2)))
@@ -232,8 +197,7 @@ class Conv2dActPool(Function):
     epilogue, the next layer (a convolution, or the linear chain reading the output flattened: LinearChain) may
     hand it its g ready-made, through the pooling's backward ("conv_g", as Conv2d's), so the pooling's backward
     kernel does not run; and where x comes from another CUDA convolution, its input gradient is written as that
-    one's g the same way (conv2d_backward's `into`, as Conv2dActLinear's). Through a pooling only with
-    conv.INTO_POOLED on."""
+    one's g the same way (conv2d_backward's `into`, as Conv2dActLinear's)."""
     makes_prepared = True
 
     @staticmethod
@@ -257,9 +221,9 @@ class Conv2dActPool(Function):
     @staticmethod
     def backward(ctx, dout):
         saved = ctx.kernel_saved
-        g = wpartial = dpool = dwdb = None
+        g = wpartial = dpool = None
         if isinstance(dout, Prepared):   # the next layer wrote g (prepared_kind), maybe our dw's rows or sums
-            g, wpartial, dwdb = dout.value.g, dout.value.wpartial, dout.value.wgrad
+            g, wpartial = dout.value.g, dout.value.wpartial
         elif saved.pool is not None:   # pooled in the epilogue: conv2d_backward takes the pooled gradient
             dpool = dout.array
         else:
@@ -267,15 +231,15 @@ class Conv2dActPool(Function):
         # the g handed to us (by the chain, or another convolution) or made from the pooled gradient: either way our
         # input gradient may be written as the producer's g in turn (LeNet-5: the chain -> the second convolution ->
         # the first)
-        return _into_producer(ctx, saved, g, wpartial, dpool, dwdb)
+        return _into_producer(ctx, saved, g, wpartial, dpool)
 
 
-def _into_producer(ctx, saved, g, wpartial=None, dpool=None, dwdb=None):
+def _into_producer(ctx, saved, g, wpartial=None, dpool=None):
     """conv2d_backward from g (or dpool), its input gradient written as the producing convolution's g (a Prepared
     "conv_g") where the engine offered that kind for the input (the producer's prepared_kind, this node its only
     consumer)."""
     dx, dw, db = cuda_conv.conv2d_backward(None, saved, g=g, wpartial=wpartial, into=offered_producer(ctx),
-                                           wgrad_beside=takes_plainly(ctx, (1, 2)), dpool=dpool, dwdb=dwdb)
+                                           wgrad_beside=takes_plainly(ctx, (1, 2)), dpool=dpool)
     return (Prepared("conv_g", dx) if isinstance(dx, cuda_conv.ProducerGrad) else dx), dw, db
 
 
@@ -329,8 +293,7 @@ class Conv2dActLinear(Function):
         out, ctx.conv_saved, y = cuda_conv.conv2d_forward(
             x, weight.array, None if bias is None else bias.array, stride, pads, dilation, groups,
             activation=activation, needs_input_grad=need[:3],
-            keep_pre_activation=cuda_linear.into_conv_needs_pre_activation(m, k, f, activation), linear=(lw, lb),
-            hold=True)   # (conv2d_act_linear marks the output; autograd/held.py)
+            keep_pre_activation=cuda_linear.into_conv_needs_pre_activation(m, k, f, activation), linear=(lw, lb))
         if y is None:
             y, ctx.lin_saved = cuda_linear.linear_act_forward(out.reshape(m, -1), lw, lb)
         else:
@@ -364,7 +327,7 @@ def conv2d_act_linear(input, weight, bias=None, stride=1, padding=0, dilation=1,
         lw, lb = lin_weight.array, None if lin_bias is None else lin_bias.array
         if (lw.ndim == 2 and lw.shape[1] == o * oh * ow and lw.dtype == x.dtype
                 and (lb is None or (lb.shape == (lw.shape[0],) and lb.dtype == x.dtype))):
-            return held.mark(Conv2dActLinear.apply(input, weight, bias, stride, pads, dilation, groups, activation,
-                                                   lin_weight, lin_bias))
+            return Conv2dActLinear.apply(input, weight, bias, stride, pads, dilation, groups, activation, lin_weight,
+                                         lin_bias)
     out = conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation)
     return linear(out.reshape(out.shape[0], -1), lin_weight, lin_bias)   # nn.Flatten()'s start_dim 1

@@ -12,9 +12,7 @@ from smalltrain.backend import hooks
 
 BACKEND = pathlib.Path(smalltrain.__file__).parent / "backend"
 ABOVE = ("smalltrain.autograd", "smalltrain.ops", "smalltrain.nn", "smalltrain.tensor")
-# convolution's launchers are being brought down to the ground floor on their own (conv.py reads ops/conv.py's
-# padding rules); remove this entry with that import
-NOT_YET = {"cuda/conv.py": {"smalltrain.ops.conv"}}
+NOT_YET = {}   # backend file -> upward imports still allowed there (none)
 
 
 def _imports(path):

@@ -333,17 +333,16 @@ def test_linear_fusable():
 
 @cuda
 @pytest.mark.parametrize("act1", ["relu", "gelu", None])
-def test_cuda_convolution_hands_the_previous_one_its_g(act1, record_kernels, monkeypatch):
+def test_cuda_convolution_hands_the_previous_one_its_g(act1, conv_launches, tune):
     """MnistCnn's layout: Conv2d + act, then Conv2d + ReLU + Flatten + Linear. Where nothing else reads the first
     layer's output, the second layer's backward writes the first's g (autograd.engine.Prepared "conv_g": its input
     gradient times the first activation's derivative, in the first layer's kernels' layout), so no
     transpose-and-derivative kernel runs, and (one input channel) the first layer's weight gradient in the same
-    kernel's epilogue; the gradients are those of the hand-off switched off (bit for bit but the first layer's,
-    summed in another order) and of the unfused layers. A second consumer of that output, or a hook on it, keeps
-    the plain path."""
-    from smalltrain.backend.cuda import conv as cuda_conv
-    monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
-    launched = record_kernels(cuda_conv, "get")
+    kernel's epilogue. A second consumer of that output, or a hook on it, keeps the plain path; the gradients are
+    those of the plain path (bit for bit but the first layer's, summed in another order) and of the unfused
+    layers."""
+    tune(tile_dx_min_threads_per_sm=0)   # tile_conv's dx at this small batch
+    launched = conv_launches
     st.manual_seed(0)
     c1, c2, fc = nn.Conv2d(1, 16, 3).to("cuda"), nn.Conv2d(16, 32, 3).to("cuda"), nn.Linear(32 * 10 * 10, 10)
     fc, flatten = fc.to("cuda"), nn.Flatten()
@@ -367,16 +366,8 @@ def test_cuda_convolution_hands_the_previous_one_its_g(act1, record_kernels, mon
     assert not any(n.startswith("bias_act") for n in launched), launched
     assert any(n.startswith("tile_conv_wgrad_k3") for n in launched), launched
     assert "tile_wgrad_k3_to4" not in launched, launched   # the first layer's own (the second's is _to8)
-    monkeypatch.setattr(cuda_conv, "INTO_WGRAD", False)
-    handed_g = grads(None)   # g handed over, the first layer's own tile_wgrad
-    assert not any(n.startswith("tile_conv_wgrad") for n in launched) and "tile_wgrad_k3_to4" in launched, launched
-    monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", False)
-    plain = grads(None)
-    assert any(n.startswith("bias_act") for n in launched), launched
-    monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", True)
-    monkeypatch.setattr(cuda_conv, "INTO_WGRAD", True)
-    for u, v in zip(handed_g, plain):
-        assert np.array_equal(u, v)
+    plain = grads("hook")   # the plain path: the first layer's own tile_wgrad
+    assert any(n.startswith("bias_act") for n in launched) and "tile_wgrad_k3_to4" in launched, launched
     for i, (u, v) in enumerate(zip(handed, plain)):   # the first layer's dw and db summed in another order
         if i < 2:
             assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
@@ -404,25 +395,19 @@ def _lenet_layers():
 
 @cuda
 @pytest.mark.parametrize("act1", ["relu", "gelu", None])
-def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_kernels, monkeypatch):
+def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_kernels, conv_launches, tune):
     """LeNet-5's layout: Conv2d + act + MaxPool2d(2) twice, then Flatten and three Linear layers (one chain). Where
     each convolution pooled in its epilogue (tile_conv_pool) and nothing else reads its pooled output, the next
     layer's backward writes its g through the pooling's backward (Prepared "conv_g": the second convolution's
-    tile_conv epilogue for the first, the chain's kernel for the second), so no pooling backward kernel runs; the
-    gradients are bit-equal to the hand-offs switched off (INTO_PRODUCER) and within float32 rounding of the
-    unfused layers. With POOLED_WGRAD the first layer's weight gradient comes from its g at the maxima (pooled_wgrad
-    instead of a dense weight-gradient kernel), within rounding; with UNPOOL_WGRAD from those maxima in the second
-    layer's input-gradient kernel (tile_conv_unpool_wgrad, no pooled_wgrad), and with UNPOOL_WGRAD_REDUCE_MAX_BLOCKS
-    added there too (one wgrad_reduce left, the second layer's). A second consumer of the first pooled output, or a
-    hook on it, keeps that hand-off's plain path."""
-    from smalltrain.backend.cuda import conv as cuda_conv
+    tile_conv epilogue for the first, the chain's kernel for the second), so no pooling backward kernel runs, and the
+    first layer's weight gradient comes from its g at the maxima in the second layer's input-gradient kernel
+    (tile_conv_unpool_wgrad: no dense weight-gradient kernel for it, one wgrad_reduce each); the gradients within
+    float32 rounding of the unfused layers. A second consumer of the first pooled output, or a hook on it, keeps
+    that hand-off's plain path (the pooling's backward kernel, the first layer's own tile_wgrad)."""
     from smalltrain.backend.cuda import pool as cuda_pool
-    monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
-    monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
-    monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)   # first the dense weight gradients, then pooled_wgrad's
-    monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", False)
+    tune(tile_dx_min_threads_per_sm=0)   # tile_conv's dx at this small batch
     pooled_bwd = record_kernels(cuda_pool, "launch")
-    launched = record_kernels(cuda_conv, "get")
+    launched = conv_launches
     c1, c2, fcs, pool, params, x = _lenet_layers()
 
     def grads(mode, fused=True):
@@ -445,54 +430,21 @@ def test_cuda_pooled_convolutions_take_their_g_through_the_pooling(act1, record_
         return sum(n.startswith(("tile_wgrad", "igemm_wgrad", "wgrad_partial")) for n in launched)
     handed = grads(None)
     assert "max_pool2d_bwd_act_tiled" not in pooled_bwd, pooled_bwd
-    dense = weight_kernels()
-    monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", True)   # the first layer's dw from its g at the maxima
-    compact = grads(None)
-    assert "pooled_wgrad_k5" in launched and weight_kernels() == dense - 1, launched
-    for i, (u, v) in enumerate(zip(compact, handed)):   # the first layer's dw and db summed in another order
-        if i < 2:
-            assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
-        else:
-            assert np.array_equal(u, v), i
-    monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", True)   # ... summed in the second layer's input-gradient kernel
-    epilogue = grads(None)
     assert "tile_conv_unpool_wgrad_k5_to4" in launched and "pooled_wgrad_k5" not in launched, launched
-    assert weight_kernels() == dense - 1, launched
-    for i, (u, v) in enumerate(zip(epilogue, compact)):   # the first layer's dw and db summed in another order
-        if i < 2:
-            assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
-        else:
-            assert np.array_equal(u, v), i
-    monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD_REDUCE_MAX_BLOCKS", 1 << 20)   # ... and its rows added there too
-    reduced = grads(None)
-    assert "tile_conv_unpool_wgrad_k5_to4" in launched and launched.count("wgrad_reduce") == 1, launched
-    for i, (u, v) in enumerate(zip(reduced, epilogue)):   # (the second layer's rows: wgrad_reduce, as before)
-        if i < 2:
-            assert np.abs(u - v).max() <= 1e-6 * max(np.abs(v).max(), 1.0), i
-        else:
-            assert np.array_equal(u, v), i
-    monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD_REDUCE_MAX_BLOCKS", 0)
-    monkeypatch.setattr(cuda_conv, "UNPOOL_WGRAD", False)
-    monkeypatch.setattr(cuda_conv, "POOLED_WGRAD", False)
-    monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", False)
-    plain = grads(None)
-    assert pooled_bwd.count("max_pool2d_bwd_act_tiled") == 2, pooled_bwd
-    monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", True)
-    for u, v in zip(handed, plain):
-        assert np.array_equal(u, v)
+    assert weight_kernels() == 1 and launched.count("wgrad_reduce") == 2, launched   # the second layer's
     unfused = grads(None, fused=False)
     for u, v in zip(handed, unfused):
         assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0)
     for mode in ("second consumer", "hook"):
         other = grads(mode)
-        assert pooled_bwd.count("max_pool2d_bwd_act_tiled") == 1, (mode, pooled_bwd)
+        assert pooled_bwd.count("max_pool2d_bwd_act_tiled") == 1 and weight_kernels() == 2, (mode, pooled_bwd)
         for u, v in zip(other, handed):
             assert np.abs(u - v).max() <= 1e-5 * max(np.abs(v).max(), 1.0), mode
 
 
 @cuda
 @pytest.mark.parametrize("batch", [4, 300])
-def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypatch):
+def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypatch, tune):
     """LeNet-5's layout: the chain's weight gradients (chain_wgrad) and the second convolution's (its tile_wgrad
     beside its input gradient, the size limit raised) are queued on side streams and joined at the end of the
     backward pass (hooks.defer_join, autograd's engine.defer_join: two joins), not at once; the gradients are
@@ -501,8 +453,7 @@ def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypat
     from smalltrain.autograd import engine
     from smalltrain.backend import hooks
     from smalltrain.backend.cuda import _common
-    from smalltrain.backend.cuda import conv as cuda_conv
-    monkeypatch.setattr(cuda_conv, "WGRAD_BESIDE_MAX_OUTPUTS", 1 << 30)
+    tune(wgrad_beside_max_outputs=1 << 30)
     monkeypatch.setattr(_common, "_side", {})   # (the streams this test makes)
     joins = []
     monkeypatch.setattr(hooks, "defer_join", lambda join: (joins.append(join), engine.defer_join(join)))
@@ -532,14 +483,13 @@ def test_cuda_weight_gradients_beside_the_pass_are_joined_by_it(batch, monkeypat
 
 
 @cuda
-def test_sequential_flattens_inside_the_chain_so_the_pooled_convolution_takes_its_g(record_kernels, monkeypatch):
+def test_sequential_flattens_inside_the_chain_so_the_pooled_convolution_takes_its_g(record_kernels, tune):
     """nn.Sequential's LeNet-5 (the benchmark's form: MaxPool2d, Flatten, Linear, GELU, ...): the Flatten module is
     done inside the chain op, so the chain's backward writes the second convolution's g through its pooling (no
     pooling backward kernel), as chain_act(..., flatten=True) does; the gradients bit-equal that functional form.
     A hooked Flatten runs as a module (it must see its output), and the pooling's backward kernel runs."""
-    from smalltrain.backend.cuda import conv as cuda_conv
     from smalltrain.backend.cuda import pool as cuda_pool
-    monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # the first layer's hand-off at this batch too
+    tune(tile_dx_min_threads_per_sm=0)   # the first layer's hand-off at this batch too
     pooled_bwd = record_kernels(cuda_pool, "launch")
     st.manual_seed(0)
     seq = nn.Sequential(nn.Conv2d(1, 6, 5), nn.GELU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.GELU(),
@@ -575,30 +525,30 @@ def test_sequential_flattens_inside_the_chain_so_the_pooled_convolution_takes_it
 
 
 @cuda
-def test_cuda_pooled_convolution_hands_a_plain_one_its_g(record_kernels, monkeypatch):
+def test_cuda_pooled_convolution_hands_a_plain_one_its_g(conv_launches, tune):
     """Conv2d + ReLU, then Conv2d + GELU + MaxPool2d(2): the pooled layer's backward writes the first layer's g (the
     plain 'into' hand-off, as Conv2dActLinear's), so no transpose-and-derivative kernel runs; gradients bit-equal to
-    the hand-off switched off."""
-    from smalltrain.backend.cuda import conv as cuda_conv
-    monkeypatch.setattr(cuda_conv, "TILE_DX_MIN_THREADS_PER_SM", 0)   # tile_conv's dx at this small batch
-    monkeypatch.setattr(cuda_conv, "INTO_POOLED", True)
-    launched = record_kernels(cuda_conv, "get")
+    the plain path (a hook on the first layer's output keeps it)."""
+    tune(tile_dx_min_threads_per_sm=0)   # tile_conv's dx at this small batch
+    launched = conv_launches
     st.manual_seed(0)
     c1, c2, pool = nn.Conv2d(2, 6, 3).to("cuda"), nn.Conv2d(6, 8, 3).to("cuda"), nn.MaxPool2d(2)
     params = list(c1.parameters()) + list(c2.parameters())
     x = st.randn(4, 2, 14, 14).to("cuda")
 
-    def grads():
+    def grads(hook=False):
         for p in params:
             p.grad = None
         launched.clear()
-        out = layer_act_pool(c2, layer_act(c1, x, "relu"), "gelu", pool)
+        h = layer_act(c1, x, "relu")
+        if hook:
+            h.register_hook(lambda g: g)
+        out = layer_act_pool(c2, h, "gelu", pool)
         (out * out).sum().backward()
         return [p.grad.cpu().numpy() for p in params]
     handed = grads()
     assert not any(n.startswith("bias_act") for n in launched), launched
-    monkeypatch.setattr(cuda_conv, "INTO_PRODUCER", False)
-    plain = grads()
+    plain = grads(hook=True)
     assert any(n.startswith("bias_act") for n in launched), launched
     for u, v in zip(handed, plain):
         assert np.array_equal(u, v)

@@ -345,15 +345,6 @@ HEAD_CASES = [  # rows per block, batch, classes, reduction, weighted, ignore_in
     (4, 130, 10, "none", False, None, 0.0, "float32"),  # not fused: the chain runs first, then the loss's own kernel
     (2, 50, 10, "mean", True, 2, 0.1, "float64"),
 ]
-CONV_HEAD_CASES = [  # x shape, conv weight shape, padding, rows per block (None: as planned), classes, reduction,
-    #                    weighted, ignore_index, label_smoothing
-    ((64, 16, 26, 26), (32, 16, 3, 3), 0, None, 10, "mean", False, None, 0.0),   # MnistCnn's second layer, classifier
-    ((3, 4, 9, 16), (5, 4, 3, 3), 1, 4, 7, "sum", True, 2, 0.2),
-    ((5, 6, 12, 12), (16, 6, 5, 5), 0, 4, 16, "mean", True, -100, 0.0),
-    ((4, 4, 9, 13), (5, 4, 3, 3), 1, 4, 10, "none", False, None, 0.0),   # not fused
-]
-
-
 def _loss_and_grads(head, inputs, target, weight, device, dtype, **kw):
     """head(tensors) -> logits; the cross-entropy of the logits, the logits and the gradient of every input, as
     NumPy arrays."""
@@ -416,36 +407,7 @@ def test_chain_with_the_cross_entropy_in_its_kernel(rows, m, c, reduction, weigh
 
 
 @pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("x_shape,w_shape,padding,rows,c,reduction,weighted,ignore,smoothing", CONV_HEAD_CASES)
-def test_convolution_and_linear_with_the_cross_entropy_in_their_kernel(x_shape, w_shape, padding, rows, c, reduction,
-                                                                       weighted, ignore, smoothing, rng, monkeypatch,
-                                                                       record_kernels):
-    """A convolution with the linear layer in its epilogue (Conv2dActLinear): tile_conv_lin_ce."""
-    from smalltrain.backend.cuda import conv as cuda_conv
-    from smalltrain.ops.conv import conv2d_act_linear
-    monkeypatch.setattr(cuda_conv, "TILE_MIN_K", 0)
-    monkeypatch.setattr(cuda_conv, "_TILE_TO8_THREADS_PER_SM", 1 << 30)   # 4 channels a thread: whole warps
-    monkeypatch.setattr(cuda_conv, "TILE_LINEAR_HOLD", True)
-    if rows is not None:
-        monkeypatch.setattr(cuda_conv, "_TILE_ROWS", rows)
-    m = x_shape[0]
-    k = w_shape[0] * (x_shape[2] + 2 * padding - w_shape[2] + 1) * (x_shape[3] + 2 * padding - w_shape[3] + 1)
-    inputs = [rng.standard_normal(x_shape), rng.standard_normal(w_shape) * 0.3, rng.standard_normal(w_shape[0]),
-              rng.standard_normal((c, k)) / np.sqrt(k), rng.standard_normal(c)]
-    target, weight = _targets(rng, m, c, ignore, weighted)
-    kw = {"reduction": reduction, "label_smoothing": smoothing} | ({} if ignore is None else {"ignore_index": ignore})
-    names = record_kernels(cuda_conv, "get")
-    _fused_against_two_kernels_and_torch(
-        lambda t: conv2d_act_linear(t[0], t[1], t[2], padding=padding, activation="relu", lin_weight=t[3],
-                                    lin_bias=t[4]),
-        lambda t: TF.linear(TF.relu(TF.conv2d(t[0], t[1], t[2], padding=padding)).flatten(1), t[3], t[4]), inputs,
-        target, weight, "float32", kw, monkeypatch, tol_scale=max(1, np.sqrt(k) / 8))
-    heads = [n.split("_k")[0] for n in names if n.startswith("tile_conv_lin")]
-    assert heads == ["tile_conv_lin", "tile_conv_lin" if reduction == "none" else "tile_conv_lin_ce"]
-
-
-@pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
-def test_chain_with_the_cross_entropy_in_its_kernel_flags_a_bad_target():
+def test_chain_with_the_cross_entropy_in_its_kernel_flags_a_bad_target(monkeypatch):
     from smalltrain.backend.cuda import _common as cuda_common
     from smalltrain.ops.matmul import linear_chain
     with cuda_common.eager_holds(), pytest.raises(IndexError, match="Target 12 is out of bounds"):

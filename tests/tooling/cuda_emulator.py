@@ -248,7 +248,7 @@ def _dims(what, d):
 @functools.lru_cache(maxsize=None)
 def module(family):
     """The emulated module of smalltrain/backend/cuda/kernels/<family>.cu."""
-    return Module(loader.read_source(os.path.join(loader.KERNEL_DIR, family + ".cu")), family)
+    return Module(loader.read_source(loader.family_path(family)), family.replace("/", "_"))
 
 
 def kernel(family, name):

@@ -1,6 +1,7 @@
 """Loading our CUDA C: .cu files (or source strings) compiled once per device with NVRTC and cached; our kernel
-files as one module per element type (family_source), compiled when a kernel of that type is first asked for, and
-instances only some runs use as modules of their own (_PARTS).
+files as one module per element type (family_source), compiled when a kernel of that type is first asked for. A
+family is a path under kernels/ without its .cu: "optim", or "conv/tile" for kernels/conv/tile.cu (the convolution's
+kernels are a file per algorithm, so that a run compiles only the algorithms it launches).
 
 The same API serves smalltrain's own kernels (smalltrain/backend/cuda/kernels/*.cu) and users' custom ops.
 """
@@ -47,28 +48,12 @@ def kernel(family, name):
 
 @functools.lru_cache(maxsize=None)
 def _kernel(family, name, device_id):
-    return compile_module(family_source(family, dtypes_of(name), part_of(name))).get_function(name)
+    return compile_module(family_source(family, dtypes_of(name))).get_function(name)
 
 
-# Kernels whose names end in one of these markers (before the element type's _f32 / _f64) are a module of their own,
-# compiled with the macro defined when one of them is first asked for; the family's main module leaves them out.
-# conv.cu's _arr instances (TILE_ARRANGE) are half of its tile kernels: in one module they took its float32 compile in
-# NVRTC from ~1m25s to ~2m10s (sm_90, this project's 2-core machine), and the CUDA emulator's g++ compiles them in
-# ~11 s against the rest's ~16, for every run, including those that arrange no weights.
-_PARTS = {"_arr": "ST_ARRANGED"}
-
-
-def part_of(name):
-    """The macro (_PARTS) of the module with the kernel `name`, or None for its family's main module."""
-    stem = name.rsplit("_", 1)[0]
-    return next((macro for marker, macro in _PARTS.items() if stem.endswith(marker)), None)
-
-
-def family_parts(family):
-    """The parts of kernels/<family>.cu's modules, as family_source takes them: None (the main module), then each
-    _PARTS macro its source tests."""
-    text = read_source(os.path.join(KERNEL_DIR, family + ".cu"))
-    return [None] + [macro for macro in _PARTS.values() if macro in text]
+def family_path(family):
+    """The .cu file of a kernel family: kernels/<family>.cu."""
+    return os.path.join(KERNEL_DIR, family + ".cu")
 
 
 def dtypes_of(name):
@@ -77,13 +62,11 @@ def dtypes_of(name):
     return 2 if name.endswith("_f64") else 1
 
 
-def family_source(family, dtypes=3, part=None):
+def family_source(family, dtypes=3):
     """The text of kernels/<family>.cu (read_source) with its kernels instantiated for `dtypes` only (1 float32, 2
-    float64, 3 both; common.cuh ST_INSTANTIATE): a float32 run compiles no float64 kernel (conv.cu in nvcc for
-    sm_90 on a 2-core machine: 32 s instead of 67) and a float64 one no float32 kernel. `part`: a _PARTS macro,
-    defined first (that part's module), or None (the main module)."""
-    defines = f"#define ST_DTYPES {int(dtypes)}\n" + (f"#define {part} 1\n" if part else "")
-    return defines + read_source(os.path.join(KERNEL_DIR, family + ".cu"))
+    float64, 3 both; common.cuh ST_INSTANTIATE): a float32 run compiles no float64 kernel and a float64 one no
+    float32 kernel."""
+    return f"#define ST_DTYPES {int(dtypes)}\n" + read_source(family_path(family))
 
 
 def read_source(path, _depth=0):
