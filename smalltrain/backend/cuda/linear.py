@@ -131,7 +131,8 @@ def linear_act_forward(x, w, b=None, activation=None):
         else:
             yT = gemm(w, x.T)
             out = cp.empty((m, f), dtype=x.dtype)
-            launch("conv/epilogue", "bias_act_fwd", x.dtype, out.size, (yT, ptr(b), out, i64(m), i64(f), i64(1), i32(act)))
+            launch("conv/epilogue", "bias_act_fwd", x.dtype, out.size,
+                   (yT, ptr(b), out, i64(m), i64(f), i64(1), i32(act)))
             y = yT.T if act else None
     return out, LinearSaved(x, w, b, y, activation)
 
