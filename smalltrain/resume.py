@@ -2,12 +2,13 @@
 from it (model, optimizer and its options, schedule, batch size, seed); a flag that contradicts them is refused.
 
 What may change on resume: `--epochs` (to extend the run; the schedule then stretches to the new total, see
-`extend_schedule`), where the run is written (`--out`), and how it runs (device, logging, --compile ...).
+`stretch_schedule`), where the run is written (`--out`), and how it runs (device, logging, --compile ...).
 """
 import dataclasses
 import json
 import math
 import os
+import warnings
 
 from . import models
 from .utils.checkpoint import CheckpointError
@@ -121,13 +122,17 @@ def _same(a, b):
     return a == b
 
 
-def extend_schedule(scheduler, fresh):
-    """After loading a checkpoint's scheduler state into `scheduler`: take the length of the schedule from
-    `fresh` (the scheduler built for the new --epochs). The rule: the schedule keeps its position (step count)
-    and the lr it reached, and its length becomes the new total: cosine's T_max, one-cycle's total_steps and
-    phases, step's step_size. Without a longer --epochs the lengths are the saved ones, so the run is unchanged."""
-    if scheduler is None:
-        return
-    for key in ("T_max", "step_size", "total_steps", "_schedule_phases"):
-        if key in fresh:
-            setattr(scheduler, key, fresh[key])
+def stretch_schedule(optimizer, build, steps):
+    """The scheduler of a run extended by --epochs. The rule: from the resumed step on, the learning rate is the
+    one a run planned with the new total from the start would have (cosine's T_max, one-cycle's length and
+    step's step size become those of the new --epochs). The new scheduler is built by `build()` over the
+    optimizer's initial learning rates and stepped `steps` times, so the rest of the run is bit for bit the
+    rest of that run's schedule."""
+    for group in optimizer.param_groups:
+        group["lr"] = group.get("initial_lr", group["lr"])
+    scheduler = build()
+    with warnings.catch_warnings():   # stepped without optimizer steps, on purpose
+        warnings.simplefilter("ignore")
+        for _ in range(steps):
+            scheduler.step()
+    return scheduler

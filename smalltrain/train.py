@@ -14,7 +14,7 @@ from . import models, optim, random as st_random
 from .autograd import no_grad
 from .distributed.consistency import check_same_settings
 from .nn import functional as F
-from .resume import extend_schedule, resume_config
+from .resume import resume_config, stretch_schedule
 from .run_dir import RunLogger, choose_run_dir, finite_or_str
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -165,9 +165,10 @@ class Trainer:
         self.scheduler = make_scheduler(cfg, self.optimizer, self.steps_per_epoch)
         self.epoch, self.step, self.best_accuracy, self.history = 0, 0, 0.0, []
         if cfg.resume:
-            fresh = self.scheduler.state_dict() if self.scheduler is not None else None
             self._restore(cfg.resume)
-            extend_schedule(self.scheduler, fresh)
+            if self.scheduler is not None and cfg.epochs != meta["train_config"].get("epochs"):
+                self.scheduler = stretch_schedule(
+                    self.optimizer, lambda: make_scheduler(cfg, self.optimizer, self.steps_per_epoch), self.step)
         self.run_dir, self.logger = None, None
         if self.is_main:
             self.run_dir = choose_run_dir(cfg.out, "out" in explicit, cfg.resume)
