@@ -85,7 +85,7 @@ _RANGES = [("epochs", _int_in(1, 100_000), "an int in [1, 100000]"),
            ("weight_decay", _float_in(0, 1), "a finite number in [0, 1]"),
            ("seed", _int_in(0, 2**32 - 1), "an int in [0, 2**32 - 1]"),
            ("log_every", _int_in(1, 10**9), "an int >= 1"),
-           ("limit_train_batches", lambda v: v is None or _int_in(1, 10**9)(v), "an int >= 1 (or None)")]
+           ("limit_train_batches", lambda v: v is None or _int_in(1, 10**9)(v), "an int >= 1")]
 RANGES = {name: (ok, what) for name, ok, what in _RANGES}
 
 
