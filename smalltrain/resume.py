@@ -21,11 +21,11 @@ _FLAG = {name: "--" + name.replace("_", "-") for name in LOCKED + ("epochs",)}
 
 def checkpoint_meta(path):
     """The metadata of checkpoint `path` without loading its tensors or building anything."""
-    try:   # the single-file checkpoint format keeps the metadata in the safetensors header
-        from .utils.checkpoint import read_checkpoint_meta
-    except ImportError:
-        return _sidecar_meta(path)
-    return read_checkpoint_meta(path)
+    # the single-file checkpoint format keeps the metadata in the safetensors header and reads it alone
+    from . import serialization
+    from .utils import checkpoint
+    read = getattr(checkpoint, "read_checkpoint_meta", None) or getattr(serialization, "read_checkpoint_meta", None)
+    return read(path) if read is not None else _sidecar_meta(path)
 
 
 def _sidecar_meta(path):

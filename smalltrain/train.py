@@ -124,7 +124,6 @@ class Trainer:
     def __init__(self, cfg, comm=None, explicit=None):
         """`explicit`: the names of the settings the user gave (the command line's flags); a resumed run refuses
         those that contradict its checkpoint. None: those that differ from TrainConfig's defaults."""
-        from .utils.data import DataLoader, DeviceDataLoader, DistributedSampler
         cfg.validate()
         explicit = _non_default(cfg) if explicit is None else set(explicit)
         meta = None
@@ -136,23 +135,7 @@ class Trainer:
         self.world = comm.world_size if comm else 1
         self.is_main = self.rank == 0
         st_random.manual_seed(cfg.seed)
-        self.train_set = load_mnist(cfg.data_dir, True)
-        self.test_set = load_mnist(cfg.data_dir, False)
-        # one seeded permutation per epoch (sampler.set_epoch) makes a resumed run replay the same batches
-        self.sampler = DistributedSampler(self.train_set, num_replicas=self.world, rank=self.rank, shuffle=True,
-                                          seed=cfg.seed, drop_last=False)
-        # evaluation shards without padding (its only collective is the final all-reduce of sums and counts),
-        # so every test image counts exactly once for any number of processes
-        test_sampler = range(self.rank, len(self.test_set), self.world) if comm else None
-        if str(cfg.device).startswith("cuda"):
-            # on a GPU, host-to-device batch copies cost more than the step: keep both sets on the device
-            self.loader = DeviceDataLoader(self.train_set, cfg.batch_size, cfg.device, sampler=self.sampler)
-            self.test_loader = DeviceDataLoader(self.test_set, cfg.eval_batch_size, cfg.device, sampler=test_sampler)
-        else:
-            self.loader = DataLoader(self.train_set, batch_size=cfg.batch_size, sampler=self.sampler)
-            self.test_loader = DataLoader(self.test_set, batch_size=cfg.eval_batch_size, sampler=test_sampler)
-        self.steps_per_epoch = len(self.loader) if cfg.limit_train_batches is None else \
-            min(len(self.loader), cfg.limit_train_batches)
+        self._make_loaders(cfg, comm)
         if comm:
             check_same_settings(comm, self._settings(meta))
         model_config = meta["model_config"] if meta else {}
@@ -175,6 +158,26 @@ class Trainer:
             if cfg.progress:
                 print(f"run directory: {self.run_dir}", file=sys.stderr, flush=True)
             self.logger = RunLogger(self.run_dir, cfg.tensorboard, self.step)
+
+    def _make_loaders(self, cfg, comm):
+        from .utils.data import DataLoader, DeviceDataLoader, DistributedSampler
+        self.train_set = load_mnist(cfg.data_dir, True)
+        self.test_set = load_mnist(cfg.data_dir, False)
+        # one seeded permutation per epoch (sampler.set_epoch) makes a resumed run replay the same batches
+        self.sampler = DistributedSampler(self.train_set, num_replicas=self.world, rank=self.rank, shuffle=True,
+                                          seed=cfg.seed, drop_last=False)
+        # evaluation shards without padding (its only collective is the final all-reduce of sums and counts),
+        # so every test image counts exactly once for any number of processes
+        test_sampler = range(self.rank, len(self.test_set), self.world) if comm else None
+        if str(cfg.device).startswith("cuda"):
+            # on a GPU, host-to-device batch copies cost more than the step: keep both sets on the device
+            self.loader = DeviceDataLoader(self.train_set, cfg.batch_size, cfg.device, sampler=self.sampler)
+            self.test_loader = DeviceDataLoader(self.test_set, cfg.eval_batch_size, cfg.device, sampler=test_sampler)
+        else:
+            self.loader = DataLoader(self.train_set, batch_size=cfg.batch_size, sampler=self.sampler)
+            self.test_loader = DataLoader(self.test_set, batch_size=cfg.eval_batch_size, sampler=test_sampler)
+        self.steps_per_epoch = len(self.loader) if cfg.limit_train_batches is None else \
+            min(len(self.loader), cfg.limit_train_batches)
 
     def _settings(self, meta):
         """What every rank of a distributed run must agree on (device, paths and logging may differ)."""
