@@ -199,24 +199,29 @@ def _records(run_dir):
     return [json.loads(line, parse_constant=refuse) for line in open(run_dir / "metrics.jsonl")]
 
 
-def test_readme_resume_takes_model_and_optimizer_from_the_checkpoint(tmp_path):
-    """The README's two commands: a CNN under SGD lr 0.1, then --resume with only --epochs: the resumed run is the
-    same CNN under SGD at lr 0.1 (not the default LeNet-5 under Adam), written into the same run directory."""
+def test_readme_resume_takes_model_and_optimizer_from_the_checkpoint(tmp_path, monkeypatch, capsys):
+    """The README's commands as written (the first one limited to 4 batches): a CNN under SGD lr 0.1, then
+    --resume with only --epochs: the resumed run is the same CNN under SGD at lr 0.1 (not the default LeNet-5
+    under Adam), written into the same run directory, and eval reads its last checkpoint."""
     from smalltrain.train import Trainer
-    assert cli.main(["train", "--model", "cnn", "--optimizer", "sgd", "--lr", "0.1", "--epochs", "1",
-                     "--out", str(tmp_path), *QUICK]) == 0
-    run = tmp_path / "version_0"
-    ckpt = str(run / "checkpoint_epoch1.safetensors")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main("train --model cnn --optimizer sgd --lr 0.1 --epochs 1 --limit-train-batches 4".split()) == 0
+    ckpt = "runs/smalltrain/version_0/checkpoint_epoch1.safetensors"
     trainer = Trainer(TrainConfig(resume=ckpt, epochs=3, progress=False, tensorboard=False),
                       explicit={"resume", "epochs"})
     assert type(trainer.module).__name__ == "MnistCnn" and type(trainer.optimizer).__name__ == "SGD"
     assert trainer.optimizer.param_groups[0]["lr"] == 0.1 and trainer.cfg.limit_train_batches == 4
+    run = tmp_path / "runs" / "smalltrain" / "version_0"
     assert trainer.run_dir == str(run) and trainer.epoch == 1
-    assert cli.main(["train", "--resume", ckpt, "--epochs", "2"]) == 0
-    meta = load_checkpoint(run / "checkpoint_epoch2.safetensors")[1]
+    assert cli.main(f"train --resume {ckpt} --epochs 3".split()) == 0
+    meta = load_checkpoint(run / "checkpoint_epoch3.safetensors")[1]
     assert meta["train_config"]["optimizer"] == "sgd" and meta["train_config"]["lr"] == 0.1
-    assert meta["model"] == "cnn" and meta["step"] == 8
-    assert [r["step"] for r in _records(run) if r["kind"] == "epoch"] == [4, 8]
+    assert meta["model"] == "cnn" and meta["step"] == 12
+    assert [r["step"] for r in _records(run) if r["kind"] == "epoch"] == [4, 8, 12]
+    capsys.readouterr()
+    assert cli.main("eval --checkpoint runs/smalltrain/version_0/checkpoint_epoch3.safetensors".split()) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["test_accuracy"] == meta["history"][-1]["test_accuracy"] > 0.5
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -63,6 +63,17 @@ def test_an_error_the_cli_catches_on_one_rank_ends_the_job(tmp_path):
 
 
 @requires_mpi
+def test_an_error_on_rank_0_while_rank_1_trains_ends_the_job(tmp_path):
+    """Rank 0 cannot write its run directory (as on a full or read-only disk) after the ranks agreed and rank 1
+    went on into training: rank 0's message, the job ends, rank 1 does not wait."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    code, out = mpmd(["--epochs", "1", "--out", str(blocker / "runs")], ["--epochs", "1"], tmp_path / "run")
+    assert code != 0, out
+    assert "[rank 0] smalltrain: error: [Errno 20] Not a directory" in out and "done:" not in out, out
+
+
+@requires_mpi
 @pytest.mark.parametrize("signame, message", [("SIGTERM", "terminated by SIGTERM"), ("SIGINT", "interrupted")])
 def test_a_signal_on_one_rank_ends_the_job(tmp_path, signame, message):
     code, out = run_worker("signal_cli.py", signame, tmp_path, n=2, timeout=BOUND_S, check=False)
