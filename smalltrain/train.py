@@ -1,20 +1,21 @@
 """The trainer behind `smalltrain train`: data, model, optimizer, scheduler, the loop, evaluation, logging, checkpoints.
 
-Scripts call `fit(TrainConfig(...))`; the command is a thin layer over it.
+Scripts call `fit(TrainConfig(...))`; the command is a thin layer over it. Resuming is in resume.py, the run
+directory and its files in run_dir.py.
 """
 import dataclasses
 import functools
-import json
 import math
 import os
 import sys
 import time
 
-import numpy as np
-
 from . import models, optim, random as st_random
 from .autograd import no_grad
+from .distributed.consistency import check_same_settings
 from .nn import functional as F
+from .resume import resume_config, stretch_schedule
+from .run_dir import RunLogger, choose_run_dir, finite_or_str
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
@@ -32,7 +33,7 @@ class TrainConfig:
     scheduler: str = "none"
     seed: int = 0
     data_dir: str = None
-    out: str = "runs/smalltrain"
+    out: str = "runs/smalltrain"      # each run writes into a new out/version_N (see run_dir.choose_run_dir)
     resume: str = None
     tensorboard: bool = True
     log_every: int = 50
@@ -41,13 +42,14 @@ class TrainConfig:
     progress: bool = True
     distributed: bool = False
     compile: bool = False
+    allow_nonfinite: bool = False     # keep training when the loss becomes NaN or infinite
 
     def validate(self):
-        checks = [(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
-                  (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),
-                  (self.lr > 0, f"learning rate must be > 0, got {self.lr}"),
-                  (self.log_every >= 1, f"log-every must be >= 1, got {self.log_every}"),
-                  (self.model in models.MODELS, f"unknown model {self.model!r}; expected one of "
+        """ValueError naming the first setting out of its range (the command line checks the same at parse)."""
+        for name, ok, what in _RANGES:
+            if not ok(getattr(self, name)):
+                raise ValueError(f"{name} must be {what}, got {getattr(self, name)!r}")
+        checks = [(self.model in models.MODELS, f"unknown model {self.model!r}; expected one of "
                                                 f"{', '.join(models.MODELS)}"),
                   (self.optimizer in OPTIMIZERS, f"unknown optimizer {self.optimizer!r}; expected one of "
                                                  f"{', '.join(OPTIMIZERS)}"),
@@ -60,6 +62,35 @@ class TrainConfig:
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("none", "step", "cosine", "onecycle")
+
+
+def _int_in(lo, hi):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _float_in(lo, hi, lo_open=False, hi_open=False):
+    def ok(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return False
+        return (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
+    return ok
+
+
+# (field, check, what it must be): shared by TrainConfig.validate and the command line's argument types
+_RANGES = [("epochs", _int_in(1, 100_000), "an int in [1, 100000]"),
+           ("batch_size", _int_in(1, 65_536), "an int in [1, 65536]"),
+           ("eval_batch_size", _int_in(1, 65_536), "an int in [1, 65536]"),
+           ("lr", _float_in(0, 10, lo_open=True), "a finite number in (0, 10]"),
+           ("momentum", _float_in(0, 1, hi_open=True), "a finite number in [0, 1)"),
+           ("weight_decay", _float_in(0, 1), "a finite number in [0, 1]"),
+           ("seed", _int_in(0, 2**32 - 1), "an int in [0, 2**32 - 1]"),
+           ("log_every", _int_in(1, 10**9), "an int >= 1"),
+           ("limit_train_batches", lambda v: v is None or _int_in(1, 10**9)(v), "an int >= 1")]
+RANGES = {name: (ok, what) for name, ok, what in _RANGES}
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite (stop before a checkpoint of NaN parameters is written)."""
 
 
 def make_optimizer(cfg, params):
@@ -90,15 +121,46 @@ def load_mnist(data_dir, train):
 class Trainer:
     """Owns one run: build everything from the config (or a checkpoint), then `run()` the epochs."""
 
-    def __init__(self, cfg, comm=None):
-        from .utils.data import DataLoader, DeviceDataLoader, DistributedSampler
+    def __init__(self, cfg, comm=None, explicit=None):
+        """`explicit`: the names of the settings the user gave (the command line's flags); a resumed run refuses
+        those that contradict its checkpoint. None: those that differ from TrainConfig's defaults."""
         cfg.validate()
+        explicit = _non_default(cfg) if explicit is None else set(explicit)
+        meta = None
+        if cfg.resume:
+            cfg, meta = resume_config(cfg, explicit)
         self.cfg = cfg
         self.comm = comm                       # a smalltrain.distributed group when distributed
         self.rank = comm.rank if comm else 0
         self.world = comm.world_size if comm else 1
         self.is_main = self.rank == 0
         st_random.manual_seed(cfg.seed)
+        self._make_loaders(cfg, comm)
+        if comm:
+            check_same_settings(comm, self._settings(meta))
+        model_config = meta["model_config"] if meta else {}
+        self.model = models.build_model(cfg.model, model_config, cfg.resume or "model config").to(cfg.device)
+        self.module = self.model
+        if comm:
+            from .nn.parallel import DistributedDataParallel
+            self.model = DistributedDataParallel(self.module)
+        self.optimizer = make_optimizer(cfg, self.model.parameters())
+        self.scheduler = make_scheduler(cfg, self.optimizer, self.steps_per_epoch)
+        self.epoch, self.step, self.best_accuracy, self.history = 0, 0, 0.0, []
+        if cfg.resume:
+            self._restore(cfg.resume)
+            if self.scheduler is not None and cfg.epochs != meta["train_config"].get("epochs"):
+                self.scheduler = stretch_schedule(
+                    self.optimizer, lambda: make_scheduler(cfg, self.optimizer, self.steps_per_epoch), self.step)
+        self.run_dir, self.logger = None, None
+        if self.is_main:
+            self.run_dir = choose_run_dir(cfg.out, "out" in explicit, cfg.resume)
+            if cfg.progress:
+                print(f"run directory: {self.run_dir}", file=sys.stderr, flush=True)
+            self.logger = RunLogger(self.run_dir, cfg.tensorboard, self.step)
+
+    def _make_loaders(self, cfg, comm):
+        from .utils.data import DataLoader, DeviceDataLoader, DistributedSampler
         self.train_set = load_mnist(cfg.data_dir, True)
         self.test_set = load_mnist(cfg.data_dir, False)
         # one seeded permutation per epoch (sampler.set_epoch) makes a resumed run replay the same batches
@@ -116,17 +178,15 @@ class Trainer:
             self.test_loader = DataLoader(self.test_set, batch_size=cfg.eval_batch_size, sampler=test_sampler)
         self.steps_per_epoch = len(self.loader) if cfg.limit_train_batches is None else \
             min(len(self.loader), cfg.limit_train_batches)
-        self.model = models.build(cfg.model).to(cfg.device)
-        self.module = self.model
-        if comm:
-            from .nn.parallel import DistributedDataParallel
-            self.model = DistributedDataParallel(self.module)
-        self.optimizer = make_optimizer(cfg, self.model.parameters())
-        self.scheduler = make_scheduler(cfg, self.optimizer, self.steps_per_epoch)
-        self.epoch, self.step, self.best_accuracy, self.history = 0, 0, 0.0, []
-        if cfg.resume:
-            self._restore(cfg.resume)
-        self.logger = RunLogger(cfg.out, cfg.tensorboard, self.step) if self.is_main else None
+
+    def _settings(self, meta):
+        """What every rank of a distributed run must agree on (device, paths and logging may differ)."""
+        per_rank = ("device", "data_dir", "out", "resume", "progress", "tensorboard", "log_every")
+        settings = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in per_rank}
+        settings.update(train_set_size=len(self.train_set), test_set_size=len(self.test_set),
+                        steps_per_epoch=self.steps_per_epoch,
+                        resume_from=None if meta is None else {"epoch": meta["epoch"], "step": meta["step"]})
+        return settings
 
     # ---- the loop --------------------------------------------------------------------------------------------
     def _step(self, x, y):
@@ -164,6 +224,11 @@ class Trainer:
             seen += x.shape[0]
             if (k + 1) % cfg.log_every == 0 or k + 1 == total:
                 value = loss.item()   # the only host sync per logging interval
+                if not math.isfinite(value) and not cfg.allow_nonfinite:
+                    raise NonFiniteLossError(
+                        f"the training loss became {value} at epoch {self.epoch + 1}, step {self.step} (lr "
+                        f"{opt.param_groups[0]['lr']:g}); training stopped before writing a checkpoint. Lower "
+                        f"--lr, or pass --allow-nonfinite to continue anyway")
                 loss_sum, n_logged = loss_sum + value, n_logged + 1
                 rate = seen * self.world / (time.perf_counter() - start)
                 if self.logger:
@@ -210,7 +275,7 @@ class Trainer:
                 self.save_checkpoint()
         elapsed = time.perf_counter() - t0
         summary = {"best_accuracy": self.best_accuracy, "epochs": self.epoch, "steps": self.step,
-                   "time_s": elapsed, "history": self.history, "out": self.cfg.out}
+                   "time_s": elapsed, "history": self.history, "out": self.run_dir}
         if self.logger:
             self.logger.close()
             summary.update(self.logger.files())
@@ -218,7 +283,7 @@ class Trainer:
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     def checkpoint_path(self):
-        return os.path.join(self.cfg.out, f"checkpoint_epoch{self.epoch}.safetensors")
+        return os.path.join(self.run_dir, f"checkpoint_epoch{self.epoch}.safetensors")
 
     def save_checkpoint(self):
         from .serialization import save_training_state
@@ -226,7 +291,7 @@ class Trainer:
         save_training_state(path, self.module, self.optimizer, self.scheduler, {
             "model": self.cfg.model, "model_config": getattr(self.module, "config", {}),
             "epoch": self.epoch, "step": self.step, "best_accuracy": self.best_accuracy,
-            "history": self.history, "train_config": dataclasses.asdict(self.cfg)})
+            "history": finite_or_str(self.history), "train_config": dataclasses.asdict(self.cfg)})
         self.last_checkpoint = path
         return path
 
@@ -266,9 +331,15 @@ def evaluate(model, loader, device, comm=None, step=None):
 
 
 def fit(cfg=None, comm=None, **overrides):
-    """Train with `cfg` (a TrainConfig) or keyword overrides of the defaults; returns the summary dict."""
+    """Train with `cfg` (a TrainConfig) or keyword overrides of the defaults; returns the summary dict (its
+    "out" is the run directory)."""
     cfg = dataclasses.replace(cfg or TrainConfig(), **overrides)
     return Trainer(cfg, comm).run()
+
+
+def _non_default(cfg):
+    defaults = TrainConfig()
+    return {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)}
 
 
 def _progress(epoch, epochs, k, total, loss, rate):
@@ -278,61 +349,3 @@ def _progress(epoch, epochs, k, total, loss, rate):
     end = "\n" if not sys.stderr.isatty() else ""
     print(f"\repoch {epoch}/{epochs} [{bar}] [step {k}/{total}] loss {loss:.4f} {rate:,.0f} samples/s", end=end,
           file=sys.stderr, flush=True)
-
-
-class RunLogger:
-    """metrics.jsonl, TensorBoard scalars and the PNG of the curves, all under the run's --out directory."""
-
-    def __init__(self, out, tensorboard, start_step):
-        from .utils.tensorboard import SummaryWriter
-        os.makedirs(out, exist_ok=True)
-        self.out = out
-        self.metrics_path = os.path.join(out, "metrics.jsonl")
-        self.png_path = os.path.join(out, "curves.png")
-        self.records = _read_records(self.metrics_path, start_step)
-        self.writer = SummaryWriter(os.path.join(out, "tensorboard"), purge_step=start_step or None) \
-            if tensorboard else None
-
-    def _append(self, record):
-        self.records.append(record)
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def step(self, epoch, step, loss, lr):
-        self._append({"kind": "step", "epoch": epoch, "step": step, "loss": loss, "lr": lr})
-        if self.writer:
-            self.writer.add_scalar("Loss/train", loss, step)
-            self.writer.add_scalar("lr", lr, step)
-
-    def epoch(self, record):
-        self._append({"kind": "epoch", **record})
-        if self.writer:
-            self.writer.add_scalar("Loss/test", record["test_loss"], record["step"])
-            self.writer.add_scalar("Accuracy/test", record["test_accuracy"], record["step"])
-            self.writer.flush()
-        from .utils.plot import plot_curves
-        plot_curves(self.records, self.png_path)
-
-    def close(self):
-        if self.writer:
-            self.writer.close()
-
-    def files(self):
-        return {"metrics": self.metrics_path, "curves": self.png_path,
-                "tensorboard": self.writer.log_dir if self.writer else None}
-
-
-def _read_records(path, start_step):
-    """Records of an earlier run being resumed, cut at the resumed step (later ones are rewritten)."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    kept = [r for r in records if r.get("step", 0) <= start_step] if start_step else []
-    from .utils.io import atomic_write
-    with atomic_write(path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in kept)
-    return kept
-
-
-_ = (math, np)

@@ -26,6 +26,8 @@ def run_cli(*args):
 
 def test_default_recipe_reaches_97_percent_after_one_epoch(tmp_path):
     summary = fit(TrainConfig(epochs=1, out=str(tmp_path), progress=False))
+    assert summary["out"] == str(tmp_path / "version_0")   # each run gets a directory of its own
+    tmp_path = tmp_path / "version_0"
     acc = summary["history"][0]["test_accuracy"]
     print(f"\nLeNet-5 (GELU, Adam 1e-3, batch 64), 1 epoch: test accuracy {100 * acc:.2f}%")
     assert acc >= 0.97
@@ -69,15 +71,15 @@ def test_resume_is_bitwise_exact(tmp_path):
               "--optimizer", "sgd", "--lr", "0.05"]
     assert cli.main(["train", "--epochs", "2", "--out", str(tmp_path / "a"), *common]) == 0
     assert cli.main(["train", "--epochs", "1", "--out", str(tmp_path / "b"), *common]) == 0
-    assert cli.main(["train", "--epochs", "2", "--out", str(tmp_path / "b"), "--resume",
-                     str(tmp_path / "b" / "checkpoint_epoch1.safetensors"), *common]) == 0
-    a = _params(tmp_path / "a" / "checkpoint_epoch2.safetensors")
-    b = _params(tmp_path / "b" / "checkpoint_epoch2.safetensors")
+    b = tmp_path / "b" / "version_0"
+    # resumed into the checkpoint's own run directory; the flags repeated are the checkpoint's, so allowed
+    assert cli.main(["train", "--epochs", "2", "--resume", str(b / "checkpoint_epoch1.safetensors"), *common]) == 0
+    a = tmp_path / "a" / "version_0"
+    ja, jb = (load_checkpoint(d / "checkpoint_epoch2.safetensors") for d in (a, b))
+    a, b = _params(a / "checkpoint_epoch2.safetensors"), _params(b / "checkpoint_epoch2.safetensors")
     assert a.keys() == b.keys() and len(a) > 10
     for k in a:
         assert a[k].tobytes() == b[k].tobytes(), k
-    ja = load_checkpoint(tmp_path / "a" / "checkpoint_epoch2.safetensors")
-    jb = load_checkpoint(tmp_path / "b" / "checkpoint_epoch2.safetensors")
     assert ja["meta"]["step"] == jb["meta"]["step"] == 40
     assert ja["scheduler"] == jb["scheduler"]
 
@@ -85,9 +87,10 @@ def test_resume_is_bitwise_exact(tmp_path):
 def test_eval_command_reports_the_checkpoint_accuracy(tmp_path, capsys):
     assert cli.main(["train", "--epochs", "1", "--limit-train-batches", "30", "--no-tensorboard",
                      "--out", str(tmp_path)]) == 0
-    meta = read_checkpoint_meta(tmp_path / "checkpoint_epoch1.safetensors")
+    ckpt = tmp_path / "version_0" / "checkpoint_epoch1.safetensors"
+    meta = read_checkpoint_meta(ckpt)
     capsys.readouterr()
-    assert cli.main(["eval", "--checkpoint", str(tmp_path / "checkpoint_epoch1.safetensors")]) == 0
+    assert cli.main(["eval", "--checkpoint", str(ckpt)]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["test_accuracy"] == meta["history"][-1]["test_accuracy"]
 
@@ -119,15 +122,16 @@ def test_missing_data_dir_is_a_clear_error(tmp_path):
 def test_checkpoint_for_another_model_is_refused(tmp_path):
     assert cli.main(["train", "--model", "mlp", "--epochs", "1", "--limit-train-batches", "2",
                      "--no-tensorboard", "--out", str(tmp_path / "mlp")]) == 0
-    code, out = run_cli("train", "--resume", str(tmp_path / "mlp" / "checkpoint_epoch1.safetensors"),
-                        "--out", str(tmp_path / "lenet"), "--no-tensorboard")
-    assert code != 0 and "'mlp'" in out and "lenet5" in out and "Traceback" not in out
+    code, out = run_cli("train", "--resume", str(tmp_path / "mlp" / "version_0" / "checkpoint_epoch1.safetensors"),
+                        "--model", "lenet5", "--epochs", "2", "--out", str(tmp_path / "lenet"), "--no-tensorboard")
+    assert code == 1 and "--model lenet5 contradicts" in out and "model mlp" in out and "Traceback" not in out
+    assert not (tmp_path / "lenet").exists()
 
 
 def test_truncated_checkpoint_is_refused(tmp_path):
     assert cli.main(["train", "--epochs", "1", "--limit-train-batches", "2", "--no-tensorboard",
                      "--out", str(tmp_path)]) == 0
-    ckpt = tmp_path / "checkpoint_epoch1.safetensors"
+    ckpt = tmp_path / "version_0" / "checkpoint_epoch1.safetensors"
     ckpt.write_bytes(ckpt.read_bytes()[:-1000])
     code, out = run_cli("eval", "--checkpoint", str(ckpt))
     assert code != 0 and "checkpoint_epoch1" in out and "Traceback" not in out
@@ -158,8 +162,8 @@ def test_compile_flag_on_cpu_trains_eagerly_and_identically(tmp_path):
     common = ["train", "--epochs", "1", "--limit-train-batches", "10", "--no-tensorboard"]
     assert cli.main([*common, "--out", str(tmp_path / "eager")]) == 0
     assert cli.main([*common, "--compile", "--out", str(tmp_path / "compiled")]) == 0
-    a = _params(tmp_path / "eager" / "checkpoint_epoch1.safetensors")
-    b = _params(tmp_path / "compiled" / "checkpoint_epoch1.safetensors")
+    a = _params(tmp_path / "eager" / "version_0" / "checkpoint_epoch1.safetensors")
+    b = _params(tmp_path / "compiled" / "version_0" / "checkpoint_epoch1.safetensors")
     assert all(a[k].tobytes() == b[k].tobytes() for k in a)
 
 
@@ -186,3 +190,143 @@ def test_compiled_evaluation_equals_eager_evaluation(device, tmp_path):
         assert stats == {"captures": 1, "replays": 23, "eager": 5}
     else:
         assert stats == {"captures": 0, "replays": 0, "eager": 28}
+
+
+# ---- resume takes the run's settings from its checkpoint ------------------------------------------------------
+QUICK = ["--limit-train-batches", "4", "--no-tensorboard", "--log-every", "1"]
+
+
+def _records(run_dir):
+    """metrics.jsonl as strict JSON (a bare NaN or Infinity fails here)."""
+    def refuse(name):
+        raise AssertionError(f"bare {name} in metrics.jsonl")
+    return [json.loads(line, parse_constant=refuse) for line in open(run_dir / "metrics.jsonl")]
+
+
+def test_readme_resume_takes_model_and_optimizer_from_the_checkpoint(tmp_path, monkeypatch, capsys):
+    """The README's commands as written (the first one limited to 4 batches): a CNN under SGD lr 0.1, then
+    --resume with only --epochs: the resumed run is the same CNN under SGD at lr 0.1 (not the default LeNet-5
+    under Adam), written into the same run directory, and eval reads its last checkpoint."""
+    from smalltrain.train import Trainer
+    monkeypatch.chdir(tmp_path)
+    assert cli.main("train --model cnn --optimizer sgd --lr 0.1 --epochs 1 --limit-train-batches 4".split()) == 0
+    ckpt = "runs/smalltrain/version_0/checkpoint_epoch1.safetensors"
+    trainer = Trainer(TrainConfig(resume=ckpt, epochs=3, progress=False, tensorboard=False),
+                      explicit={"resume", "epochs"})
+    assert type(trainer.module).__name__ == "MnistCnn" and type(trainer.optimizer).__name__ == "SGD"
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.1 and trainer.cfg.limit_train_batches == 4
+    run = tmp_path / "runs" / "smalltrain" / "version_0"
+    assert trainer.run_dir == str(run) and trainer.epoch == 1
+    assert cli.main(f"train --resume {ckpt} --epochs 3".split()) == 0
+    meta = read_checkpoint_meta(run / "checkpoint_epoch3.safetensors")
+    assert meta["train_config"]["optimizer"] == "sgd" and meta["train_config"]["lr"] == 0.1
+    assert meta["model"] == "cnn" and meta["step"] == 12
+    assert [r["step"] for r in _records(run) if r["kind"] == "epoch"] == [4, 8, 12]
+    capsys.readouterr()
+    assert cli.main("eval --checkpoint runs/smalltrain/version_0/checkpoint_epoch3.safetensors".split()) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["test_accuracy"] == meta["history"][-1]["test_accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "0.5"], "--lr 0.5 contradicts the checkpoint"),
+    (["--optimizer", "adam"], "--optimizer adam contradicts"),
+    (["--batch-size", "32"], "--batch-size 32 contradicts"),
+    (["--epochs", "1"], "has already trained 1 epoch(s) of a 1-epoch run: pass --epochs N with N > 1"),
+])
+def test_resume_refuses_a_flag_that_contradicts_the_checkpoint(tmp_path, capsys, flags, message):
+    assert cli.main(["train", "--model", "mlp", "--optimizer", "sgd", "--lr", "0.1", "--epochs", "1",
+                     "--out", str(tmp_path), *QUICK]) == 0
+    capsys.readouterr()
+    ckpt = tmp_path / "version_0" / "checkpoint_epoch1.safetensors"
+    args = ["train", "--resume", str(ckpt), *flags] + ([] if "--epochs" in flags else ["--epochs", "2"])
+    assert cli.main(args) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "version_0" / "checkpoint_epoch2.safetensors").exists()
+
+
+def test_resume_with_more_epochs_stretches_the_cosine_schedule(tmp_path):
+    """1 epoch of a 1-epoch cosine run (annealed to 0 at step 4), resumed with --epochs 2: the lr of steps 5-8
+    is that of a run planned for 2 epochs (T_max 8) from the start, bit for bit; it never stays at 0."""
+    common = ["--model", "mlp", "--optimizer", "sgd", "--lr", "0.1", "--scheduler", "cosine", *QUICK]
+    assert cli.main(["train", *common, "--epochs", "1", "--out", str(tmp_path / "short")]) == 0
+    assert cli.main(["train", *common, "--epochs", "2", "--out", str(tmp_path / "planned")]) == 0
+    run = tmp_path / "short" / "version_0"
+    assert cli.main(["train", "--resume", str(run / "checkpoint_epoch1.safetensors"), "--epochs", "2",
+                     "--log-every", "1"]) == 0
+    lrs = [r["lr"] for r in _records(run) if r["kind"] == "step"]
+    planned = [r["lr"] for r in _records(tmp_path / "planned" / "version_0") if r["kind"] == "step"]
+    assert len(lrs) == len(planned) == 8 and lrs[3] == pytest.approx(0.0, abs=1e-12)
+    assert lrs[4:] == planned[4:] and min(lrs[4:-1]) > 0
+    assert load_checkpoint(run / "checkpoint_epoch2.safetensors")["scheduler"]["T_max"] == 8
+
+
+def _edited_meta(monkeypatch, ckpt, **model_config):
+    """Serve checkpoint metadata with model_config edited (whatever the file format stores it in)."""
+    from smalltrain import resume
+    meta = resume.checkpoint_meta(ckpt)
+    meta = dict(meta, model_config=dict(meta["model_config"], **model_config))
+    monkeypatch.setattr(resume, "checkpoint_meta", lambda path: meta)
+    return meta
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"hidden": [10**7]}, "model_config['hidden'] must be an int in [1, 65536], got 10000000"),
+    ({"hidden": [60000, 60000]}, "more than the 50,000,000 allowed"),
+    ({"hidden": "wide"}, "model_config['hidden'] must be a list"),
+    ({"depth": 3}, "unknown key(s) 'depth'"),
+    ({"activation": "swish"}, "model_config['activation'] must be one of"),
+])
+def test_checkpoint_model_config_is_checked_before_anything_is_built(tmp_path, capsys, monkeypatch, edit, message):
+    assert cli.main(["train", "--model", "mlp", "--epochs", "1", "--out", str(tmp_path), *QUICK]) == 0
+    ckpt = str(tmp_path / "version_0" / "checkpoint_epoch1.safetensors")
+    _edited_meta(monkeypatch, ckpt, **edit)
+    from smalltrain import models
+    monkeypatch.setattr(models, "build", lambda *a, **k: pytest.fail("a model was built from a bad config"))
+    capsys.readouterr()
+    for args in (["eval", "--checkpoint", ckpt], ["train", "--resume", ckpt, "--epochs", "2"]):
+        assert cli.main(args) == 1
+        err = capsys.readouterr().err
+        assert ckpt in err and message in err, err
+
+
+def test_runs_get_directories_of_their_own(tmp_path, capsys):
+    for _ in range(2):
+        assert cli.main(["train", "--model", "mlp", "--epochs", "1", "--out", str(tmp_path), *QUICK]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["version_0", "version_1"]
+    assert "run directory: " + str(tmp_path / "version_1") in capsys.readouterr().err
+    for run in ("version_0", "version_1"):   # each holds exactly its own run's records
+        assert [r["step"] for r in _records(tmp_path / run)] == [1, 2, 3, 4, 4]
+    # a run directory as --out for a new run: refused (it would mix two runs), pointing to --resume
+    assert cli.main(["train", "--model", "mlp", "--out", str(tmp_path / "version_0"), *QUICK]) == 1
+    assert "is already a run directory" in capsys.readouterr().err
+
+
+def test_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path):
+    assert cli.main(["train", "--model", "mlp", "--epochs", "1", "--out", str(tmp_path), *QUICK]) == 0
+    run = tmp_path / "version_0"
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "step", "epo')    # a run killed mid-write
+    with pytest.warns(RuntimeWarning, match=r"metrics\.jsonl: line 6 is incomplete"):
+        assert cli.main(["train", "--resume", str(run / "checkpoint_epoch1.safetensors"), "--epochs", "2",
+                         "--log-every", "1"]) == 0
+    assert [r["step"] for r in _records(run)] == [1, 2, 3, 4, 4, 5, 6, 7, 8, 8]
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_non_finite_loss_stops_training(tmp_path, allow):
+    """A NaN loss stops training before a checkpoint is written, naming the step and the way out; with
+    allow_nonfinite the run goes on and metrics.jsonl stays strict JSON ("nan" as a string)."""
+    from smalltrain.train import NonFiniteLossError, Trainer
+    trainer = Trainer(TrainConfig(model="mlp", epochs=1, limit_train_batches=3, log_every=1, progress=False,
+                                  tensorboard=False, out=str(tmp_path), allow_nonfinite=allow))
+    trainer.module.net[1].weight.array[0, 0] = np.nan
+    if not allow:
+        with pytest.raises(NonFiniteLossError, match="loss became nan at epoch 1, step 1 .*--allow-nonfinite"):
+            trainer.run()
+        assert not any(n.startswith("checkpoint") for n in os.listdir(trainer.run_dir))
+        return
+    trainer.run()
+    records = _records(tmp_path / "version_0")
+    assert [r["loss"] for r in records if r["kind"] == "step"] == ["nan"] * 3
+    assert records[-1]["test_loss"] == "nan"

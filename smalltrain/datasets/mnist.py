@@ -170,6 +170,19 @@ class MNIST(Dataset):
         if len(self._images) != len(self._labels):
             raise ValueError(f"{type(self).__name__}: {images_path} holds {len(self._images)} images but "
                              f"{labels_path} holds {len(self._labels)} labels")
+        self._check_content(images_path, labels_path)
+
+    def _check_content(self, images_path, labels_path):
+        """Images of 28x28 and labels that are class indices: a bad file fails here, naming it, not in the
+        loss after an epoch of training."""
+        if self._images.shape[1:] != (28, 28):
+            raise ValueError(f"{type(self).__name__}: {images_path}: expected images of 28x28 pixels, got "
+                             f"{list(self._images.shape)}")
+        n = len(self.classes)
+        bad = np.flatnonzero(self._labels >= n)   # uint8 on disk: never negative
+        if bad.size:
+            raise ValueError(f"{type(self).__name__}: {labels_path}: label {int(self._labels[bad[0]])} at index "
+                             f"{int(bad[0])} is not a class index in 0..{n - 1} ({bad.size} such labels)")
 
     # ---- the data ----------------------------------------------------------------------------------------
     @property

@@ -1,9 +1,12 @@
-"""What the launcher (mpiexec, srun, torchrun) tells a process, and the crash handler that ends the whole job.
+"""What the launcher (mpiexec, srun, torchrun) tells a process, and the crash handlers that end the whole job.
 
 One rank that dies while the others wait in a collective would hang the job forever; the hook aborts it instead.
 """
 import os
+import shlex
+import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -30,6 +33,65 @@ def env_world_size():
     return 1
 
 
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def torchrun_world_size():
+    """WORLD_SIZE when a torchrun-style launcher set RANK, WORLD_SIZE and LOCAL_RANK, else None."""
+    values = [os.environ.get(name, "").strip() for name in _TORCHRUN_VARS]
+    if not all(v.isdigit() for v in values):
+        return None
+    return int(values[1])
+
+
+def mpiexec_command(n):
+    """The mpiexec line that starts this very command as an n-process job (for error messages)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if "smalltrain" in argv0 and os.path.basename(argv0) in ("smalltrain", "__main__.py", "cli.py"):
+        command = ["smalltrain", *sys.argv[1:]]
+    else:
+        command = ["python", *sys.argv]
+    return f"mpiexec -n {n} {shlex.join(command)}"
+
+
+def say_and_abort(rank, message, abort):
+    """Print `message` prefixed with `[rank N]` on stderr, let the launcher forward it, then abort() the job."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in message.rstrip("\n").split("\n")))
+        sys.stderr.flush()
+        # the launcher forwards our output asynchronously; Abort kills every rank at once, so give the
+        # forwarding a moment first or the message can be lost (seen under heavy load)
+        time.sleep(1.0)
+    finally:
+        abort()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received: raised where the rank is, so that it ends the whole job with a message as Ctrl-C does."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated("terminated by SIGTERM")
+
+
+_previous_sigterm = None
+
+
+def install_signal_handlers():
+    """Turn SIGTERM into the exception Terminated (SIGINT already raises KeyboardInterrupt); main thread only."""
+    global _previous_sigterm
+    if threading.current_thread() is threading.main_thread() and _previous_sigterm is None:
+        _previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def remove_signal_handlers():
+    global _previous_sigterm
+    if _previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _previous_sigterm)
+        _previous_sigterm = None
+
+
 _previous_hook = None
 
 
@@ -40,17 +102,7 @@ def install_abort_hook(rank, abort):
         _previous_hook = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        prefixed = "".join(f"[rank {rank}] {line}\n" for line in text.rstrip("\n").split("\n"))
-        try:
-            sys.stderr.write(prefixed)
-            sys.stderr.flush()
-            sys.stdout.flush()
-            # the launcher forwards our output asynchronously; Abort kills every rank at once, so give the
-            # forwarding a moment first or the traceback can be lost (seen under heavy load)
-            time.sleep(1.0)
-        finally:
-            abort()
+        say_and_abort(rank, "".join(traceback.format_exception(exc_type, exc, tb)), abort)
     sys.excepthook = hook
 
 

@@ -46,6 +46,11 @@ class ProcessGroup:
         self.host.all_reduce(buf, ReduceOp.SUM)
         return [round(s) if isinstance(v, (bool, int, np.integer)) else float(s) for v, s in zip(values, buf)]
 
+    def abort_job(self, message):
+        """Print `message` as this rank's and end the whole job (every rank) at once; returns only if alone."""
+        if self.world_size > 1:
+            launch.say_and_abort(self.rank, message, lambda: self.host.abort(1))
+
     def barrier(self):
         if self.nccl is not None:
             self.nccl.synchronize()  # work already enqueued on the GPU finishes before anyone passes
@@ -63,7 +68,13 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     backend: 'mpi' (CPU arrays; CUDA arrays staged through the host), 'nccl' (CUDA arrays over NCCL, one GPU per
     process chosen by local rank), or None ('nccl' if CUDA is available, else 'mpi'). Rank and world size come
     from MPI; `world_size`/`rank`, when given, must agree with it. An uncaught exception on any rank afterwards
-    prints its traceback prefixed with `[rank N]` and aborts the whole job (MPI Abort), so no rank hangs.
+    (SIGINT and SIGTERM included: they raise KeyboardInterrupt and launch.Terminated) prints its traceback prefixed
+    with `[rank N]` and aborts the whole job (MPI Abort), so no rank hangs.
+
+    timeout: how long a collective may wait for the other ranks (a timedelta or seconds; default
+    $SMALLTRAIN_DIST_TIMEOUT, else 300 s); past it the waiting rank names the collective and aborts the job.
+    A torchrun-style launch (RANK, WORLD_SIZE, LOCAL_RANK set, but MPI sees another number of processes) is
+    refused with the mpiexec command to use: each process would otherwise train alone.
     """
     global _default_group
     if _default_group is not None:
@@ -77,7 +88,15 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     if init_method not in (None, "env://", "mpi://"):
         raise ValueError(f"init_process_group: init_method {init_method!r} is not supported; ranks come from MPI "
                          "(start the job with mpiexec or srun)")
-    host = mpi_backend.create_host(launch.env_world_size())
+    seconds = mpi_backend.resolve_timeout(timeout)
+    host = mpi_backend.create_host(launch.env_world_size(), seconds)
+    promised = launch.torchrun_world_size()
+    if promised is not None and promised != host.size:
+        host.destroy()
+        raise RuntimeError(f"init_process_group: this process was started by torchrun or a launcher like it "
+                           f"(RANK, WORLD_SIZE={promised}, LOCAL_RANK are set), but smalltrain's process groups "
+                           f"come from MPI, which sees a job of {host.size} process(es): each process would "
+                           f"train alone. Start the job with MPI instead: {launch.mpiexec_command(promised)}")
     for name, given, actual in (("world_size", world_size, host.size), ("rank", rank, host.rank)):
         if given not in (-1, None) and given != actual:
             host.destroy()
@@ -89,6 +108,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     group = ProcessGroup(backend, host, local_rank)
     if host.size > 1:
         launch.install_abort_hook(host.rank, lambda: host.abort(1))
+        launch.install_signal_handlers()
         launch.share_cpu_threads(host.local_size() if hasattr(host, "local_size") else 1)
     if backend == "nccl":
         from .nccl_backend import NcclBackend
@@ -112,6 +132,7 @@ def destroy_process_group(group=None):
     if g is _default_group:
         _default_group = None
         launch.remove_abort_hook()
+        launch.remove_signal_handlers()
 
 
 def is_initialized():

@@ -66,15 +66,20 @@ def _draw_accuracy(ax, records):
     if epochs:
         ax.plot(epochs, accuracy, "o-", color="tab:green", label="test accuracy")
         finite = [a for a in accuracy if not math.isnan(a)]
-        if finite and max(finite) <= 1.0:  # a fraction: show it as a percentage
+        if finite and max(finite) <= 1.0:  # a fraction: show it as a percentage, the axis never above 100%
             ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+            low, high = min(finite), max(finite)
+            margin = max(0.01, 0.1 * (high - low))
+            ax.set_ylim(max(0.0, low - margin), min(1.0, high + margin))
         if finite:
-            ax.annotate(f"{finite[-1]:.4g}", (epochs[-1], accuracy[-1]), textcoords="offset points", xytext=(0, 6),
+            ax.annotate(f"{finite[-1]:.4g}", (epochs[-1], accuracy[-1]), textcoords="offset points", xytext=(0, -14),
                         ha="center")
-        ax.legend()
+        ax.legend(loc="lower right")
+        # whole epochs only: one epoch would otherwise get ticks at 0.96, 0.98, 1.00 ...
+        ax.set_xlim(min(epochs) - 0.5, max(epochs) + 0.5)
     else:
         ax.text(0.5, 0.5, "no epoch records yet", ha="center", va="center", transform=ax.transAxes)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy")
     ax.set_title("Test accuracy")
@@ -82,7 +87,8 @@ def _draw_accuracy(ax, records):
 
 
 def plot_curves(metrics, png_path):
-    """Draw the curves of `metrics` (a JSONL path, or an iterable of record dicts) into `png_path`, atomically.
+    """Draw the curves of `metrics` (a JSONL path, or an iterable of record dicts) into `png_path`, atomically;
+    returns the matplotlib Figure.
 
     Records: {"kind": "step", "step", "epoch", "loss", "lr"} and
     {"kind": "epoch", "epoch", "step", "test_loss", "test_accuracy", "train_loss"}; other kinds are ignored.
@@ -105,3 +111,4 @@ def plot_curves(metrics, png_path):
     _draw_accuracy(accuracy_ax, records)
     with atomic_write(png_path, "wb") as f:
         figure.savefig(f, format="png")
+    return figure

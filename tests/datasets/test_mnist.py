@@ -221,6 +221,27 @@ def test_wrong_kind_of_file_and_corrupt_file_are_named(tmp_path):
         MNIST(root=tmp_path, train=False)
 
 
+
+def test_labels_outside_the_classes_are_refused_at_load_naming_the_file(tmp_path):
+    """A label of 10 used to load fine and fail in cross_entropy after a whole epoch; now the load names it."""
+    copy_test_split(tmp_path)
+    labels = mnist.idx.read_idx(tmp_path / "t10k-labels-idx1-ubyte.gz")
+    labels[[17, 4000]] = [10, 255]
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labels)
+    with pytest.raises(ValueError) as info:
+        MNIST(root=tmp_path, train=False)
+    assert str(info.value) == (f"MNIST: {tmp_path}/t10k-labels-idx1-ubyte.gz: label 10 at index 17 is not a class "
+                               "index in 0..9 (2 such labels)")
+
+
+def test_images_of_another_size_are_refused_at_load_naming_the_file(tmp_path):
+    copy_test_split(tmp_path)
+    images = mnist.idx.read_idx(tmp_path / "t10k-images-idx3-ubyte.gz")
+    write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", images[:, :27, :])
+    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte.gz: expected images of 28x28 pixels, got "
+                                         r"\[10000, 27, 28\]"):
+        MNIST(root=tmp_path, train=False)
+
 # ---- downloads from a local mirror ---------------------------------------------------------------------------
 @pytest.fixture
 def good_mirror(tmp_path, serve):

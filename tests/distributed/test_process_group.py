@@ -179,3 +179,39 @@ def test_skip_reason_names_what_is_missing():
     reason = mpi_missing()
     assert reason is None or "mpiexec" in reason or "mpi4py" in reason
     _ = os
+
+
+def test_timeout_from_argument_environment_or_default(monkeypatch):
+    import datetime
+
+    from smalltrain.distributed.mpi_backend import DEFAULT_TIMEOUT_S, resolve_timeout
+    monkeypatch.delenv("SMALLTRAIN_DIST_TIMEOUT", raising=False)
+    assert resolve_timeout(None) == DEFAULT_TIMEOUT_S == 300.0
+    assert resolve_timeout(datetime.timedelta(minutes=2)) == 120.0 and resolve_timeout(7) == 7.0
+    monkeypatch.setenv("SMALLTRAIN_DIST_TIMEOUT", "45")
+    assert resolve_timeout(None) == 45.0 and resolve_timeout(3) == 3.0   # the argument wins
+    for bad, where in [(0, "timeout=..."), (float("nan"), "timeout=..."), ("soon", "timeout=...")]:
+        with pytest.raises(ValueError, match=f"init_process_group\\({where}\\)"):
+            resolve_timeout(bad)
+    monkeypatch.setenv("SMALLTRAIN_DIST_TIMEOUT", "-1")
+    with pytest.raises(ValueError, match=r"\$SMALLTRAIN_DIST_TIMEOUT: the timeout must be a positive"):
+        resolve_timeout(None)
+
+
+def test_settings_mismatch_names_every_field_and_the_ranks_values():
+    from smalltrain.distributed.consistency import SettingsMismatch, check_same_settings
+
+    class ThreeRanks:   # what allgather_object would return on every rank
+        world_size = 3
+
+        class host:
+            @staticmethod
+            def allgather_object(mine):
+                import json
+                ranks = [{"epochs": 1, "lr": 0.1}, {"epochs": 2, "lr": 0.1}, {"epochs": 1, "lr": 0.2, "seed": 3}]
+                return [json.dumps(r, sort_keys=True) for r in ranks]
+
+    with pytest.raises(SettingsMismatch) as info:
+        check_same_settings(ThreeRanks, {})
+    assert str(info.value).startswith("the ranks' settings differ: epochs (ranks 0,2: 1; rank 1: 2), lr (ranks "
+                                      "0,1: 0.1; rank 2: 0.2), seed (ranks 0,1: null; rank 2: 3);")

@@ -21,13 +21,14 @@ from workers._launch import requires_mpi, run_python, run_worker
 
 @requires_mpi
 def test_train_two_processes_only_rank0_writes(tmp_path):
-    out = tmp_path / "run"
+    root = tmp_path / "run"
     _, log = run_python(["-m", "smalltrain", "train", "--distributed", "--model", "mlp", "--epochs", "1",
                          "--limit-train-batches", "50",
-                         "--no-tensorboard", "--out", out], n=2)
+                         "--no-tensorboard", "--out", root], n=2)
     assert log.count("done: best test accuracy") == 1, log       # rank 0 alone reports
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint_epoch1.json", "checkpoint_epoch1.safetensors",
-                                                     "curves.png", "metrics.jsonl"]
+    assert [p.name for p in root.iterdir()] == ["version_0"]      # one run directory, made by rank 0
+    out = root / "version_0"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint_epoch1.safetensors", "curves.png", "metrics.jsonl"]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     # rank 1 appending too would double these lines
     assert [r["kind"] for r in records] == ["step", "epoch"] and records[0]["step"] == 50
@@ -50,7 +51,8 @@ def test_resume_under_mpiexec_continues_the_run_bitwise(tmp_path):
     straight, part = tmp_path / "straight", tmp_path / "part"
     run_python([*args, "--epochs", "2", "--out", straight], n=2)
     run_python([*args, "--epochs", "1", "--out", part], n=2)
-    run_python([*args, "--epochs", "2", "--out", part, "--resume", part / "checkpoint_epoch1.safetensors"], n=2)
+    straight, part = straight / "version_0", part / "version_0"
+    run_python([*args, "--epochs", "2", "--resume", part / "checkpoint_epoch1.safetensors"], n=2)
     a, b = load_file(straight / "checkpoint_epoch2.safetensors"), load_file(part / "checkpoint_epoch2.safetensors")
     assert sorted(a) == sorted(b) and any(k.startswith("optimizer.") for k in a)
     assert all(np.array_equal(a[k], b[k]) for k in a), [k for k in a if not np.array_equal(a[k], b[k])]
@@ -86,7 +88,7 @@ ACCURACY_BAR, ACCURACY_TOL, LOSS_RTOL, PARAM_RTOL = 0.97, 0.002, 0.02, 0.02
 
 
 def _epoch_record(out):
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "version_0" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if r["kind"] == "epoch"]
 
 
@@ -112,8 +114,8 @@ def test_two_processes_reach_the_accuracy_of_one_process(tmp_path):
     t2 = time.monotonic()
     assert log1.count("done: best test accuracy") == log2.count("done: best test accuracy") == 1, log2
     (e1,), (e2,) = _epoch_record(one), _epoch_record(two)
-    distance = _relative_distance(load_file(one / "checkpoint_epoch1.safetensors"),
-                                  load_file(two / "checkpoint_epoch1.safetensors"))
+    distance = _relative_distance(load_file(one / "version_0" / "checkpoint_epoch1.safetensors"),
+                                  load_file(two / "version_0" / "checkpoint_epoch1.safetensors"))
     print(f"\n1 x {PER_RANK_BATCH * WORLD}: test accuracy {100 * e1['test_accuracy']:.2f}%, loss "
           f"{e1['test_loss']:.5f}, {t1 - t0:.1f} s; {WORLD} x {PER_RANK_BATCH}: test accuracy "
           f"{100 * e2['test_accuracy']:.2f}%, loss {e2['test_loss']:.5f}, {t2 - t1:.1f} s; parameters "

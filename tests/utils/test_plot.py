@@ -85,3 +85,16 @@ def test_import_does_not_import_matplotlib():
     code = "import sys, smalltrain.utils.plot; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(
         os.path.dirname(os.path.abspath(__file__)))))
+
+
+def test_one_epoch_has_whole_epoch_ticks_and_accuracy_capped_at_100_percent(tmp_path):
+    """After a 1-epoch run: the epoch axis shows only the tick 1 (not 0.96, 0.98 ...), and an accuracy near 100%
+    does not stretch the axis to 102%."""
+    records = make_records(epochs=1)
+    records[-1]["test_accuracy"] = 0.995
+    figure = plot_curves(records, tmp_path / "curves.png")
+    accuracy_ax = figure.axes[1]
+    low, high = accuracy_ax.get_xlim()
+    assert [t for t in accuracy_ax.get_xticks() if low <= t <= high] == [1.0]
+    assert accuracy_ax.get_ylim()[1] == 1.0 and accuracy_ax.get_ylim()[0] < 0.995
+    assert_real_png(tmp_path / "curves.png")
