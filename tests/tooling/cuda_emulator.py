@@ -836,6 +836,7 @@ def _clear_caches(backend_cuda, _common):
     device it was made on."""
     backend_cuda.is_available.cache_clear()
     loader._kernel.cache_clear()
+    loader.family_module.cache_clear()
     for d in (_common._attributes, _common._opted_in, _common._counters, _common._side):
         d.clear()
 

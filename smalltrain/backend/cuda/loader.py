@@ -1,7 +1,9 @@
-"""Loading our CUDA C: .cu files (or source strings) compiled once per device with NVRTC and cached; our kernel
-files as one module per element type (family_source), compiled when a kernel of that type is first asked for. A
-family is a path under kernels/ without its .cu: "optim", or "conv/tile" for kernels/conv/tile.cu (the convolution's
-kernels are a file per algorithm, so that a run compiles only the algorithms it launches).
+"""Loading our CUDA C: our kernel files as one module per element type (family_source), loaded when a kernel of
+that type is first asked for: from the binary shipped in kernels/prebuilt/ where one was built from this exact source
+for this GPU's architecture (prebuilt.py), else compiled with NVRTC (once per device, cached on disk by CuPy, said
+aloud on stderr when it takes a while). A family is a path under kernels/ without its .cu: "optim", or "conv/tile"
+for kernels/conv/tile.cu (the convolution's kernels are a file per algorithm, so that a run loads only the
+algorithms it launches).
 
 The same API serves smalltrain's own kernels (smalltrain/backend/cuda/kernels/*.cu) and users' custom ops.
 """
@@ -10,7 +12,7 @@ import hashlib
 import os
 import re
 
-from . import cupy
+from . import cupy, prebuilt
 
 KERNEL_DIR = os.path.join(os.path.dirname(__file__), "kernels")
 _OPTIONS = ("-std=c++17",)
@@ -38,7 +40,10 @@ def compile_module(source_or_path, options=()):
             source = f.read()
     else:
         source = source_or_path
-    return _compiled(source, tuple(_OPTIONS) + tuple(options), cupy().cuda.Device().id)
+    device_id = cupy().cuda.Device().id
+    options = tuple(_OPTIONS) + tuple(options)
+    return prebuilt.announced(lambda: _compiled(source, options, device_id), "of a custom module",
+                              _gpu_name(device_id), "source given at run time", _cache_dir())
 
 
 def kernel(family, name):
@@ -48,7 +53,67 @@ def kernel(family, name):
 
 @functools.lru_cache(maxsize=None)
 def _kernel(family, name, device_id):
-    return compile_module(family_source(family, dtypes_of(name))).get_function(name)
+    return family_module(family, dtypes_of(name), device_id).get_function(name)
+
+
+_DTYPE_NAMES = {1: "float32", 2: "float64", 3: "float32 and float64"}
+
+
+@functools.lru_cache(maxsize=None)
+def family_module(family, dtypes, device_id):
+    """kernels/<family>.cu's module of the element types `dtypes` on a device: its prebuilt binary where one was
+    built from this source for this architecture, else compiled with NVRTC (and said so, when it takes a while)."""
+    source = family_source(family, dtypes)
+    cp = cupy()
+    capability = getattr(cp.cuda.Device(device_id), "compute_capability", None)   # None on the CPU emulator
+    path, why = prebuilt.choose(_manifest(), prebuilt.module_key(family, dtypes), source, capability)
+    if path is not None:
+        try:
+            with cp.cuda.Device(device_id):
+                module = cp.RawModule(path=path)
+                module.compile()
+            return module
+        except Exception as e:  # noqa: BLE001 - a driver older than the build, a damaged file: compile instead
+            why = f"the prebuilt binary {os.path.basename(path)} did not load: {type(e).__name__}: {e}"
+    return prebuilt.announced(lambda: _compiled(source, _OPTIONS, device_id),
+                              f"{family} ({_DTYPE_NAMES[dtypes]})", _gpu_name(device_id), why, _cache_dir())
+
+
+@functools.lru_cache(maxsize=None)
+def _manifest():
+    return prebuilt.read_manifest()
+
+
+def _gpu_name(device_id):
+    """'sm_90 (NVIDIA H100 80GB HBM3)' for the message of a run-time compile."""
+    try:
+        cp = cupy()
+        name = cp.cuda.runtime.getDeviceProperties(device_id)["name"]
+        name = name.decode() if isinstance(name, bytes) else name
+        return f"sm_{cp.cuda.Device(device_id).compute_capability} ({name})"
+    except Exception:  # noqa: BLE001 - the message must not fail the compile (the emulator has no such properties)
+        return f"device {device_id}"
+
+
+def _cache_dir():
+    """CuPy's on-disk cache of compiled kernels (CUPY_CACHE_DIR, by default ~/.cupy/kernel_cache)."""
+    return os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+
+
+def families():
+    """Every kernel family: the .cu files under kernels/, as paths without .cu ("optim", "conv/tile")."""
+    out = []
+    for root, _, files in os.walk(KERNEL_DIR):
+        for name in files:
+            if name.endswith(".cu"):
+                out.append(os.path.relpath(os.path.join(root, name), KERNEL_DIR)[:-3].replace(os.sep, "/"))
+    return sorted(out)
+
+
+def prebuilt_modules():
+    """(key, source) of every module the package ships prebuilt: each family's float32 module (float64 runs, the
+    tests' gradchecks, compile at run time)."""
+    return [(prebuilt.module_key(family, 1), family_source(family, 1)) for family in families()]
 
 
 def family_path(family):

@@ -9,7 +9,7 @@ binaries in milliseconds instead of compiling for minutes.
 
 Rebuild after changing a .cu file (needs nvcc; tests/backend/cuda/test_prebuilt.py fails until then):
 
-    python -m smalltrain.backend.cuda.prebuilt
+    python -m smalltrain.backend.cuda.build_kernels
 """
 import hashlib
 import json
@@ -42,8 +42,8 @@ def module_key(family, dtypes, part=None):
     return ".".join([family.replace("/", "-"), kind] + ([part] if part else []))
 
 
-def read_manifest(directory=PREBUILT_DIR):
-    path = os.path.join(directory, MANIFEST)
+def read_manifest(directory=None):
+    path = os.path.join(directory or PREBUILT_DIR, MANIFEST)
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -57,7 +57,7 @@ def runs_on(archs, capability):
     return any(divmod(int(a), 10)[0] == major and divmod(int(a), 10)[1] <= minor for a in archs)
 
 
-def choose(manifest, key, source, capability, directory=PREBUILT_DIR):
+def choose(manifest, key, source, capability, directory=None):
     """(path of the binary to load, None) or (None, why it compiles instead) for module `key` on a device of
     compute `capability` (None: not a real GPU)."""
     if capability is None:
@@ -66,10 +66,11 @@ def choose(manifest, key, source, capability, directory=PREBUILT_DIR):
     if entry is None:
         return None, f"no prebuilt binary for {key}"
     if entry["digest"] != digest(source):
-        return None, f"the prebuilt binary of {key} is stale (its .cu changed since; rebuild: python -m {__name__})"
+        return None, (f"the prebuilt binary of {key} is stale (its .cu changed since; rebuild: "
+                      "python -m smalltrain.backend.cuda.build_kernels)")
     if not runs_on(manifest["archs"], capability):
         return None, f"the prebuilt binaries hold sm_{', sm_'.join(manifest['archs'])}, not this GPU's sm_{capability}"
-    path = os.path.join(directory, entry["file"])
+    path = os.path.join(directory or PREBUILT_DIR, entry["file"])
     if not os.path.exists(path):
         return None, f"the prebuilt binary {path} is missing"
     return path, None
@@ -80,10 +81,12 @@ def compile_seconds():
     return _stats["seconds"]
 
 
-def announced(compile, what, gpu, why, cache_dir, after_s=ANNOUNCE_AFTER_S, stream=None):
+def announced(compile, what, gpu, why, cache_dir, after_s=None, stream=None):
     """Run `compile()`; if it is still running after `after_s` seconds, say on stderr what is compiled, for which
-    GPU, why, and where the cache lives, then how long it took. Its time counts in compile_seconds()."""
+    GPU, why, and where the cache lives, then how long it took (after_s: ANNOUNCE_AFTER_S by default; 0 says it
+    before the compile starts). Its time counts in compile_seconds()."""
     stream = stream or sys.stderr
+    after_s = ANNOUNCE_AFTER_S if after_s is None else after_s
     said = threading.Event()
 
     def say():
@@ -92,15 +95,19 @@ def announced(compile, what, gpu, why, cache_dir, after_s=ANNOUNCE_AFTER_S, stre
               f"{cache_dir} (CUPY_CACHE_DIR; delete it to recompile) ...", file=stream, flush=True)
     timer = threading.Timer(after_s, say)
     start = time.perf_counter()
-    timer.start()
+    if after_s <= 0:
+        say()
+    else:
+        timer.start()
     done = False
     try:
         result = compile()
         done = True
         return result
     finally:
-        timer.cancel()
-        timer.join()   # a note being printed ends before the closing one
+        if after_s > 0:
+            timer.cancel()
+            timer.join()   # a note being printed ends before the closing one
         elapsed = time.perf_counter() - start
         _stats["seconds"] += elapsed
         if said.is_set():
@@ -165,17 +172,3 @@ def build(modules, directory=PREBUILT_DIR, archs=ARCHS, nvcc="nvcc", jobs=None, 
         f.write("\n")
     os.replace(partial, os.path.join(directory, MANIFEST))
     return manifest
-
-
-def main(argv=None):
-    import argparse
-    from . import loader
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nvcc", default="nvcc", help="the nvcc to build with")
-    parser.add_argument("--jobs", type=int, default=None, help="modules built at once (default: the cores)")
-    args = parser.parse_args(argv)
-    build(loader.prebuilt_modules(), nvcc=args.nvcc, jobs=args.jobs)
-
-
-if __name__ == "__main__":
-    main()

@@ -2,6 +2,7 @@
 and the note a run-time compilation prints."""
 import io
 import json
+import os
 import time
 
 import pytest
@@ -39,7 +40,7 @@ def test_a_stale_binary_compiles_instead_and_says_how_to_rebuild(tmp_path):
     manifest = _manifest(tmp_path)
     path, why = prebuilt.choose(manifest, "demo.f32", SOURCE.replace("1.0f", "2.0f"), "90", str(tmp_path))
     assert path is None
-    assert "stale" in why and "python -m smalltrain.backend.cuda.prebuilt" in why
+    assert "stale" in why and "python -m smalltrain.backend.cuda.build_kernels" in why
 
 
 @pytest.mark.parametrize("key, capability, write_file, expected", [
@@ -102,3 +103,110 @@ def test_a_failed_compile_still_ends_its_note_and_raises():
     with pytest.raises(RuntimeError, match="nvrtc"):
         prebuilt.announced(compile, "x", "sm_90", "why", "/c", after_s=0.0, stream=stream)
     assert "smalltrain: failed to compile x in" in stream.getvalue()
+
+
+class _FakeCupy:
+    """Just what loader.family_module touches: a device of some compute capability and RawModule(path=...)."""
+
+    def __init__(self, capability, fail_load=False):
+        import types
+        self.loaded, self.fail_load = [], fail_load
+        fake = self
+
+        class Device:
+            def __init__(self, device_id=0):
+                self.id, self.compute_capability = device_id, capability
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        class RawModule:
+            def __init__(self, path):
+                self.path = path
+
+            def compile(self):
+                if fake.fail_load:
+                    raise RuntimeError("CUDA_ERROR_NO_BINARY_FOR_GPU")
+                fake.loaded.append(self.path)
+
+        props = {"name": b"Fake GPU"}
+        self.cuda = types.SimpleNamespace(Device=Device, runtime=types.SimpleNamespace(
+            getDeviceProperties=lambda i: props))
+        self.RawModule = RawModule
+
+
+@pytest.fixture
+def fake_loader(monkeypatch, tmp_path):
+    """loader with a fake CuPy and a manifest of the real sources' digests: (loader, install(capability, ...),
+    the sources compiled instead, stderr)."""
+    from smalltrain.backend.cuda import loader
+    compiled = []
+    monkeypatch.setattr(loader, "_compiled", lambda source, options, device_id: compiled.append(source) or "nvrtc")
+    monkeypatch.setattr(prebuilt, "ANNOUNCE_AFTER_S", 0.0)
+    monkeypatch.setattr(prebuilt, "PREBUILT_DIR", str(tmp_path))
+    (tmp_path / "optim.f32.fatbin").write_bytes(b"\x50\xed\x55\xba")
+    loader.family_module.cache_clear()
+
+    def install(capability, manifest_source=None, fail_load=False, archs=("80", "90")):
+        source = loader.family_source("optim", 1)
+        manifest = {"archs": list(archs), "modules": {"optim.f32": {
+            "digest": prebuilt.digest(manifest_source or source), "file": "optim.f32.fatbin"}}}
+        fake = _FakeCupy(capability, fail_load)
+        monkeypatch.setattr(loader, "cupy", lambda: fake)
+        monkeypatch.setattr(loader, "_manifest", lambda: manifest)
+        loader.family_module.cache_clear()
+        return fake
+    yield loader, install, compiled
+    loader.family_module.cache_clear()
+
+
+def test_the_loader_loads_the_binary_built_from_this_source(fake_loader, capsys):
+    loader, install, compiled = fake_loader
+    fake = install("90")
+    module = loader.family_module("optim", 1, 0)
+    assert fake.loaded == [module.path] and module.path.endswith("optim.f32.fatbin") and compiled == []
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("capability, kwargs, why", [
+    ("90", {"manifest_source": "an older optim.cu"}, "is stale"),
+    ("75", {}, "not this GPU's sm_75"),
+    ("90", {"fail_load": True}, "did not load: RuntimeError: CUDA_ERROR_NO_BINARY_FOR_GPU")])
+def test_the_loader_compiles_a_stale_foreign_or_unloadable_binarys_module_and_says_so(fake_loader, capsys,
+                                                                                      capability, kwargs, why):
+    loader, install, compiled = fake_loader
+    install(capability, **kwargs)
+    assert loader.family_module("optim", 1, 0) == "nvrtc"
+    assert compiled == [loader.family_source("optim", 1)]
+    err = capsys.readouterr().err
+    assert f"smalltrain: compiling CUDA kernels optim (float32) for sm_{capability} (Fake GPU) with NVRTC" in err
+    assert why in err and "smalltrain: compiled optim (float32) in " in err
+
+
+def test_float64_modules_are_not_shipped_and_compile(fake_loader, capsys):
+    loader, install, compiled = fake_loader
+    install("90")
+    assert loader.family_module("optim", 2, 0) == "nvrtc"
+    assert "no prebuilt binary for optim.f64" in capsys.readouterr().err
+
+
+def test_the_shipped_binaries_were_built_from_the_current_sources():
+    """Every kernel family's float32 module is in the manifest with the digest of its source as the loader reads it
+    now: a .cu changed without `python -m smalltrain.backend.cuda.build_kernels` fails here (the loader would compile
+    it at run time)."""
+    from smalltrain.backend.cuda import loader
+    manifest = prebuilt.read_manifest()
+    assert manifest is not None, "no manifest: run python -m smalltrain.backend.cuda.build_kernels"
+    modules = dict(loader.prebuilt_modules())
+    assert sorted(manifest["modules"]) == sorted(modules)
+    stale = [key for key, source in modules.items() if manifest["modules"][key]["digest"] != prebuilt.digest(source)]
+    assert stale == [], f"rebuild: python -m smalltrain.backend.cuda.build_kernels ({stale} changed)"
+    assert set(prebuilt.ARCHS) <= set(manifest["archs"])
+    for entry in manifest["modules"].values():
+        path = os.path.join(prebuilt.PREBUILT_DIR, entry["file"])
+        assert os.path.getsize(path) == entry["bytes"]
+        with open(path, "rb") as f:
+            assert f.read(4) == b"\x50\xed\x55\xba"   # a fatbin's magic number
