@@ -12,6 +12,7 @@ import time
 
 from . import models, optim, random as st_random
 from .autograd import no_grad
+from .backend.cuda.prebuilt import compile_seconds
 from .distributed.consistency import check_same_settings
 from .nn import functional as F
 from .resume import resume_config, stretch_schedule
@@ -213,6 +214,7 @@ class Trainer:
         model.train()
         self.sampler.set_epoch(self.epoch)
         start, seen, loss_sum, n_logged = time.perf_counter(), 0, 0.0, 0
+        compiled_before = compile_seconds()   # kernels compiled at run time: kept out of the rates shown
         total = self.steps_per_epoch
         for k, (x, y) in enumerate(self.loader):
             if k >= total:
@@ -230,14 +232,15 @@ class Trainer:
                         f"{opt.param_groups[0]['lr']:g}); training stopped before writing a checkpoint. Lower "
                         f"--lr, or pass --allow-nonfinite to continue anyway")
                 loss_sum, n_logged = loss_sum + value, n_logged + 1
-                rate = seen * self.world / (time.perf_counter() - start)
+                rate = seen * self.world / _training_seconds(start, compiled_before)
                 if self.logger:
                     self.logger.step(self.epoch + 1, self.step, value, opt.param_groups[0]["lr"])
                     if cfg.progress:
                         _progress(self.epoch + 1, cfg.epochs, k + 1, total, value, rate)
         elapsed = time.perf_counter() - start
         return {"train_loss": loss_sum / max(n_logged, 1), "train_time": elapsed,
-                "samples_per_s": seen * self.world / elapsed}
+                "compile_time": compile_seconds() - compiled_before,
+                "samples_per_s": seen * self.world / _training_seconds(start, compiled_before)}
 
     def _eval_batch(self, x, y):
         return eval_batch(self.module, x, y)
@@ -340,6 +343,12 @@ def fit(cfg=None, comm=None, **overrides):
 def _non_default(cfg):
     defaults = TrainConfig()
     return {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)}
+
+
+def _training_seconds(start, compiled_before):
+    """Seconds since `start` less the run-time kernel compilation since then (a first GPU run compiles what no
+    prebuilt binary covers; a rate that counted it would show a fraction of the training speed)."""
+    return max(time.perf_counter() - start - (compile_seconds() - compiled_before), 1e-9)
 
 
 def _progress(epoch, epochs, k, total, loss, rate):

@@ -330,3 +330,16 @@ def test_non_finite_loss_stops_training(tmp_path, allow):
     records = _records(tmp_path / "version_0")
     assert [r["loss"] for r in records if r["kind"] == "step"] == ["nan"] * 3
     assert records[-1]["test_loss"] == "nan"
+
+
+def test_rates_leave_out_run_time_kernel_compilation(monkeypatch):
+    """The progress line's and the epoch summary's samples/s divide by the time less the kernels compiled meanwhile
+    (a first GPU run's NVRTC compiles would otherwise show as a training speed of a few samples/s)."""
+    from smalltrain import train
+    clock = {"t": 100.0, "compiled": 5.0}
+    monkeypatch.setattr(train.time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(train, "compile_seconds", lambda: clock["compiled"])
+    clock.update(t=130.0, compiled=25.0)   # 30 s went by, 20 of them compiling
+    assert train._training_seconds(100.0, 5.0) == 10.0
+    clock.update(t=131.0, compiled=25.0)
+    assert train._training_seconds(100.0, 5.0) == 11.0
