@@ -37,8 +37,8 @@ def _is_int(v):
 def validate_meta(path, meta):
     """CheckpointError naming the file and field unless `meta` is a smalltrain training checkpoint's metadata
     whose model config is known and bounded (nothing is built or allocated here)."""
-    if not isinstance(meta, dict) or "model" not in meta or "optimizer" not in meta:
-        raise CheckpointError(f"{path}: not a smalltrain training checkpoint (no model/optimizer state)")
+    if not isinstance(meta, dict) or "model" not in meta or "train_config" not in meta:
+        raise CheckpointError(f"{path}: not a smalltrain training checkpoint (no model or training settings)")
     name = _field(path, meta, "model", lambda v: v in models.MODELS, f"one of {', '.join(models.MODELS)}")
     config = _field(path, meta, "model_config", lambda v: isinstance(v, dict), "an object")
     try:
