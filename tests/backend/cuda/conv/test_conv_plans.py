@@ -53,7 +53,7 @@ def test_every_literal_kernel_a_room_launches_is_in_its_file():
 def test_each_conv_kernel_file_has_a_header_and_is_its_own_family():
     """Every kernels/conv/*.cu starts with a comment naming itself, inlines its includes, and instantiates through
     the element-type switch; tile_arranged.cu has only the arranged instances and tile_arrange, tile.cu none of
-    them; "conv" still names the epilogue family (linear.py's bias_act_fwd)."""
+    them."""
     kdir = os.path.join(loader.KERNEL_DIR, "conv")
     names = sorted(n for n in os.listdir(kdir) if n.endswith(".cu"))
     assert names == ["direct.cu", "epilogue.cu", "igemm.cu", "im2col.cu", "tile.cu", "tile_arranged.cu",
@@ -63,7 +63,6 @@ def test_each_conv_kernel_file_has_a_header_and_is_its_own_family():
         assert src.startswith(f"// conv/{name}:"), name
         assert "#include" not in src and "ST_INSTANTIATE(" in src, name
         assert loader.family_source("conv/" + name[:-3], 1).startswith("#define ST_DTYPES 1\n// conv/"), name
-    assert loader.family_path("conv") == loader.family_path("conv/epilogue")
     plain, arranged = _source("conv/tile"), _source("conv/tile_arranged")
     assert "#define SUFFIX\n" in plain and "tile_arrange_##S" not in plain
     assert "#define SUFFIX _arr\n" in arranged and "tile_arrange_##S" in arranged
