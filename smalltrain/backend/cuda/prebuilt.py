@@ -145,12 +145,19 @@ def _move(src, dst):
     os.replace(partial, dst)
 
 
-def build(modules, directory=PREBUILT_DIR, archs=ARCHS, nvcc="nvcc", jobs=None, log=print):
+def build(modules, directory=PREBUILT_DIR, archs=ARCHS, nvcc="nvcc", jobs=None, log=print, force=False):
     """Build every (key, source) of `modules` into `directory` and write its manifest; binaries no module names
-    are removed."""
+    are removed. A module whose binary the manifest already records for this source and these architectures is
+    kept as it is, unless `force`."""
     from concurrent.futures import ThreadPoolExecutor
     os.makedirs(directory, exist_ok=True)
-    entries = {}
+    old = read_manifest(directory) or {}
+    same_archs = old.get("archs") == list(archs)
+    kept = {key: old["modules"][key] for key, source in modules
+            if not force and same_archs and key in old.get("modules", {})
+            and old["modules"][key]["digest"] == digest(source)
+            and os.path.exists(os.path.join(directory, old["modules"][key]["file"]))}
+    modules = [(key, source) for key, source in modules if key not in kept]
 
     def one(item):
         key, source = item
@@ -160,11 +167,14 @@ def build(modules, directory=PREBUILT_DIR, archs=ARCHS, nvcc="nvcc", jobs=None, 
         log(f"{key}: {os.path.getsize(path) / 1e6:.2f} MB in {time.perf_counter() - start:.0f} s")
         return key, {"digest": digest(source), "file": key + ".fatbin", "bytes": os.path.getsize(path)}
     with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
-        entries = dict(pool.map(one, modules))
+        entries = dict(kept, **dict(pool.map(one, modules)))
+    if kept:
+        log(f"kept {len(kept)} binaries built from the same sources")
     for name in os.listdir(directory):
         if name.endswith(".fatbin") and name[:-len(".fatbin")] not in entries:
             os.remove(os.path.join(directory, name))
-    manifest = {"format": 1, "nvcc": _nvcc_version(nvcc), "options": list(NVCC_OPTIONS), "archs": list(archs),
+    manifest = {"format": 1, "nvcc": _nvcc_version(nvcc) if modules else old.get("nvcc"),
+                "options": list(NVCC_OPTIONS), "archs": list(archs),
                 "modules": dict(sorted(entries.items()))}
     partial = os.path.join(directory, MANIFEST + ".partial")
     with open(partial, "w") as f:

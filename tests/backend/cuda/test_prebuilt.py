@@ -210,3 +210,47 @@ def test_the_shipped_binaries_were_built_from_the_current_sources():
         assert os.path.getsize(path) == entry["bytes"]
         with open(path, "rb") as f:
             assert f.read(4) == b"\x50\xed\x55\xba"   # a fatbin's magic number
+
+
+def _fake_nvcc(tmp_path):
+    """A stand-in nvcc: writes a fatbin's magic to its -o file and logs each call (the build's command line is
+    what is tested here, not CUDA's compiler)."""
+    log = tmp_path / "calls.log"
+    script = tmp_path / "nvcc"
+    script.write_text("#!/bin/sh\n"
+                      'if [ "$1" = --version ]; then echo "Cuda compilation tools, release 13.0"; exit 0; fi\n'
+                      f'echo "$@" >> {log}\n'
+                      'while [ $# -gt 0 ]; do if [ "$1" = -o ]; then printf "\\120\\355\\125\\272" > "$2"; fi; '
+                      "shift; done\n")
+    script.chmod(0o755)
+    return str(script), log
+
+
+def test_the_build_writes_binaries_and_a_manifest_and_rebuilds_only_what_changed(tmp_path):
+    nvcc, log = _fake_nvcc(tmp_path)
+    out = tmp_path / "prebuilt"
+    modules = [("a.f32", SOURCE), ("b.f32", SOURCE + "// b\n")]
+    manifest = prebuilt.build(modules, str(out), nvcc=nvcc, jobs=1, log=lambda line: None)
+    assert sorted(manifest["modules"]) == ["a.f32", "b.f32"] and manifest["archs"] == list(prebuilt.ARCHS)
+    assert manifest["modules"]["b.f32"]["digest"] == prebuilt.digest(SOURCE + "// b\n")
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and all("-fatbin" in c and "-gencode=arch=compute_90,code=sm_90" in c for c in calls)
+    assert prebuilt.read_manifest(str(out)) == manifest
+    (out / "stale.f32.fatbin").write_bytes(b"old")
+    manifest = prebuilt.build([("a.f32", SOURCE), ("b.f32", SOURCE + "// changed\n")], str(out), nvcc=nvcc,
+                              jobs=1, log=lambda line: None)
+    assert len(log.read_text().splitlines()) == 3   # only b rebuilt
+    assert manifest["modules"]["b.f32"]["digest"] == prebuilt.digest(SOURCE + "// changed\n")
+    assert sorted(p.name for p in out.iterdir()) == ["a.f32.fatbin", "b.f32.fatbin", "manifest.json"]
+    prebuilt.build([("a.f32", SOURCE)], str(out), nvcc=nvcc, jobs=1, log=lambda line: None, force=True)
+    assert len(log.read_text().splitlines()) == 4
+
+
+def test_a_failed_build_names_the_module_and_leaves_no_binary(tmp_path):
+    script = tmp_path / "nvcc"
+    script.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo v; exit 0; fi\necho "error: bad" >&2; exit 1\n')
+    script.chmod(0o755)
+    out = tmp_path / "prebuilt"
+    with pytest.raises(RuntimeError, match=r"nvcc failed for .*a\.f32\.fatbin:\nerror: bad"):
+        prebuilt.build([("a.f32", SOURCE)], str(out), nvcc=str(script), jobs=1, log=lambda line: None)
+    assert list(out.iterdir()) == []

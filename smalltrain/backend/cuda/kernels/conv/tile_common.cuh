@@ -5,33 +5,30 @@
 
 
 // tile_conv: a stride-1, undilated, groups == 1 correlation with a square KS x KS kernel from a tile of the input
-// staged, zero-padded, in shared memory beside all the weights:
-//     out[n, o, r, s] = sum over (c, i, j) of wt(o, c, i, j) * in[n, c, r + i - pt, s + j - pl]
-// Forward (transposed == 0): in = x [N, C, H, W], wt = w, then igemm_fwd's epilogue (y before bias, bias,
-// activation). Input gradient (transposed == 1): in = g [O, N, OH, OW] (in_sn = OH*OW, in_sc = N*OH*OW), wt(c, o, i,
-// j) = w[o, c, KS-1-i, KS-1-j] and pt = KS-1-ph, pl = KS-1-pw: the full correlation of g with the flipped kernel,
-// which is dx; no bias, activation or y, unless into: then dx is written as the g of the convolution that made
-// the input ([C, N, H, W] in this kernel's O, N, Ho, Wo), times that convolution's act'(y + b[o]) with its y
-// ([O, N, P], the output before the bias) and b read: its transpose-and-derivative kernel is not run. With into
-// and pidx, the producer pooled its output in its own epilogue (POOL below; dx is the pooled output's gradient):
-// dx goes through that pooling's backward too, to its maximum's position in each 2x2 window of the producer's g
-// [O, N, 4P] (y [O, N, 4P] read there only: common.cuh pooled_act_grad, pidx [N, O, Ho, Wo] its indices) and 0
-// elsewhere, so that neither the pooled gradient nor the pooling's backward kernel is needed. vstage (conv/tile.py
-// _tile_vec_stage): the input's rows are staged vstage bytes a copy, 16 or 8 where its strides, the left padding and
-// the row width are multiples of that many bytes' elements, else sizeof(T) (an element a copy); wrun (conv/tile.py
-// _tile_weight_run): the consecutive taps of one weight slot a thread's neighbours stage (below); the ARR instances
-// ignore it: their w is already in the shared layout (tile_arrange's copy, conv/tile.py _tile_arrange), staged 16 bytes a
-// copy. A block
-// takes one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW
-// consecutive columns of one row over the input channels of split cs (CS splits: more, shorter chains per output
-// where the grid alone leaves the SMs few warps; their sums added in split order through shared memory at the
-// end). Per input channel and kernel row a thread
-// loads 8 x values (two 4-vectors: the padded row width WP is a multiple of 4) and KS x TO/4 weight vectors (a warp
-// shares og: broadcasts) for KS*TO*ST_TW FMAs (igemm_fwd: 8 shared loads per 16), and no bounds are checked inside
-// the loop: the padding is zeros in shared memory. The epilogue stores a thread's 4 columns as one vector (or two
-// pairs) where the rows allow it. Measured on the H200 (ncu, MnistCnn's second layer at batch 64): ~50% of the issue
-// slots busy, L1 64-76% busy; rows padded so that no two threads of a quarter warp share a bank removed 3/4 of the
-// shared-load conflicts and changed nothing, the vector stores took the forward from 21.8 to 19.1 us.
+// staged, zero-padded, in shared memory beside all the weights:     out[n, o, r, s] = sum over (c, i, j) of wt(o, c, i,
+// j) * in[n, c, r + i - pt, s + j - pl] Forward (transposed == 0): in = x [N, C, H, W], wt = w, then igemm_fwd's
+// epilogue (y before bias, bias, activation). Input gradient (transposed == 1): in = g [O, N, OH, OW] (in_sn = OH*OW,
+// in_sc = N*OH*OW), wt(c, o, i, j) = w[o, c, KS-1-i, KS-1-j] and pt = KS-1-ph, pl = KS-1-pw: the full correlation of g
+// with the flipped kernel, which is dx; no bias, activation or y, unless into: then dx is written as the g of the
+// convolution that made the input ([C, N, H, W] in this kernel's O, N, Ho, Wo), times that convolution's act'(y + b[o])
+// with its y ([O, N, P], the output before the bias) and b read: its transpose-and-derivative kernel is not run. With
+// into and pidx, the producer pooled its output in its own epilogue (POOL below; dx is the pooled output's gradient):
+// dx goes through that pooling's backward too, to its maximum's position in each 2x2 window of the producer's g [O, N,
+// 4P] (y [O, N, 4P] read there only: common.cuh pooled_act_grad, pidx [N, O, Ho, Wo] its indices) and 0 elsewhere, so
+// that neither the pooled gradient nor the pooling's backward kernel is needed. vstage (conv/tile.py _tile_vec_stage):
+// the input's rows are staged vstage bytes a copy, 16 or 8 where its strides, the left padding and the row width are
+// multiples of that many bytes' elements, else sizeof(T) (an element a copy); wrun (conv/tile.py _tile_weight_run): the
+// consecutive taps of one weight slot a thread's neighbours stage (below); the ARR instances ignore it: their w is
+// already in the shared layout (tile_arrange's copy, conv/tile.py _tile_arrange), staged 16 bytes a copy. A block takes
+// one image and TH output rows; its threads (cs, og, row, cg), cg fastest, each compute TO channels x ST_TW consecutive
+// columns of one row over the input channels of split cs (CS splits: more, shorter chains per output where the grid
+// alone leaves the SMs few warps; their sums added in split order through shared memory at the end). Per input channel
+// and kernel row a thread loads 8 x values (two 4-vectors: the padded row width WP is a multiple of 4) and KS x TO/4
+// weight vectors (a warp shares og: broadcasts) for KS*TO*ST_TW FMAs (igemm_fwd: 8 shared loads per 16), and no bounds
+// are checked inside the loop: the padding is zeros in shared memory. The epilogue stores a thread's 4 columns as one
+// vector (or two pairs) where the rows allow it. Measured on the H200 (ncu, MnistCnn's second layer at batch 64): ~50%
+// of the issue slots busy, L1 64-76% busy; rows padded so that no two threads of a quarter warp share a bank removed
+// 3/4 of the shared-load conflicts and changed nothing, the vector stores took the forward from 21.8 to 19.1 us.
 #define ST_TW 4
 
 // The epilogues: ST_EPI_PLAIN (tile_conv), ST_EPI_LINEAR (tile_conv_lin), ST_EPI_POOL (tile_conv_pool),
@@ -45,13 +42,12 @@
 #define ST_EPI_UNPOOL 4
 #define ST_EPI_UNPOOL_WGRAD 5
 
-// The forward's linear epilogue (LIN, the tile_conv_lin kernels; Conv2dActLinear: linear(flatten(act(conv(x))),
-// lw, lb) with F <= ST_LF outputs): each thread adds its outputs times lw's matching columns (lw [F, O*Ho*Wo], read
-// once per block, no reuse: L2), a warp sum and the block's warps in order give the tile's partial sums
-// lpart[n, tile, f], and the block that finishes image n last (a ticket from lcount[n], reset to 0 after) adds the
-// tiles' partials in order and the bias into lout[n, f]. A fixed order throughout: deterministic. Needs whole warps
-// (blockDim.x a multiple of 32) and dynamic shared memory for [warps][ST_LF] values and the ticket (conv/fused.py checks
-// both).
+// The forward's linear epilogue (LIN, the tile_conv_lin kernels; Conv2dActLinear: linear(flatten(act(conv(x))), lw, lb)
+// with F <= ST_LF outputs): each thread adds its outputs times lw's matching columns (lw [F, O*Ho*Wo], read once per
+// block, no reuse: L2), a warp sum and the block's warps in order give the tile's partial sums lpart[n, tile, f], and
+// the block that finishes image n last (a ticket from lcount[n], reset to 0 after) adds the tiles' partials in order
+// and the bias into lout[n, f]. A fixed order throughout: deterministic. Needs whole warps (blockDim.x a multiple of
+// 32) and dynamic shared memory for [warps][ST_LF] values and the ticket (conv/fused.py checks both).
 #define ST_LF 16
 
 // linear_sums: this thread's share of the F outputs, lsum[f] = sum over its channels u < nu and columns v < cols of
@@ -121,12 +117,12 @@ __device__ void linear_finish(T (&lsum)[ST_LF], const T* __restrict__ lb, T* __r
     if (threadIdx.x == 0) lcount[n] = 0u;
 }
 
-// The forward's pooling epilogue (POOL, the tile_conv_pool kernels; Conv2dActPool: max_pool2d(act(conv(x)), 2, 2)
-// where the 2x2 windows tile the output and TH is even, conv/fused.py _tile_pool_ok): the threads of odd rows pass their
-// activated outputs to the row above through shared memory ([threads][TO][ST_TW]), and each thread of an even row
-// takes the max of its two 2x2 windows per channel in torch's order (row-major, the first maximum, a NaN wins),
-// writing the pooled value to out [N, O, Ho/2, Wo/2] and its flat index h*Wo + w to pidx (int64, as
-// max_pool2d_forward's indices); the activated, unpooled output is not written (y, before the bias, still is).
+// The forward's pooling epilogue (POOL, the tile_conv_pool kernels; Conv2dActPool: max_pool2d(act(conv(x)), 2, 2) where
+// the 2x2 windows tile the output and TH is even, conv/fused.py _tile_pool_ok): the threads of odd rows pass their
+// activated outputs to the row above through shared memory ([threads][TO][ST_TW]), and each thread of an even row takes
+// the max of its two 2x2 windows per channel in torch's order (row-major, the first maximum, a NaN wins), writing the
+// pooled value to out [N, O, Ho/2, Wo/2] and its flat index h*Wo + w to pidx (int64, as max_pool2d_forward's indices);
+// the activated, unpooled output is not written (y, before the bias, still is).
 
 // The input gradient's producer-weight-gradient epilogue (WGRAD, the tile_conv_wgrad kernels; transposed and into,
 // conv/fused.py _into_wgrad): where the convolution that made this one's input has one input channel, the same KS x KS
@@ -137,15 +133,14 @@ __device__ void linear_finish(T (&lsum)[ST_LF], const T* __restrict__ lb, T* __r
 // fixed order into wpart [blocks, O*(KS*KS + 1)], wgrad_reduce's partial rows (deterministic, no atomics): the
 // producer's tile_wgrad, which would read the g written here again, is not run.
 
-// The pooled producer's weight-gradient epilogue (UNPOOL_WGRAD, the tile_conv_unpool_wgrad kernels; transposed, into
-// == 2, conv/fused.py _unpool_wgrad): where the producer pooled in its epilogue, has one input channel and the same KS x KS
-// kernel and needs no input gradient (a first layer), its g at the windows' maxima (the compact form, the rest of its
-// g being 0) gives its weight and bias gradients as pooled_wgrad computes them (see there, the NaN taps included),
-// over this block's windows: the g values and their maxima's positions go to shared memory with the producer's x
-// under the block's rows, each of S slices of a channel's windows sums its KS*KS taps and bias in registers, then
-// thread m < O*(KS*KS + 1) adds output (channel, tap) m's slices in order into wpart [blocks, O*(KS*KS + 1)],
-// wgrad_reduce's partial rows (deterministic, no atomics). Neither the compact g nor pooled_wgrad's pass over it is
-// needed.
+// The pooled producer's weight-gradient epilogue (UNPOOL_WGRAD, the tile_conv_unpool_wgrad kernels; transposed, into ==
+// 2, conv/fused.py _unpool_wgrad): where the producer pooled in its epilogue, has one input channel and the same KS x
+// KS kernel and needs no input gradient (a first layer), its g at the windows' maxima (the compact form, the rest of
+// its g being 0) gives its weight and bias gradients as pooled_wgrad computes them (see there, the NaN taps included),
+// over this block's windows: the g values and their maxima's positions go to shared memory with the producer's x under
+// the block's rows, each of S slices of a channel's windows sums its KS*KS taps and bias in registers, then thread m <
+// O*(KS*KS + 1) adds output (channel, tap) m's slices in order into wpart [blocks, O*(KS*KS + 1)], wgrad_reduce's
+// partial rows (deterministic, no atomics). Neither the compact g nor pooled_wgrad's pass over it is needed.
 // UNPOOL_WGRAD's slices of a channel's windows: threads per channel, at most ST_UPW_SLICES (the sums' shared memory,
 // conv/fused.py _unpool_wgrad_smem) and at least 1
 #define ST_UPW_SLICES 16
