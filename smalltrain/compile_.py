@@ -10,17 +10,13 @@ the step simply runs eagerly.
 import functools
 import warnings
 
-from .backend.cuda import cupy
 from .backend.cuda.index import COPY_MAX, copy_many, copy_sources
 from .tensor import Tensor
 
-# IN_GRAPH_INPUTS: a replay's tensor arguments are copied into the static buffers by a kernel node at the head of
-# the graph (index.copy_many, up to 4 a node), whose sources each call sets before the launch
-# (graphs.KernelNode), instead of by a cudaMemcpyAsync each queued before it: in the timeline (H100, thirtieth
-# session) 6.5-8.8 us passed from one replay's last kernel to the next's first, the two copies and their gaps
-# among them. H100, thirty-first session, two rounds, us off / on: LeNet-5 b64 59.8, 60.1 / 56.6, 56.6; b512
-# 125.7, 127.6 / 119.7, 119.6; MnistCnn b64 111.5, 111.5 / 107.1, 107.6. Off: the copies before the launch.
-IN_GRAPH_INPUTS = True
+# A replay's tensor arguments are copied into the graph's static buffers by a kernel node at its head
+# (index.copy_many, up to 4 a node) whose sources each call sets before the launch (graphs.KernelNode): a
+# cudaMemcpyAsync each, queued before the launch, left 6.5-8.8 us between one replay's last kernel and the next's
+# first (benchmarks/RESULTS.md, "CUDA host side and capture").
 
 
 def _signature(args, kwargs):
@@ -29,18 +25,6 @@ def _signature(args, kwargs):
             return ("T", a.array.shape, a.array.dtype.str, str(a.device))
         return ("V", repr(a))
     return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
-
-
-def _copy_into(dst, src):
-    """dst[...] = src for a static input buffer (same shape, dtype and device: the signature matched). Contiguous
-    arrays take one cudaMemcpyAsync on the current stream, ~10x less host time than CuPy's elementwise copy (which
-    a replayed small step pays twice, beside a graph launch of a few microseconds)."""
-    if dst.flags.c_contiguous and src.flags.c_contiguous:
-        cp = cupy()
-        cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, cp.cuda.runtime.memcpyDeviceToDevice,
-                                    cp.cuda.get_current_stream().ptr)
-    else:
-        dst[...] = src
 
 
 class CompiledStep:
@@ -75,18 +59,14 @@ class CompiledStep:
         pairs = [(s.array, a.array) for a, s in zip(args, static_args) if isinstance(a, Tensor)]
         # (in the capture's order of the keywords: the nodes' slots follow it)
         pairs += [(s.array, kwargs[k].array) for k, s in static_kwargs.items() if isinstance(s, Tensor)]
-        if nodes is None:
-            for dst, src in pairs:
-                if dst is not src:
-                    _copy_into(dst, src)
-        else:   # the graph's head copies the contiguous ones; a view is copied into its buffer before the launch
-            sources = []
-            for dst, src in pairs:
-                if dst is not src and not src.flags.c_contiguous:
-                    dst[...] = src
-                sources.append(src if dst is not src and src.flags.c_contiguous else None)
-            for i, node in enumerate(nodes):
-                copy_sources(node, sources[i * COPY_MAX:(i + 1) * COPY_MAX])
+        # the graph's head copies the contiguous ones; a view is copied into its buffer before the launch
+        sources = []
+        for dst, src in pairs:
+            if dst is not src and not src.flags.c_contiguous:
+                dst[...] = src
+            sources.append(src if dst is not src and src.flags.c_contiguous else None)
+        for i, node in enumerate(nodes):
+            copy_sources(node, sources[i * COPY_MAX:(i + 1) * COPY_MAX])
         graph.replay()
         self.stats["replays"] += 1
         return outputs
@@ -101,11 +81,9 @@ class CompiledStep:
         g = CUDAGraph()
         try:
             with graph(g):
-                nodes = None
-                if IN_GRAPH_INPUTS:   # sources to be set by each call (the buffers themselves until then)
-                    statics = [a.array for a in list(static_args) + list(static_kwargs.values())
-                               if isinstance(a, Tensor)]
-                    nodes = copy_many([(a, a) for a in statics], updatable=True)
+                # sources to be set by each call (the buffers themselves until then)
+                statics = [a.array for a in list(static_args) + list(static_kwargs.values()) if isinstance(a, Tensor)]
+                nodes = copy_many([(a, a) for a in statics], updatable=True)
                 outputs = self.fn(*static_args, **static_kwargs)
         except Exception as e:  # a host sync or another non-capturable operation inside the step
             warnings.warn(f"smalltrain.compile({self.fn.__name__}): cannot capture this step as a CUDA graph "

@@ -193,23 +193,15 @@ def test_new_shapes_capture_a_second_graph_with_a_warning():
     assert compiled.stats["captures"] == 2
 
 
-@pytest.fixture(params=[True, False], ids=["copied_by_the_graph", "copied_before_it"])
-def in_graph(request, monkeypatch):
-    """compile_.IN_GRAPH_INPUTS on (captured graphs copy their inputs in a node of their own) and off."""
-    from smalltrain import compile_
-    monkeypatch.setattr(compile_, "IN_GRAPH_INPUTS", request.param)
-    return request.param
-
-
 def _input_nodes(compiled):
     return next(iter(compiled.entries.values()))[4]
 
 
 @cuda
-def test_replays_read_new_arguments_contiguous_or_not(in_graph):
+def test_replays_read_new_arguments_contiguous_or_not():
     """Each replay copies its arguments into the static buffers (the contiguous ones by a node at the graph's head
-    whose sources the call sets, or with compile_.IN_GRAPH_INPUTS off a device memcpy each; an elementwise copy for
-    views): the losses equal the eager step's on the same batches."""
+    whose sources the call sets; an elementwise copy for views): the losses equal the eager step's on the same
+    batches."""
     model, step = _setup("cuda")
     ref_model, ref_step = _setup("cuda")
     compiled = smalltrain.compile(step)
@@ -224,11 +216,11 @@ def test_replays_read_new_arguments_contiguous_or_not(in_graph):
         got, want = compiled(x, ys[i % 4]), ref_step(xs[i % 4], ys[i % 4])
         np.testing.assert_allclose(float(got.item()), float(want.item()), rtol=1e-5)
     assert compiled.stats["replays"] >= 4
-    assert (len(_input_nodes(compiled)) == 1) if in_graph else _input_nodes(compiled) is None
+    assert len(_input_nodes(compiled)) == 1
 
 
 @cuda
-def test_replays_copy_more_arguments_than_a_node_takes_and_keywords_in_any_order(in_graph):
+def test_replays_copy_more_arguments_than_a_node_takes_and_keywords_in_any_order():
     """Five tensor arguments, two of them keywords given in either order: each replay returns its own arguments'
     weighted sums (integer values: exact in float32); with the copies in the graph, in two nodes of up to four."""
     rng = np.random.default_rng(0)
@@ -244,13 +236,13 @@ def test_replays_copy_more_arguments_than_a_node_takes_and_keywords_in_any_order
         got = compiled(a, b, c, e=e, d=d) if i % 2 else compiled(a, b, c, d=d, e=e)
         assert float(got.item()) == sum(10 ** k * float(v.sum().item()) for k, v in enumerate(t))
     assert compiled.stats["replays"] == 8 - compiled.warmup
-    assert (len(_input_nodes(compiled)) == 2) if in_graph else _input_nodes(compiled) is None
+    assert len(_input_nodes(compiled)) == 2
 
 
 @cuda
-def test_replays_queued_without_a_sync_each_read_their_own_argument(in_graph):
+def test_replays_queued_without_a_sync_each_read_their_own_argument():
     """30 calls without a host sync, each output cloned as it comes: each call's argument copy (a node of its own
-    replay, whose source the call set, or a copy queued before it) comes after the replay before it, which reads its
+    replay, whose source the call set) comes after the replay before it, which reads its
     own argument again at its end, after enough work that the host runs far ahead. Each output equals the sum of its
     own call's argument (integer values: exact in float32)."""
     rng = np.random.default_rng(0)

@@ -18,7 +18,7 @@ from ..module import typename
 
 # each parameter's offset rounded up to this many bytes, as CuPy aligns its allocations: the kernels take their
 # vector loads and stores (float4) only on aligned arrays, and a flat LeNet-5 with the parameters packed end to end
-# trained 2.1-2.5 us a step slower on an H100 (benchmarks/RESULTS.md, thirty-second session). The gaps start as
+# trained 2.1-2.5 us a step slower on an H100 (benchmarks/RESULTS.md). The gaps start as
 # zeros; the fused optimizers update them as elements with a zero gradient, and nothing reads them.
 ALIGN_BYTES = 256
 _owners = IdentityWeakMap()   # parameter -> the FlatParameters it is a view of
