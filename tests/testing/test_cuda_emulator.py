@@ -275,13 +275,14 @@ class _EmulatedPytest:
 
 
 def _emulated_runs():
-    """The emulated runs by the test that asserts each: tests/cuda under AddressSanitizer (where g++ has it), and
-    every other test but SLOW_ON_THE_EMULATOR without it (matplotlib's import exits the process under ASan's
-    preloaded runtime)."""
+    """The emulated runs by the test that asserts each: tests/backend/cuda under AddressSanitizer (where g++ has
+    it), and every other test but SLOW_ON_THE_EMULATOR without it (matplotlib's import exits the process under
+    ASan's preloaded runtime)."""
     deselect = [a for t in SLOW_ON_THE_EMULATOR for a in ("--deselect", t)]
-    return {"test_the_kernel_tests_pass_on_the_emulator": (["tests/cuda"], _asan_runtime()),
+    return {"test_the_kernel_tests_pass_on_the_emulator": (["tests/backend/cuda"], _asan_runtime()),
             "test_the_rest_of_the_suite_passes_on_the_emulator": (
-                ["tests", "--ignore", "tests/cuda", "--ignore", "tests/testing/test_cuda_emulator.py", *deselect],
+                ["tests", "--ignore", "tests/backend/cuda", "--ignore", "tests/testing/test_cuda_emulator.py",
+                 *deselect],
                 None)}
 
 
@@ -326,7 +327,7 @@ def test_nccl_is_a_world_of_one():
 
 @pytest.mark.skipif(smalltrain.cuda.is_available(), reason="a GPU runs the CUDA tests itself")
 def test_the_kernel_tests_pass_on_the_emulator(emulated_run):
-    """tests/cuda: the launchers and their kernels against float64 and torch references, under AddressSanitizer
+    """tests/backend/cuda: the launchers and their kernels against float64 and torch references, under AddressSanitizer
     where g++ has it."""
     emulated_run("test_the_kernel_tests_pass_on_the_emulator").assert_passed()
 

@@ -848,7 +848,11 @@ def _module_of_source(source):
 
 class _Cublas:
     """blas._Lib's cuBLAS entry points over NumPy, with cuBLAS's column-major semantics: the host code's layouts,
-    transposes and leading dimensions (blas._plan) are exercised as on the GPU."""
+    transposes and leading dimensions (blas._plan) are exercised as on the GPU. Its products are NumPy's, never
+    TF32, whatever `tf32` (backends.cuda.matmul.allow_tf32) says; it makes no handles to switch."""
+
+    def __init__(self):
+        self.tf32, self.handles = False, {}
 
     def handle(self):
         return None
