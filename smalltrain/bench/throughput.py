@@ -157,9 +157,11 @@ def first_step(args):
             stats = getattr(run.step, "stats", {})
             if MODES[key][1] != "compiled" or stats.get("replays", 0) >= 1 or len(times) >= 20 or not sync:
                 break
-        results[key] = {"first_step_s": times[0], "first_replay_s": times[-1] if len(times) > 1 else None,
+        replayed = getattr(run.step, "stats", {}).get("replays", 0) >= 1
+        results[key] = {"first_step_s": times[0], "first_replay_s": times[-1] if replayed else None,
                         "compile_s": prebuilt.compile_seconds()}
-        replay = f", its first replayed step at {times[-1]:.2f} s" if len(times) > 1 else ""
+        replay = f", its first replayed step at {times[-1]:.2f} s" if replayed else (
+            f", no replay in {len(times)} steps (not captured)" if MODES[key][1] == "compiled" and sync else "")
         print(f"first step: {model}:{batch} {MODES[key][2]} on {device}: the first step finished {times[0]:.2f} s "
               f"after process start{replay}; run-time kernel compilation so far {prebuilt.compile_seconds():.1f} s",
               flush=True)
