@@ -181,10 +181,12 @@ class Trainer:
             min(len(self.loader), cfg.limit_train_batches)
 
     def _settings(self, meta):
-        """What every rank of a distributed run must agree on (device, paths and logging may differ)."""
+        """What every rank of a distributed run must agree on (the device's index, paths and logging may differ;
+        its type not: the CPU's MPI collectives and NCCL's never meet)."""
         per_rank = ("device", "data_dir", "out", "resume", "progress", "tensorboard", "log_every")
         settings = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in per_rank}
-        settings.update(train_set_size=len(self.train_set), test_set_size=len(self.test_set),
+        settings.update(device_type=str(self.cfg.device).split(":")[0],
+                        train_set_size=len(self.train_set), test_set_size=len(self.test_set),
                         steps_per_epoch=self.steps_per_epoch,
                         resume_from=None if meta is None else {"epoch": meta["epoch"], "step": meta["step"]})
         return settings

@@ -343,3 +343,24 @@ def test_rates_leave_out_run_time_kernel_compilation(monkeypatch):
     assert train._training_seconds(100.0, 5.0) == 10.0
     clock.update(t=131.0, compiled=25.0)
     assert train._training_seconds(100.0, 5.0) == 11.0
+
+
+def test_ranks_must_agree_on_the_device_type_not_its_index(tmp_path):
+    """The settings the ranks compare at start hold the device's type (cpu / cuda) and not its index: one rank on
+    the CPU and one on a GPU would each wait in collectives of another backend."""
+    from types import SimpleNamespace
+
+    from smalltrain.distributed.consistency import SettingsMismatch, check_same_settings
+    from smalltrain.train import Trainer
+    trainer = Trainer(TrainConfig(model="mlp", epochs=1, limit_train_batches=1, progress=False, tensorboard=False,
+                                  out=str(tmp_path)))
+    cpu = trainer._settings(None)
+    assert cpu["device_type"] == "cpu" and "device" not in cpu
+    gpu = dict(cpu, device_type="cuda")
+
+    def group(*settings):
+        host = SimpleNamespace(allgather_object=lambda mine: [json.dumps(s, sort_keys=True) for s in settings])
+        return SimpleNamespace(world_size=len(settings), host=host)
+    check_same_settings(group(cpu, dict(cpu)), cpu)
+    with pytest.raises(SettingsMismatch, match=r'device_type \(rank 0: "cpu"; rank 1: "cuda"\)'):
+        check_same_settings(group(cpu, gpu), cpu)
