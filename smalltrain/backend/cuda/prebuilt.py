@@ -20,6 +20,8 @@ import tempfile
 import threading
 import time
 
+from ...utils.io import atomic_write
+
 PREBUILT_DIR = os.path.join(os.path.dirname(__file__), "kernels", "prebuilt")
 MANIFEST = "manifest.json"
 # sm_80 (A100), 86 (RTX 30), 89 (RTX 40, L4), 90 (H100/H200), 100 (B200), 120 (RTX 50): every architecture CUDA 13's
@@ -93,9 +95,9 @@ def announced(compile, what, gpu, why, cache_dir, after_s=None, stream=None):
         said.set()
         print(f"smalltrain: compiling CUDA kernels {what} for {gpu} with NVRTC ({why}); the result is cached in "
               f"{cache_dir} (CUPY_CACHE_DIR; delete it to recompile) ...", file=stream, flush=True)
-    timer = threading.Timer(after_s, say)
+    timer = threading.Timer(after_s, say) if after_s > 0 else None
     start = time.perf_counter()
-    if after_s <= 0:
+    if timer is None:
         say()
     else:
         timer.start()
@@ -105,7 +107,7 @@ def announced(compile, what, gpu, why, cache_dir, after_s=None, stream=None):
         done = True
         return result
     finally:
-        if after_s > 0:
+        if timer is not None:
             timer.cancel()
             timer.join()   # a note being printed ends before the closing one
         elapsed = time.perf_counter() - start
@@ -134,15 +136,8 @@ def build_one(source, out_path, archs=ARCHS, nvcc="nvcc"):
                               "-o", tmp_out, cu], capture_output=True, text=True)
         if run.returncode:
             raise RuntimeError(f"nvcc failed for {out_path}:\n{run.stderr[-4000:]}")
-        _move(tmp_out, out_path)
-
-
-def _move(src, dst):
-    """Copy src to dst through a partial file in dst's directory: a reader never sees half a binary."""
-    partial = dst + ".partial"
-    with open(src, "rb") as f, open(partial, "wb") as g:
-        g.write(f.read())
-    os.replace(partial, dst)
+        with open(tmp_out, "rb") as f, atomic_write(out_path) as g:   # a reader never sees half a binary
+            g.write(f.read())
 
 
 def build(modules, directory=PREBUILT_DIR, archs=ARCHS, nvcc="nvcc", jobs=None, log=print, force=False):
@@ -176,9 +171,7 @@ def build(modules, directory=PREBUILT_DIR, archs=ARCHS, nvcc="nvcc", jobs=None, 
     manifest = {"format": 1, "nvcc": _nvcc_version(nvcc) if modules else old.get("nvcc"),
                 "options": list(NVCC_OPTIONS), "archs": list(archs),
                 "modules": dict(sorted(entries.items()))}
-    partial = os.path.join(directory, MANIFEST + ".partial")
-    with open(partial, "w") as f:
+    with atomic_write(os.path.join(directory, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
-    os.replace(partial, os.path.join(directory, MANIFEST))
     return manifest
