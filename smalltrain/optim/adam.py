@@ -5,23 +5,14 @@ import numpy as np
 from ..ops._util import xp_of
 from ..tensor import Tensor
 from . import fused
-from .optimizer import Optimizer, _step_tensor, lerp_, switches
+from .optimizer import Optimizer, _step_tensor, adam_checks, check_hyper, lerp_, switches
 
 
 class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
                  foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
                  decoupled_weight_decay=False):
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        check_hyper(*adam_checks(lr, eps, betas, weight_decay))
         if not (isinstance(betas[0], float) and isinstance(betas[1], float)):
             # torch also takes a pair of Tensors here; smalltrain takes floats only
             raise ValueError("betas must be either both floats or both Tensors")  # noqa: TRY004 (torch's type)

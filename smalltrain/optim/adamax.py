@@ -2,16 +2,13 @@
 implementation: exp_inf = max(beta2 * exp_inf, |grad| + eps), param -= lr / (1 - beta1^t) * exp_avg / exp_inf."""
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .optimizer import Optimizer, _step_tensor, check_hyper, decayed_grad, lerp_, switches
+from .optimizer import Optimizer, _step_tensor, adam_checks, check_hyper, decayed_grad, lerp_, switches
 
 
 class Adamax(Optimizer):
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, foreach=None, *,
                  maximize=False, differentiable=False, capturable=False):
-        check_hyper(("learning rate", lr, 0.0 <= lr), ("epsilon value", eps, 0.0 <= eps),
-                    ("beta parameter at index 0", betas[0], 0.0 <= betas[0] < 1.0),
-                    ("beta parameter at index 1", betas[1], 0.0 <= betas[1] < 1.0),
-                    ("weight_decay value", weight_decay, 0.0 <= weight_decay))
+        check_hyper(*adam_checks(lr, eps, betas, weight_decay))
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "maximize": maximize,
                     **switches("Adamax", foreach=foreach, differentiable=differentiable, capturable=capturable)}
         super().__init__(params, defaults)

@@ -3,7 +3,7 @@ order of torch's single-tensor implementation. The running product of the moment
 a CPU scalar in torch's scalar dtype, as torch keeps it."""
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .optimizer import Optimizer, _scalar_np_dtype, _step_tensor, check_hyper, decayed_grad, ema_square_, \
+from .optimizer import Optimizer, _scalar_np_dtype, _step_tensor, adam_checks, check_hyper, decayed_grad, ema_square_, \
     host_scalar, lerp_, switches
 
 
@@ -13,10 +13,7 @@ class NAdam(Optimizer):
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, momentum_decay=4e-3,
                  decoupled_weight_decay=False, *, foreach=None, maximize=False, capturable=False,
                  differentiable=False):
-        check_hyper(("learning rate", lr, 0.0 <= lr), ("epsilon value", eps, 0.0 <= eps),
-                    ("beta parameter at index 0", betas[0], 0.0 <= betas[0] < 1.0),
-                    ("beta parameter at index 1", betas[1], 0.0 <= betas[1] < 1.0),
-                    ("weight_decay value", weight_decay, 0.0 <= weight_decay),
+        check_hyper(*adam_checks(lr, eps, betas, weight_decay),
                     ("momentum_decay value", momentum_decay, 0.0 <= momentum_decay))
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                     "momentum_decay": momentum_decay, "decoupled_weight_decay": decoupled_weight_decay,

@@ -49,6 +49,15 @@ def check_hyper(*checks):
             raise ValueError(f"Invalid {what}: {value}")
 
 
+def adam_checks(lr, eps, betas, weight_decay):
+    """The checks torch's Adam family (Adam, AdamW, Adamax, NAdam, RAdam) runs first, in its order, for check_hyper
+    (an optimizer's own checks follow them)."""
+    return (("learning rate", lr, 0.0 <= lr), ("epsilon value", eps, 0.0 <= eps),
+            ("beta parameter at index 0", betas[0], 0.0 <= betas[0] < 1.0),
+            ("beta parameter at index 1", betas[1], 0.0 <= betas[1] < 1.0),
+            ("weight_decay value", weight_decay, 0.0 <= weight_decay))
+
+
 def switches(name, **given):
     """torch's implementation switches (foreach, fused, capturable, differentiable) as given, for the defaults:
     accepted so that scripts run unchanged, and kept in the groups as torch keeps them. They pick among torch's

@@ -3,16 +3,13 @@ order of torch's single-tensor implementation: the first steps (rho_t <= 5) take
 step, later ones the adaptive step scaled by the rectification term."""
 from ..ops._util import xp_of
 from ..tensor import Tensor
-from .optimizer import Optimizer, _step_tensor, check_hyper, decayed_grad, ema_square_, lerp_, switches
+from .optimizer import Optimizer, _step_tensor, adam_checks, check_hyper, decayed_grad, ema_square_, lerp_, switches
 
 
 class RAdam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, decoupled_weight_decay=False,
                  *, foreach=None, maximize=False, capturable=False, differentiable=False):
-        check_hyper(("learning rate", lr, 0.0 <= lr), ("epsilon value", eps, 0.0 <= eps),
-                    ("beta parameter at index 0", betas[0], 0.0 <= betas[0] < 1.0),
-                    ("beta parameter at index 1", betas[1], 0.0 <= betas[1] < 1.0),
-                    ("weight_decay value", weight_decay, 0.0 <= weight_decay))
+        check_hyper(*adam_checks(lr, eps, betas, weight_decay))
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "maximize": maximize,
                     "decoupled_weight_decay": decoupled_weight_decay,
                     **switches("RAdam", foreach=foreach, capturable=capturable, differentiable=differentiable)}
