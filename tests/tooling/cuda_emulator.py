@@ -490,18 +490,30 @@ def _as_arrays(out):
     return out
 
 
+# calls that write into arrays they are given (besides out=): in place, fill, copies into, scatters
+_WRITERS = {f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or",
+                                    "xor", "lshift", "rshift")} | {
+    "__setitem__", "fill", "copyto", "put", "putmask", "place", "at", "sort", "partition", "itemset"}
+
+
 def _call(f, args, kwargs, bound=False):
     """f on the arrays inside `args` (DeviceArrays unwrapped), its arrays handed back as DeviceArrays.
 
     While a graph is captured the call also goes into the graph, as CuPy's kernel for it would: it runs now (so that
     its results exist, with the shapes the code goes on with; their values are garbage until a replay, as on the
     GPU), and each replay runs it again on the arrays' contents at that point and copies what it makes into the
-    arrays it made now (kept alive by the graph). A call whose results are views of its inputs, or that writes into
-    them (in-place operators, fill, out=), is simply run again."""
+    arrays it made now (kept alive by the graph). A call whose results are views of its inputs is simply run again;
+    one that writes into them (in-place operators, fill, out=: _WRITERS) runs in the replays only, as on the GPU."""
     call = (lambda: f(*_unwrap(args[1:]), **_unwrap(kwargs))) if bound else \
         (lambda: f(*_unwrap(args), **_unwrap(kwargs)))
     if not _capture:
         return _wrap(call())
+    if kwargs.get("out") is not None or getattr(f, "__name__", "") in _WRITERS:
+        # it writes into existing arrays: on the GPU a capture runs nothing, so it must not run now either (it would
+        # write the garbage of arrays made during the capture into an optimizer's state, say), only in replays
+        _capture[1].append(call)
+        out = kwargs.get("out")
+        return out[0] if isinstance(out, tuple) and len(out) == 1 else out
     with np.errstate(all="ignore"):
         out = _as_arrays(call())
     inputs = _device_arrays((args, kwargs), [])
