@@ -2,7 +2,7 @@
 import numpy as np
 
 from . import _dtype, random
-from .backend import as_device, get_array_module, to_device
+from .backend import as_device, get_array_module, to_device, to_host
 from .tensor import Tensor
 
 
@@ -39,7 +39,7 @@ def _to_array(data, dtype=None, device=None):
                                              else _dtype.from_numpy_dtype(data.dtype).np))
     else:
         if isinstance(data, (list, tuple)) and data and isinstance(data[0], Tensor):
-            data = [d.array if isinstance(d.array, np.ndarray) else d.array.get() for d in data]
+            data = [to_host(d.array) for d in data]
         if np_dtype is not None:
             a = np.array(data, dtype=np_dtype)
         else:

@@ -18,6 +18,8 @@ def synchronize(device=None):
         else:
             from .backend import as_device
             cp.cuda.Device(as_device(device).index).synchronize()
+        from .backend.cuda import device_checks
+        device_checks.raise_pending()   # the value checks the GPU ran (a bad class index...) report here
 
 
 def current_device():

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from . import _dtype
-from .backend import CPU, as_device, device_of, to_device
+from .backend import CPU, as_device, device_of, to_device, to_host
 
 
 class Size(tuple):
@@ -144,20 +144,20 @@ class Tensor:
             if not force:
                 raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the "
                                 "tensor to host memory first.")
-            return self.array.get()
+            return to_host(self.array)
         return self.array
 
     def __array__(self, dtype=None, copy=None):
-        a = self.array if isinstance(self.array, np.ndarray) else self.array.get()
+        a = to_host(self.array)
         return a if dtype is None else a.astype(dtype)
 
     def item(self):
         if self.array.size != 1:
             raise RuntimeError(f"a Tensor with {self.array.size} elements cannot be converted to Scalar")
-        return self.array.reshape(()).item() if isinstance(self.array, np.ndarray) else self.array.item()
+        return to_host(self.array).reshape(()).item()
 
     def tolist(self):
-        a = self.array if isinstance(self.array, np.ndarray) else self.array.get()
+        a = to_host(self.array)
         return a.tolist()
 
     def to(self, *args, **kwargs):
@@ -309,7 +309,7 @@ class Tensor:
 
     # ---- Python protocol -------------------------------------------------------------------------------------
     def __repr__(self):
-        a = self.array if isinstance(self.array, np.ndarray) else self.array.get()
+        a = to_host(self.array)
         suffixes = []
         if not isinstance(self.array, np.ndarray):
             suffixes.append(f"device='{self.device}'")

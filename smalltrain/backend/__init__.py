@@ -92,13 +92,21 @@ def get_array_module(x):
     return cuda.cupy()
 
 
+def to_host(array):
+    """`array` as a NumPy array: itself on the CPU; a copy of a CUDA array, after the value checks the GPU ran since
+    the last synchronization have been read (cuda/device_checks.py: their failures raise here)."""
+    if isinstance(array, np.ndarray):
+        return array
+    from .cuda import device_checks
+    device_checks.raise_pending()
+    return array.get()
+
+
 def to_device(array, device):
     """Copy an ndarray to `device` (no copy if it is already there)."""
     device = as_device(device)
     if device.type == "cpu":
-        if isinstance(array, np.ndarray):
-            return array
-        return array.get()
+        return to_host(array)
     from . import cuda
     cp = cuda.cupy()
     if device.index >= cuda.device_count():

@@ -148,3 +148,16 @@ def offered_producer(ctx):
     offered that op's "conv_g" kind for it (autograd.engine.Prepared: this node its only consumer), else None."""
     offered = ctx.__dict__.get("prepared_for")
     return ctx.inputs[0]._ctx.kernel_saved if offered and offered[0] == "conv_g" else None
+
+
+def check_values(bad, error):
+    """Values an op cannot take: `bad` marks them (a boolean array), error() makes the exception that names the op,
+    what it expected and what came. On the CPU it is raised now; on a GPU, reading `bad` back would stall the
+    stream (and break a graph capture), so the GPU flags it and the error is raised at the next host
+    synchronization (backend/cuda/device_checks.py), as torch's device asserts."""
+    if xp_of(bad) is np:
+        if np.any(bad):
+            raise error()
+    else:
+        from ..backend.cuda import device_checks
+        device_checks.expect_none(bad, error)

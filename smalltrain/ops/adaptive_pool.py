@@ -133,14 +133,17 @@ class AdaptiveMaxPool2d(Function):
 
 def _tiled_max(xp, x4, out_hw):
     """Windows that tile the input (OH divides H, OW divides W): one argmax over a [N, C, OH, OW, kh * kw] view.
-    None where the input holds NaN (the last NaN of a window wins in torch; argmax would give the first)."""
+    In a window holding NaN the last NaN wins, as in torch (argmax would give the first): found on the device, with
+    no read back (None for an empty input)."""
     n, c, h, w = x4.shape
     kh, kw = h // out_hw[0], w // out_hw[1]
-    if x4.size == 0 or bool(xp.isnan(x4).any()):
+    if x4.size == 0:
         return None
     win = x4.reshape(n, c, out_hw[0], kh, out_hw[1], kw).transpose(0, 1, 2, 4, 3, 5).reshape(
         n, c, out_hw[0], out_hw[1], kh * kw)
     k = xp.argmax(win, axis=-1)   # the first max in scan order, as torch's strict comparison
+    nan = xp.isnan(win)
+    k = xp.where(nan.any(axis=-1), kh * kw - 1 - xp.argmax(nan[..., ::-1], axis=-1), k)
     out = xp.take_along_axis(win, k[..., None], axis=-1)[..., 0]
     rows = xp.arange(out_hw[0], dtype=np.int64)[:, None] * kh + k // kw
     cols = xp.arange(out_hw[1], dtype=np.int64)[None, :] * kw + k % kw

@@ -6,7 +6,9 @@ CuPy alike); sparse gradients are not supported.
 import numpy as np
 
 from ..autograd.function import Function
-from ._util import check_same_device, xp_of
+from ..backend import to_host
+from ..tensor import Tensor
+from ._util import check_same_device, check_values, xp_of
 from .activation import expect_tensor
 
 
@@ -78,9 +80,17 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
                            f"scalar types: Long, Int; but got {input.dtype} instead (input shape {list(idx.shape)})")
     if w.ndim != 2:
         raise RuntimeError(f"embedding: 'weight' must be 2-D, got weight of shape {list(w.shape)}")
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-        bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
-        raise IndexError(f"embedding: index out of range in self (index {bad}, num_embeddings {n})")
+    check_values((idx < 0) | (idx >= n), lambda: _out_of_range(idx, n))
+    if xp_of(idx) is not np and idx.size:   # the error comes at the next sync: until then, read inside the table
+        input = Tensor._wrap(xp_of(idx).clip(idx, 0, n - 1))
     if max_norm is not None and idx.size:
         _renorm_(w, idx, float(max_norm), float(norm_type))
     return Embedding.apply(weight, input, padding_idx, bool(scale_grad_by_freq))
+
+
+def _out_of_range(idx, n):
+    """The IndexError for the first index outside [0, n) (idx read at the check)."""
+    i = to_host(idx).ravel()
+    bad = i[(i < 0) | (i >= n)]
+    got = f"index {int(bad[0])}" if bad.size else "an index"
+    return IndexError(f"embedding: index out of range in self ({got}, num_embeddings {n})")

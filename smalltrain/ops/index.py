@@ -3,10 +3,11 @@ import numpy as np
 
 from ..autograd import grad_mode
 from ..autograd.function import Function
+from ..backend import to_host
 from ..backend.cuda import index as cuda_index
 from ..tensor import Tensor
 from .inplace import commit, check_leaf, link_view
-from ._util import check_same_device, normalize_dim, xp_of
+from ._util import check_same_device, check_values, normalize_dim, xp_of
 
 _KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _VALID = "only integers, slices (`:`), ellipsis (`...`), None and long or byte or bool tensors are valid indices"
@@ -47,7 +48,8 @@ def _prepare_key(key, shape, xp):
         raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
     _check_broadcast(items)
     dim, advanced, scatter = 0, False, False
-    for k in items:
+    items = list(items)
+    for pos, k in enumerate(items):
         if k is None or isinstance(k, bool):
             advanced = advanced or isinstance(k, bool)
         elif k is Ellipsis:
@@ -67,13 +69,20 @@ def _prepare_key(key, shape, xp):
                                  f"of the indexed tensor {list(shape)} at index {dim + bad}")
             dim, advanced = dim + k.ndim, True
         else:
-            if k.size:
-                lo, hi = int(k.min()), int(k.max())
-                if lo < -shape[dim] or hi >= shape[dim]:
-                    raise IndexError(f"index {hi if hi >= shape[dim] else lo} is out of bounds for dimension "
-                                     f"{dim} with size {shape[dim]}")
+            size = shape[dim]
+            check_values((k < -size) | (k >= size), lambda k=k, d=dim, n=size: _out_of_bounds(
+                IndexError, "index", k, -n, n, f"for dimension {d} with size {n}"))
+            if xp_of(k) is not np:   # the error comes at the next sync: until then, read inside the tensor
+                items[pos] = xp_of(k).clip(k, -size, size - 1)
             dim, advanced, scatter = dim + 1, True, True
-    return (items if is_tuple else items[0]), advanced, scatter
+    return (tuple(items) if is_tuple else items[0]), advanced, scatter
+
+
+def _out_of_bounds(kind, what, index, lo, hi, where):
+    """The `kind` error for the first index outside [lo, hi) (index read at the check: see check_values)."""
+    i = to_host(index).ravel()
+    bad = i[(i < lo) | (i >= hi)]
+    return kind(f"{what} {int(bad[0]) if bad.size else '(one of them)'} is out of bounds {where}")
 
 
 def _check_broadcast(items):
@@ -196,11 +205,9 @@ class Gather(Function):
         if ctx.on_kernel:
             # the launcher checks the bounds itself, except while a CUDA graph is captured (no host read then)
             return cuda_index.gather(a, d, idx).reshape(out_shape)
-        if idx.size:
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= a.shape[d]:
-                raise RuntimeError(f"gather(): index {hi if hi >= a.shape[d] else lo} is out of bounds for "
-                                   f"dimension {d} with size {a.shape[d]}")
+        n = a.shape[d]
+        check_values((idx < 0) | (idx >= n), lambda: _out_of_bounds(
+            RuntimeError, "gather(): index", idx, 0, n, f"for dimension {d} with size {n}"))
         # torch reads only the leading block of the other dims that the index covers
         a = a[tuple(slice(None) if i == d else slice(0, n) for i, n in enumerate(idx.shape))]
         return xp_of(a).take_along_axis(a, idx, axis=d).reshape(out_shape)

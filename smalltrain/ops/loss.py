@@ -9,7 +9,7 @@ import numpy as np
 from ..autograd import held
 from ..autograd.function import Function
 from ..backend.cuda import loss as cuda_loss
-from ._util import check_same_device, xp_of
+from ._util import check_same_device, check_values, xp_of
 from .loss_elementwise import (  # noqa: F401  (the elementwise losses are re-exported: ops.loss is the family)
     _quiet,
     _reduce,
@@ -65,9 +65,8 @@ def _targets(op, t2, c, weight, ignore_index, dtype):
     xp = xp_of(t2)
     valid = t2 != ignore_index
     bad = valid & ((t2 < 0) | (t2 >= c))
-    if bad.any():
-        raise IndexError(f"{op}: Target {int(t2[bad][0])} is out of bounds (classes 0..{c - 1}, "
-                         f"ignore_index={ignore_index}).")
+    check_values(bad, lambda: cuda_loss.bad_target_error(op, t2, c, ignore_index))
+    valid &= ~bad   # (on a GPU the error comes at the next sync: meanwhile bad targets read class 0, weight 0)
     ts = xp.where(valid, t2, 0)
     w_t = valid.astype(dtype) if weight is None or c == 0 else xp.where(valid, weight[ts], 0).astype(dtype, copy=False)
     idx = (xp.arange(t2.shape[0])[:, None], ts, xp.arange(t2.shape[1])[None, :])

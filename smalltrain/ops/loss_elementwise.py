@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 
 from ..autograd.function import Function
-from ._util import check_same_device, xp_of
+from ._util import check_same_device, check_values, xp_of
 from .activation import _stable_sigmoid, expect_tensor
 
 _EPS12 = float(np.float32(1e-12))   # torch's EPSILON in binary_cross_entropy_backward, a float constant
@@ -265,8 +265,8 @@ class BinaryCrossEntropy(Function):
     def forward(ctx, x, y, weight, reduction):
         a, b = _pair("binary_cross_entropy", x, y, same_dtype=True)
         xp = xp_of(a)
-        if not bool(((a >= 0) & (a <= 1)).all()):
-            raise RuntimeError("binary_cross_entropy: all elements of input should be between 0 and 1")
+        check_values(~((a >= 0) & (a <= 1)), lambda: RuntimeError(
+            "binary_cross_entropy: all elements of input should be between 0 and 1"))
         (w,) = _weights("binary_cross_entropy", a.shape, xp, a.dtype, weight)
         with _quiet():
             log_x, log_1mx = xp.log(a), xp.log1p(-a)

@@ -8,8 +8,8 @@ safetensors file with torch's key names. `check` validates a structure completel
 import math
 from collections import OrderedDict
 
-import numpy as np
 
+from ..backend import to_host
 from ..tensor import Tensor
 from ..utils.checkpoint import DTYPES
 
@@ -18,10 +18,6 @@ _DTYPE_NAMES = {str(dtype): tag for tag, dtype in DTYPES.items()}   # "float32" 
 _CONTAINERS = {"dict": dict, "odict": OrderedDict, "list": list, "tuple": tuple}
 _TENSOR_KEYS = {"tensor", "dtype", "shape", "device", "requires_grad", "parameter"}
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-def _host(array):
-    return array if isinstance(array, np.ndarray) else array.get()
 
 
 class _Flattener:
@@ -66,7 +62,7 @@ class _Flattener:
                         "int, float, bool, str and None)")
 
     def tensor(self, value, where, parts):
-        array = _host(value.array)
+        array = to_host(value.array)
         if str(array.dtype) not in _DTYPE_NAMES:
             raise TypeError(f"{where}: cannot save a tensor of dtype {array.dtype}")
         name = self.name_for(parts)

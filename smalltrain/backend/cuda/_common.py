@@ -95,20 +95,6 @@ def require_contiguous(op, name, a):
     return a
 
 
-def capturing():
-    """True while the current stream is being captured into a CUDA graph (host reads are not allowed then)."""
-    cp = cupy()
-    try:
-        return bool(cp.cuda.get_current_stream().is_capturing())
-    except cp.cuda.runtime.CUDARuntimeError:  # an illegal query happens only during a capture
-        return True
-
-
-def want_host_check(flag):
-    """A launcher's check_* argument: None means check unless a CUDA graph is being captured."""
-    return (not capturing()) if flag is None else bool(flag)
-
-
 def ptr(a):
     """The device address of `a`, or a null pointer for None."""
     return NULL if a is None else a

@@ -5,10 +5,8 @@ several device-to-device copies in one launch (copy_many), also as graph nodes w
 import math
 import numpy as np
 
-from . import cupy
-from . import graphs
-from ._common import (NULL, check_array, check_dtype, check_float, contiguous, dim_index, i64, launch, same_device,
-                      want_host_check)
+from . import cupy, device_checks, graphs
+from ._common import NULL, check_array, check_dtype, check_float, contiguous, dim_index, i64, launch, same_device
 from .loader import kernel, launch_1d
 
 COPY_MAX = 4   # copies per launch (index.cu ST_COPY_MAX)
@@ -80,13 +78,14 @@ def _check_index(op, x, dim, index, name="self"):
 
 
 def _bounds(op, index, dim, size):
-    """Host-side check (one device-to-host read) that every index is in [0, size)."""
-    if index.size == 0:
-        return
-    bad = (index < 0) | (index >= size)
-    if bool(bad.any()):
-        raise RuntimeError(f"{op}: index {int(index[bad].ravel()[0])} is out of bounds for dimension {dim} with "
-                           f"size {size}")
+    """Flag indices outside [0, size) on the GPU; the RuntimeError (as torch's) comes at the next host
+    synchronization (device_checks.py), nothing is read back here."""
+    def error():
+        i = index.ravel().get()
+        bad = i[(i < 0) | (i >= size)]
+        got = f"index {int(bad[0])}" if bad.size else "an index"
+        return RuntimeError(f"{op}: {got} is out of bounds for dimension {dim} with size {size}")
+    device_checks.expect_none((index < 0) | (index >= size), error)
 
 
 def _region(x_shape, index_shape, dim):
@@ -103,9 +102,9 @@ def _sizes(shape, dim, j):
 def gather(x, dim, index, check_bounds=None):
     """out[..., j, ...] = x[..., index[..., j, ...], ...] along dim; out has index's shape and x's dtype.
 
-    index int64 with x's ndim, no larger than x outside dim. check_bounds reads a flag back from the GPU
-    (RuntimeError as torch); None (the default) checks except during CUDA-graph capture. Unchecked, an
-    out-of-range index yields NaN instead of a read out of bounds.
+    index int64 with x's ndim, no larger than x outside dim. Out-of-range indices raise RuntimeError (as torch) at
+    the next host synchronization (device_checks.py) unless check_bounds is False; they yield NaN, never a read out
+    of bounds.
     """
     op = "gather"
     check_array(op, "input", x)
@@ -119,7 +118,7 @@ def gather(x, dim, index, check_bounds=None):
         region = _region(x.shape, index.shape, d)
         x = contiguous(x if region is None else x[region])
         index = contiguous(index)
-        if want_host_check(check_bounds):
+        if check_bounds is not False:
             _bounds(op, index, d, x.shape[d])
         outer, size, j, inner = _sizes(x.shape, d, index.shape[d])
         out = cupy().empty(index.shape, dtype=x.dtype)
@@ -149,7 +148,7 @@ def scatter_add(x, dim, index, src, check_bounds=None, inplace=False):
         return x if inplace else out.reshape(())
     cp = cupy()
     with x.device:
-        if want_host_check(check_bounds):
+        if check_bounds is not False:
             _bounds(op, index, d, x.shape[d])
         region = tuple(slice(0, n) for n in index.shape)
         src = contiguous(src if tuple(src.shape) == tuple(index.shape) else src[region])

@@ -5,10 +5,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cupy
+from . import cupy, device_checks
 from .tuning import Tuning
 from ._common import (BLOCK, check_array, check_dtype, check_float, contiguous, device_counters, dim_index, get, i32,
-                      i64, launch, launch_rows, ptr, rows_grid, same_device, scalar, want_host_check)
+                      i64, launch, launch_rows, ptr, rows_grid, same_device, scalar)
 
 
 def _softmax_forward(op, x, dim, log):
@@ -127,17 +127,13 @@ LOSS = Tuning(
 )
 
 
-def _bad_flag():
-    """The flag cross_entropy_fwd sets (to 1) when it meets a target outside [0, C) that is not ignore_index, on
-    the current device (a device counter: None while a capture starts before it exists). It is 0 whenever no call
-    is in flight: a call that finds it set clears it before raising."""
-    return device_counters("cross_entropy_bad_target", 1)
-
-
-def _raise_bad_target(target, ignore_index, c, flag):
-    flag.fill(0)
-    bad = (target != ignore_index) & ((target < 0) | (target >= c))
-    raise IndexError(f"Target {int(target[bad].ravel()[0])} is out of bounds.")
+def bad_target_error(op, target, c, ignore_index):
+    """The IndexError for the first target outside [0, c) that is not ignore_index (target: a NumPy or CuPy array,
+    read when the error is made: at a device check, after the work before it)."""
+    t = target.ravel() if isinstance(target, np.ndarray) else target.ravel().get()
+    bad = t[(t != ignore_index) & ((t < 0) | (t >= c))]
+    got = f"Target {int(bad[0])}" if bad.size else "A target"   # (a graph's input may hold the next batch by now)
+    return IndexError(f"{op}: {got} is out of bounds (classes 0..{c - 1}, ignore_index={ignore_index}).")
 
 
 def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
@@ -146,10 +142,9 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     [N], [N, d1, ...] or []; weight [C] or None; label smoothing as torch (the smoothing term is weighted too and
     'mean' divides both terms by the sum of the targets' weights; all targets ignored gives NaN).
 
-    check_target: raise IndexError (as torch on the CPU) for targets outside [0, C) that are not ignore_index. The
-    forward kernel flags them and the flag is read back from the GPU (one small copy, which waits for the kernels
-    queued before it); None (the default) checks except while a CUDA graph is being captured. Unchecked, such rows
-    give NaN (never an out-of-bounds read).
+    check_target: False skips the check of the targets; otherwise (the default) the forward kernel flags targets
+    outside [0, C) that are not ignore_index, and the IndexError (bad_target_error) is raised at the next host
+    synchronization (device_checks.py), inside a CUDA graph too. Such rows give NaN (never an out-of-bounds read).
     compute_grad: also write the gradient (what backward scales), and for 'mean' / 'sum' over at most
     LOSS.ce_unit_max elements the gradient for a loss gradient of 1 too (saved.unit: `loss.backward()` then runs no
     kernel, ops/loss.py CrossEntropy.backward_unit).
@@ -167,7 +162,9 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
         if head is not None and not fused:
             head.settle()   # before anything here reads x
         x, target, weight = contiguous(x), contiguous(target), contiguous(weight)
-        flag = _bad_flag() if target.size and want_host_check(check_target) else None
+        flag = None
+        if target.size and check_target is not False:
+            flag = device_checks.flag(lambda: bad_target_error("cross_entropy", target, c, ignore_index))
         rows = outer * inner
         loss_rows = cp.empty(rows, dtype=x.dtype)
         wt_rows = cp.empty(rows, dtype=x.dtype)
@@ -196,10 +193,6 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
                 launch_rows("loss", "cross_entropy_fwd", x.dtype, rows, args)
                 get("loss", "cross_entropy_reduce", x.dtype)((1,), (1024,), (loss_rows, wt_rows, i64(rows),
                                                                             i32(mean), loss, ptr(wsum)))
-        # read after the reduction is queued, so that one wait covers it too; the first bad value is looked up
-        # only on failure
-        if flag is not None and flag.get()[0]:
-            _raise_bad_target(target, ignore_index, c, flag)
     return loss, CrossEntropySaved(grad, wsum, reduction, tuple(target.shape), target, int(ignore_index), unit)
 
 

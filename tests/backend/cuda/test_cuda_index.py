@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import smalltrain
-from smalltrain.backend.cuda import cupy, ops
+from smalltrain.backend.cuda import cupy, device_checks, ops
 from smalltrain.testing import assert_close
 
 GPU = smalltrain.cuda.is_available()
@@ -67,6 +67,7 @@ def test_index_errors():
     x = cp.ones((3, 4), cp.float32)
     with pytest.raises(RuntimeError, match="out of bounds for dimension 1 with size 4"):
         ops.gather(x, 1, g(np.array([[0, 4]])))
+        device_checks.raise_pending()   # (found on the GPU, raised at the check)
     with pytest.raises(RuntimeError, match="int64"):
         ops.gather(x, 1, cp.zeros((3, 1), cp.int32))
     with pytest.raises(RuntimeError, match="same number of dimensions"):

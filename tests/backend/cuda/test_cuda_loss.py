@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import smalltrain
-from smalltrain.backend.cuda import cupy, ops
+from smalltrain.backend.cuda import cupy, device_checks, ops
 from smalltrain.backend.cuda.loss import LOSS
 from smalltrain.backend.cuda.tuning import override
 from smalltrain.testing import assert_close
@@ -109,13 +109,17 @@ def test_cross_entropy_all_ignored_is_nan_and_unchecked_targets_do_not_crash():
 @gpu
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_cross_entropy_bad_target_flag_is_cleared_after_the_error(reduction):
-    """The forward kernel flags a bad target; the launcher raises and clears the flag, so the next call with good
-    targets (ignored ones included, which must not set it) returns values, for every reduction."""
+    """The forward kernel flags a bad target, read at the next check (device_checks.raise_pending), which raises
+    and clears the flag; the next call with good targets (ignored ones included, which must not set it) returns
+    values and the check after it passes, for every reduction."""
     x = cp.asarray(np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32))
     for bad in ([0, 5, 1, 2], [-1, 0, 1, 2], [0, 1, 2, 7]):
-        with pytest.raises(IndexError, match=f"Target {[v for v in bad if not 0 <= v < 5][0]} is out of bounds"):
-            ops.cross_entropy_forward(x, cp.asarray(np.array(bad)), reduction=reduction)
+        ops.cross_entropy_forward(x, cp.asarray(np.array(bad)), reduction=reduction)   # queued, not raised
+        with pytest.raises(IndexError, match=f"cross_entropy: Target {[v for v in bad if not 0 <= v < 5][0]} is "
+                                             r"out of bounds \(classes 0..4, ignore_index=-100\)"):
+            device_checks.raise_pending()
         loss, _ = ops.cross_entropy_forward(x, cp.asarray(np.array([0, -100, 4, 2])), reduction=reduction)
+        device_checks.raise_pending()
         assert np.isfinite(loss.get()).all()
 
 
@@ -224,3 +228,4 @@ def test_cross_entropy_errors(x_shape, target, kwargs, exc, msg):
     kwargs = {k: g(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
     with pytest.raises(exc, match=msg):
         ops.cross_entropy_forward(cp.zeros(x_shape, cp.float32), g(target), **kwargs)
+        device_checks.raise_pending()   # (a bad target: found on the GPU, raised at the check)
