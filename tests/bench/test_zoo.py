@@ -1,11 +1,14 @@
 """The bench's model zoo (smalltrain/bench/zoo.py): each model, written once the ordinary PyTorch way, builds in both
 libraries and trains to the same values as torch's from the same weights."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
 
 import smalltrain
 from smalltrain import bench
+from smalltrain.bench.steps import make_step
 from smalltrain.bench.zoo import ZOO
 
 DROPOUT = {"examples-net", "mlp-dropout"}   # compared in eval mode: the two libraries draw different masks
@@ -72,3 +75,23 @@ def test_the_zoo_covers_the_layers_the_bench_promises():
 def test_an_unknown_model_is_named_with_the_choices():
     with pytest.raises(ValueError, match="unknown benchmark model 'vit'; expected one of lenet5, cnn, mlp, "):
         bench.build(smalltrain, "vit")
+
+
+@pytest.mark.skipif(not smalltrain.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", list(ZOO))
+def test_a_zoo_models_step_is_captured_whole_on_cuda(name):
+    """smalltrain.compile captures every zoo model's step as one CUDA graph (no op reads back to the host, which
+    would make it warn and run eagerly), and the replays train as the eager step does from the same weights."""
+    x, y = _batch(n=4)
+    xs, ys = np.stack([x, x[::-1]]), np.stack([y, y[::-1]])
+    run_eager = make_step(smalltrain, name, "cuda", xs, ys, "eager")
+    run_compiled = make_step(smalltrain, name, "cuda", xs, ys, "compiled")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # an eager fallback warns: fail on it
+        compiled = [float(run_compiled().item()) for _ in range(6)]
+    eager = [float(run_eager().item()) for _ in range(6)]
+    stats = run_compiled.step.stats
+    assert stats["eager"] == 3 and stats["captures"] == 1 and stats["replays"] >= 2, stats
+    if name not in DROPOUT:   # (the masks differ between the two runs)
+        np.testing.assert_allclose(compiled, eager, rtol=1e-4, atol=1e-5)
+    assert np.isfinite(compiled).all()
