@@ -20,6 +20,8 @@ def cupy():
                              "cupy-cuda12x for older drivers) on a machine with an NVIDIA GPU.")
             raise RuntimeError(_import_error) from None
         _cupy = cp
+        from . import loader   # (CuPy's own run-time compiles are said aloud too)
+        loader.watch_cupy_compiles(cp)
     return _cupy
 
 

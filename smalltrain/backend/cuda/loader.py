@@ -95,6 +95,15 @@ def _gpu_name(device_id):
         return f"device {device_id}"
 
 
+def watch_cupy_compiles(cp):
+    """Make CuPy's own run-time compiles say so (prebuilt.watch_cupy_compiles), on the current device's name."""
+    try:
+        from cupy.cuda import compiler
+    except ImportError:   # (the CPU emulator's stand-in has none: nothing compiles there)
+        return
+    prebuilt.watch_cupy_compiles(compiler, _gpu_name(cp.cuda.Device().id), _cache_dir())
+
+
 def _cache_dir():
     """CuPy's on-disk cache of compiled kernels (CUPY_CACHE_DIR, by default ~/.cupy/kernel_cache)."""
     return os.environ.get("CUPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")

@@ -11,6 +11,7 @@ Rebuild after changing a .cu file (needs nvcc; tests/backend/cuda/test_prebuilt.
 
     python -m smalltrain.backend.cuda.build_kernels
 """
+import atexit
 import hashlib
 import json
 import os
@@ -30,7 +31,9 @@ ARCHS = ("80", "86", "89", "90", "100", "120")
 NVCC_OPTIONS = ("-std=c++17",)
 ANNOUNCE_AFTER_S = 1.0   # a compile that the cache answers at once stays silent
 
-_stats = {"seconds": 0.0}   # run-time compilation so far in this process (the trainer keeps it out of its rates)
+# run-time compilation so far in this process (the trainer keeps it out of its rates); `inside`: an announced
+# compile is running (CuPy's NVRTC calls under it are its own, already counted); CuPy's own kernels, counted apart
+_stats = {"seconds": 0.0, "inside": 0, "cupy_kernels": 0, "cupy_seconds": 0.0}
 
 
 def digest(source, options=NVCC_OPTIONS):
@@ -102,11 +105,13 @@ def announced(compile, what, gpu, why, cache_dir, after_s=None, stream=None):
     else:
         timer.start()
     done = False
+    _stats["inside"] += 1
     try:
         result = compile()
         done = True
         return result
     finally:
+        _stats["inside"] -= 1
         if timer is not None:
             timer.cancel()
             timer.join()   # a note being printed ends before the closing one
@@ -115,6 +120,38 @@ def announced(compile, what, gpu, why, cache_dir, after_s=None, stream=None):
         if said.is_set():
             outcome = "compiled" if done else "failed to compile"
             print(f"smalltrain: {outcome} {what} in {elapsed:.1f} s", file=stream, flush=True)
+
+
+def watch_cupy_compiles(compiler, gpu, cache_dir, stream=None):
+    """CuPy compiles its own kernels (the elementwise operations and reductions behind the ops written with CuPy
+    arrays) with NVRTC when each is first used, into its cache. Wrap `compiler.compile_using_nvrtc` (CuPy's
+    cupy.cuda.compiler, which calls it only when its cache misses) so that the first such compile says so on
+    stderr, once, what compiles, for which GPU and where the cache lives; the process's total is said when it
+    exits, and the time counts in compile_seconds(). Does nothing if this CuPy has no such function."""
+    original = getattr(compiler, "compile_using_nvrtc", None)
+    if original is None or getattr(original, "watched_by_smalltrain", False):
+        return
+    stream = stream or sys.stderr
+
+    def watched(*args, **kwargs):
+        if _stats["inside"]:   # one of smalltrain's modules: announced() times it
+            return original(*args, **kwargs)
+        if not _stats["cupy_kernels"]:
+            print(f"smalltrain: CuPy is compiling its own kernels (elementwise operations and reductions) for {gpu} "
+                  f"with NVRTC as each is first used; they are cached in {cache_dir} (CUPY_CACHE_DIR; delete it to "
+                  "recompile), and the time is left out of the rates shown", file=stream, flush=True)
+            atexit.register(lambda: print(f"smalltrain: CuPy compiled {_stats['cupy_kernels']} kernel(s) in "
+                                          f"{_stats['cupy_seconds']:.1f} s at run time", file=stream, flush=True))
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            elapsed = time.perf_counter() - start
+            _stats["seconds"] += elapsed
+            _stats["cupy_seconds"] += elapsed
+            _stats["cupy_kernels"] += 1
+    watched.watched_by_smalltrain = True
+    compiler.compile_using_nvrtc = watched
 
 
 # -- building (maintainers, with nvcc) -----------------------------------------------------------------------------

@@ -3,10 +3,14 @@ and the note a run-time compilation prints."""
 import io
 import json
 import os
+import subprocess
+import sys
 import time
 
+import cuda_emulator
 import pytest
 
+import smalltrain
 from smalltrain.backend.cuda import prebuilt
 
 SOURCE = 'extern "C" __global__ void k_f32(float* x) { x[0] = 1.0f; }\n'
@@ -103,6 +107,39 @@ def test_a_failed_compile_still_ends_its_note_and_raises():
     with pytest.raises(RuntimeError, match="nvrtc"):
         prebuilt.announced(compile, "x", "sm_90", "why", "/c", after_s=0.0, stream=stream)
     assert "smalltrain: failed to compile x in" in stream.getvalue()
+
+
+def _nvrtc_stand_in(calls):
+    """A compile_using_nvrtc as CuPy's compiler module has it (the watch wraps whatever is there)."""
+    def compile_using_nvrtc(source, options=(), arch=None, filename="kern.cu"):
+        calls.append(source)
+        return b"ptx of " + source.encode()
+    return compile_using_nvrtc
+
+
+def test_cupys_own_compiles_say_so_once_and_count_and_report_their_total(monkeypatch):
+    monkeypatch.setattr(prebuilt, "_stats", dict(prebuilt._stats, cupy_kernels=0, cupy_seconds=0.0))
+    at_exit = []
+    monkeypatch.setattr(prebuilt.atexit, "register", at_exit.append)
+    calls, stream = [], io.StringIO()
+    compiler = type("compiler", (), {"compile_using_nvrtc": staticmethod(_nvrtc_stand_in(calls))})
+    prebuilt.watch_cupy_compiles(compiler, "sm_90 (NVIDIA H100)", "/cache/dir", stream=stream)
+    prebuilt.watch_cupy_compiles(compiler, "sm_90 (NVIDIA H100)", "/cache/dir", stream=stream)   # wraps once
+    before = prebuilt.compile_seconds()
+    assert compiler.compile_using_nvrtc("a + b") == b"ptx of a + b"
+    assert compiler.compile_using_nvrtc("a * b") == b"ptx of a * b"
+    assert calls == ["a + b", "a * b"]
+    (note,) = stream.getvalue().splitlines()
+    assert note.startswith("smalltrain: CuPy is compiling its own kernels") and "sm_90 (NVIDIA H100)" in note
+    assert "/cache/dir" in note and "CUPY_CACHE_DIR" in note and "left out of the rates" in note
+    assert prebuilt.compile_seconds() > before and prebuilt._stats["cupy_kernels"] == 2
+    # smalltrain's own modules compile through it too, inside announced(): counted there, not twice
+    prebuilt.announced(lambda: compiler.compile_using_nvrtc("ours"), "x", "sm_90", "why", "/c", after_s=60,
+                       stream=stream)
+    assert prebuilt._stats["cupy_kernels"] == 2
+    (report,) = at_exit
+    report()
+    assert stream.getvalue().splitlines()[-1].startswith("smalltrain: CuPy compiled 2 kernel(s) in ")
 
 
 class _FakeCupy:
@@ -254,3 +291,16 @@ def test_a_failed_build_names_the_module_and_leaves_no_binary(tmp_path):
     with pytest.raises(RuntimeError, match=r"nvcc failed for .*a\.f32\.fatbin:\nerror: bad"):
         prebuilt.build([("a.f32", SOURCE)], str(out), nvcc=str(script), jobs=1, log=lambda line: None)
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.skipif(not smalltrain.cuda.is_available(), reason="no CUDA device")
+def test_cupys_first_compile_on_a_gpu_is_said_on_stderr(tmp_path):
+    """From an empty CuPy cache, CuPy's own elementwise kernels compile at first use: the process says so."""
+    if cuda_emulator.installed():
+        pytest.skip("the emulator compiles nothing with NVRTC")
+    code = "import smalltrain; x = smalltrain.ones(5, device='cuda'); print((x * 3 - 1).sum().item())"
+    run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, CUPY_CACHE_DIR=str(tmp_path)),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "10.0", run.stderr
+    assert "smalltrain: CuPy is compiling its own kernels" in run.stderr and str(tmp_path) in run.stderr
+    assert "smalltrain: CuPy compiled " in run.stderr
