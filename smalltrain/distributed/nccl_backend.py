@@ -1,19 +1,26 @@
 """Collectives on CUDA arrays through NCCL (cupy.cuda.nccl), one GPU per process, bootstrapped over MPI.
 
 CuPy is imported only when a process group with backend='nccl' is created. Operations are enqueued on the current
-CUDA stream and return without waiting (no host synchronization, so a captured CUDA graph can contain them).
+CUDA stream and return without waiting (no host synchronization, so a captured CUDA graph can contain them); a
+watchdog (nccl_watchdog.py) ends the job when one does not complete within the group's timeout.
 """
+from . import launch
+from .mpi_backend import DEFAULT_TIMEOUT_S
+from .nccl_watchdog import Watchdog
 from .reduce_op import ReduceOp
 
 
 class NcclBackend:
     name = "nccl"
 
-    def __init__(self, host, local_rank):
+    def __init__(self, host, local_rank, timeout=DEFAULT_TIMEOUT_S):
         """Select GPU `local_rank` (modulo the visible count), then create the communicator: rank 0 makes the
-        unique id, MPI broadcasts it, every rank joins (a collective call: all ranks must get here)."""
+        unique id, MPI broadcasts it, every rank joins (a collective call: all ranks must get here). A collective
+        not complete after `timeout` seconds ends the job (the watchdog)."""
         from ..backend import cuda
+        from ..backend.cuda import graphs
         cp = cuda.cupy()  # RuntimeError naming the reason when CUDA cannot be used
+        self.graphs, self.host = graphs, host
         from cupy.cuda import nccl
         self.cp, self.nccl = cp, nccl
         n_devices = cp.cuda.runtime.getDeviceCount()
@@ -32,6 +39,28 @@ class NcclBackend:
         self._avg = getattr(nccl, "NCCL_AVG", None)  # NCCL >= 2.10
         self._ops = {ReduceOp.SUM: nccl.NCCL_SUM, ReduceOp.MAX: nccl.NCCL_MAX, ReduceOp.MIN: nccl.NCCL_MIN,
                      ReduceOp.PRODUCT: nccl.NCCL_PROD}
+        self.watchdog = Watchdog(self.rank, self.size, timeout, self._timed_out, self.device_id)
+
+    def _timed_out(self, message):
+        """(The watchdog's thread.) Abort the communicator, which ends this rank's waiting kernels, and the job."""
+        def abort():
+            try:
+                self.comm.abort()
+            finally:
+                self.host.abort(1)
+        launch.say_and_abort(self.rank, message, abort)
+
+    def _queued(self, what):
+        """Watch the collective just queued: an event after it now, or after each replay of the graph being
+        captured (whose events cannot be queried until it runs)."""
+        def watch():   # (on the current stream: the collective's, or the replay's)
+            event = self.cp.cuda.Event(block=False, disable_timing=True)
+            event.record()
+            self.watchdog.watch(what, event)
+        if self.graphs.is_current_stream_capturing():
+            self.graphs.after_replay(watch)
+            return
+        watch()
 
     def _dtype(self, op_name, buf):
         if buf.device.id != self.device_id:
@@ -57,22 +86,26 @@ class NcclBackend:
         dt = self._dtype("all_reduce", buf)
         nop, divide = self._op(op, buf)
         self.comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, dt, nop, self._stream())
+        self._queued("all_reduce")
         if divide:
             buf /= self.size
 
     def broadcast(self, buf, src):
         self.comm.bcast(buf.data.ptr, buf.size, self._dtype("broadcast", buf), src, self._stream())
+        self._queued("broadcast")
 
     def all_gather(self, send, recv):
         dt = self._dtype("all_gather", send)
         self._dtype("all_gather", recv)
         self.comm.allGather(send.data.ptr, recv.data.ptr, send.size, dt, self._stream())
+        self._queued("all_gather")
 
     def reduce_scatter(self, send, recv, op):
         dt = self._dtype("reduce_scatter", send)
         self._dtype("reduce_scatter", recv)
         nop, divide = self._op(op, send)
         self.comm.reduceScatter(send.data.ptr, recv.data.ptr, recv.size, dt, nop, self._stream())
+        self._queued("reduce_scatter")
         if divide:
             recv /= self.size
 
@@ -80,6 +113,7 @@ class NcclBackend:
         self.cp.cuda.get_current_stream().synchronize()
 
     def destroy(self):
+        self.watchdog.stop()
         self.comm.destroy()
 
 

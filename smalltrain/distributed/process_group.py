@@ -113,7 +113,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     if backend == "nccl":
         from .nccl_backend import NcclBackend
         try:
-            group.nccl = NcclBackend(host, local_rank)
+            group.nccl = NcclBackend(host, local_rank, seconds)
         except Exception:
             if host.size == 1:  # with more ranks the abort hook ends the job if nobody catches this
                 host.destroy()

@@ -219,6 +219,15 @@ def on_replay(hook):
     return True
 
 
+def after_replay(hook):
+    """Run hook() on the host after every replay of the graph being captured now is queued (work it queues then
+    follows the replay on the stream: an event marking its end); False outside a capture."""
+    if not _capturing:
+        return False
+    _capturing[-1].after_replay_hooks.append(hook)
+    return True
+
+
 def after_capture(hook):
     """Run hook(stream) once when the capture in progress ends, outside it, on the graph's stream, which is synchronized
     before the first replay: for device data every replay reads the same, written once rather than by a node of
@@ -316,6 +325,7 @@ class CUDAGraph:
         self.pool = cp.cuda.MemoryPool()
         self.graph = None
         self.replay_hooks = []
+        self.after_replay_hooks = []
         self.capture_end_hooks = []
         self.kept = []   # buffers that replays read but that nothing else may keep alive (see keep_alive)
         self._prev_allocator = None
@@ -379,6 +389,8 @@ class CUDAGraph:
         for hook in self.replay_hooks:
             hook()
         self.graph.launch(cupy().cuda.get_current_stream())
+        for hook in self.after_replay_hooks:
+            hook()
 
 
 @contextlib.contextmanager
