@@ -82,6 +82,8 @@ def golden_error(ours, theirs, *inputs, match=None, device="cpu"):
         raise AssertionError("golden_error: torch raised nothing for this call")
     try:
         ours(*ts)
+        if device != "cpu":
+            smalltrain.cuda.synchronize()   # errors found on the GPU are raised at the next sync, as torch's
     except expected as e:
         if match is not None and not re.search(match, str(e)):
             raise AssertionError(f"golden_error: message {str(e)!r} does not match {match!r}") from e

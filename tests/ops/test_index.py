@@ -157,13 +157,27 @@ def test_index_tensors_on_another_device():
         x.masked_fill(st.tensor([True, False, True]), 0.0)
 
 
-def test_out_of_range_raises_before_anything_runs(device):
-    x = st.arange(6.0, device=device).reshape(2, 3).requires_grad_()
+def test_out_of_range_raises_before_anything_runs():
+    x = st.arange(6.0).reshape(2, 3).requires_grad_()
     with pytest.raises(IndexError):
         x[st.tensor([0, 1, 7])]
     with st.no_grad(), pytest.raises(IndexError):
         x[[0, 2], 0] = 100.0
     assert x.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and x.grad is None
+
+
+@pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
+def test_out_of_range_on_cuda_raises_at_the_next_sync():
+    """On a GPU the indices are checked there and the error comes at the next sync, as torch's device assert;
+    meanwhile nothing is read or written outside the tensor."""
+    x = st.arange(6.0, device="cuda").reshape(2, 3).requires_grad_()
+    y = x[st.tensor([0, 1, 7], device="cuda")]
+    with pytest.raises(IndexError, match="index 7 is out of bounds for dimension 0 with size 2"):
+        y.sum().item()
+    with st.no_grad():
+        x[st.tensor([0, 2], device="cuda"), 0] = 100.0
+    with pytest.raises(IndexError, match="index 2 is out of bounds for dimension 0 with size 2"):
+        st.cuda.synchronize()
 
 
 GRADCHECK = {
