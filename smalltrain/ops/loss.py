@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..autograd import held
+from ..autograd import held, pending
 from ..autograd.function import Function
 from ..backend.cuda import loss as cuda_loss
 from ._util import check_same_device, check_values, xp_of
@@ -223,7 +223,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     # input may be the output of a launch held back for this loss (autograd/held.py): taken before anything reads
     # it, it is run by CrossEntropy's kernel path with the loss in its epilogue, or as it was before any other path
     # reads input, or at the latest on the way out (an error)
-    head = held.take(input)
+    head = held.take(pending.resolve(input))
     try:
         return _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing,
                               head)
@@ -260,6 +260,10 @@ def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, re
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
              reduction="mean"):
+    if type(input) is pending.PendingTensor:   # log_softmax before it: cross_entropy, one op (ops/fusion.py)
+        out = pending.absorb(input, "nll_loss", target, weight, size_average, ignore_index, reduce, reduction)
+        if out is not None:
+            return out
     reduction = _reduction("nll_loss", input, target, reduction, size_average, reduce)
     check_same_device("nll_loss", input, target, weight)
     if input.array.ndim == 0:
