@@ -124,22 +124,24 @@ def raw_array(t):
 
 
 def _become(t, out):
-    """Turn placeholder t into the tensor `out` (every slot copied), held where `out` is a held launch's output."""
-    for name, slot in _SLOTS:
-        try:
-            slot.__set__(t, slot.__get__(out))
-        except AttributeError:   # a slot never set
-            pass
+    """Turn placeholder t into the tensor `out` (every slot copied), held where `out` is a held launch's output.
+    (The slots by name, as a Tensor now: a loop over descriptors cost ~1 us more per deferred op; COPIED lists
+    them, and a test checks it against Tensor.__slots__.)"""
+    t.__class__ = Tensor
+    t.array = _ARRAY.__get__(out)   # (not out.array: a held launch's output would run it)
+    t.grad, t.requires_grad, t._ctx, t._out_idx = out.grad, out.requires_grad, out._ctx, out._out_idx
+    t._hooks, t._post_hooks, t._retain, t._view, t._version = (out._hooks, out._post_hooks, out._retain, out._view,
+                                                                out._version)
     h = hooks.held
     if h is not None and h.tensor is out:
         h.tensor = t
         t.__class__ = held.HeldTensor
-    else:
-        t.__class__ = Tensor
 
 
+COPIED = ("array", "grad", "requires_grad", "_ctx", "_out_idx", "_hooks", "_post_hooks", "_retain", "_view",
+          "_version")
 _ARRAY = Tensor.__dict__["array"]   # the slot's own descriptor: a placeholder keeps its Pending record in it
-_SLOTS = [(name, Tensor.__dict__[name]) for name in Tensor.__slots__ if name != "__weakref__"]
+_SLOTS = [name for name in Tensor.__slots__ if name != "__weakref__"]
 
 
 class PendingTensor(Tensor):
@@ -159,5 +161,5 @@ def _settling(name):
     return property(get, set)
 
 
-for _name, _ in _SLOTS:
+for _name in _SLOTS:
     setattr(PendingTensor, _name, _settling(_name))

@@ -178,7 +178,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
                                             stride, padding, dilation, groups)
     if type(x) is not np.ndarray and x.ndim == 4 and x.dtype.kind == "f" and dilation == (1, 1) and groups == 1:
         # on CUDA the op after it may absorb it (an activation, then max pooling, flatten, linear: ops/fusion.py)
-        return pending.defer("conv", Conv2d.apply, (input, weight, bias, stride, pads, dilation, groups))
+        return pending.defer("conv", Conv2d.apply, (input, weight, bias, stride, pads, dilation, groups, None))
     return Conv2d.apply(input, weight, bias, stride, pads, dilation, groups)
 
 

@@ -3,7 +3,7 @@
 On CUDA a convolution, a linear layer and log_softmax are deferred (ops/conv.py conv2d, ops/matmul.py linear,
 ops/activation.py log_softmax), and these rules join what follows them, however the model spells it (modules or
 F.* calls):
-  conv2d -> relu | gelu | gelu tanh                  conv2d_act: bias and activation in the convolution's epilogue
+  conv2d -> relu | gelu | gelu tanh (or none)        conv2d_act: bias and activation in the convolution's epilogue
          -> max_pool2d                                conv2d_act_pool (Conv2dActPool)
          -> flatten(1) -> linear                      conv2d_act_linear, or, after the pooling, the linear chain
                                                       reading the pooled output flattened (its backward writes the
@@ -25,9 +25,11 @@ from .matmul import run_layers
 
 @rule("conv", "act")
 def _conv_act(args, activation):
-    return defer("conv_act", Conv2d.apply, args + (activation,))
+    return defer("conv_act", Conv2d.apply, args[:-1] + (activation,))
 
 
+# a convolution without activation pools and flattens into a linear layer as one with (activation None)
+@rule("conv", "max_pool2d")
 @rule("conv_act", "max_pool2d")
 def _conv_act_pool(args, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
     if return_indices:
@@ -42,6 +44,7 @@ def _run_pool(*args):
     return Conv2dActPool.apply(*args[:-1])   # (the last argument: the pooled output's width, for the rules)
 
 
+@rule("conv", "flatten")
 @rule("conv_act", "flatten")
 def _conv_act_flat(args):
     return defer("conv_act_flat", _run_flat, (Conv2d.apply,) + args)

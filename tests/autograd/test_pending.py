@@ -114,3 +114,7 @@ def test_a_hooked_module_sees_plain_tensors():
     m.register_forward_hook(lambda mod, args, out: seen.append(type(out)))
     out = m(st.tensor([1.0]))
     assert seen == [Tensor] and type(out) is Tensor and out.tolist() == [2.0]
+
+
+def test_a_settled_placeholder_takes_every_slot_of_the_op_output():
+    assert set(pending.COPIED) == set(Tensor.__slots__) - {"__weakref__"}
