@@ -19,7 +19,7 @@ import numpy as np
 from ..autograd.pending import defer, raw_array, rule
 from ..tensor import Tensor
 from .conv import Conv2d, Conv2dActLinear, Conv2dActPool, act_linear_fits, act_pool_geometry
-from .loss import cross_entropy
+from .loss import nll_of_log_softmax
 from .matmul import run_layers
 
 
@@ -136,5 +136,5 @@ def _nll_of_log_softmax(args, target, weight, size_average, ignore_index, reduce
         return None   # (the plain nll_loss raises the clear error)
     if weight is not None and (type(weight.array) is np.ndarray or weight.array.shape != x.shape[1:]):
         return None
-    return defer("cross_entropy", cross_entropy, (args[0], target, weight, None, ignore_index, None, reduction))
+    return defer("cross_entropy", nll_of_log_softmax, (args[0], target, weight, ignore_index, reduction))
 
