@@ -28,6 +28,7 @@ from .ops.index import gather, index_select, masked_fill, nonzero
 from .ops.matmul import bmm, matmul, mm
 from .ops.sort import argsort, sort, topk, unique
 from .ops.scan import cumprod, cumsum
+from .ops import fusion as _fusion  # noqa: F401  (registers the rules that fuse deferred ops on CUDA)
 from . import cuda
 from . import autograd
 from . import accelerator, backends

@@ -58,6 +58,8 @@ def drop():
     h, hooks.held = hooks.held, None
     if h is not None:
         _release(h)
+        if getattr(h, "prev", None) is not None:   # a deferred op holding a launch beneath it (pending.py)
+            _release(h.prev)
 
 
 def mark(tensor):

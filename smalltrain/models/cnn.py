@@ -1,6 +1,5 @@
 """The 2-conv MNIST CNN: Conv2d(1,16,3)-ReLU-Conv2d(16,32,3)-ReLU-Flatten-Linear(18432,10)."""
 from .. import nn
-from ..nn.fusion import layer_act, layer_act_linear
 
 
 class MnistCnn(nn.Module):
@@ -14,6 +13,6 @@ class MnistCnn(nn.Module):
         self.fc = nn.Linear(32 * 24 * 24, num_classes)
 
     def forward(self, x):
-        x = layer_act(self.conv1, x, "relu")   # relu(conv(x)), one fused op on CUDA (nn/fusion.py)
-        # fc(flatten(relu(conv2(x)))), one fused op on CUDA: its backward writes conv2's gradient directly
-        return layer_act_linear(self.conv2, x, "relu", self.flatten, self.fc)
+        x = self.relu(self.conv1(x))
+        x = self.relu(self.conv2(x))
+        return self.fc(self.flatten(x))

@@ -1,7 +1,6 @@
 """LeNet-5 for 28x28 MNIST: Conv2d(1,6,5), MaxPool2d(2), Conv2d(6,16,5), MaxPool2d(2), Linear 256-120-84-10."""
 from .. import nn
 from ..nn import functional as F
-from ..nn.fusion import chain_act, layer_act_pool
 
 
 class LeNet5(nn.Module):
@@ -22,12 +21,12 @@ class LeNet5(nn.Module):
         self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x):
-        # layer_act_pool is pool(act(layer(x))), chain_act the three linear layers with their activations on
-        # x.flatten(1): fused ops on CUDA (nn/fusion.py), each backward writing the previous layer's g
-        act = self.config["activation"]
-        x = layer_act_pool(self.conv1, x, act, self.pool1)
-        x = layer_act_pool(self.conv2, x, act, self.pool2)
-        return chain_act(x, [(self.fc1, act), (self.fc2, act), (self.fc3, None)], flatten=True)
+        x = self.pool1(self.act(self.conv1(x)))
+        x = self.pool2(self.act(self.conv2(x)))
+        x = x.flatten(1)
+        x = self.act(self.fc1(x))
+        x = self.act(self.fc2(x))
+        return self.fc3(x)
 
     def extra_repr(self):
         return f"activation={self.config['activation']!r}"

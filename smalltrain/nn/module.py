@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import _dtype
 from ..backend import Device, as_device, to_device
+from ..autograd import pending
 from ..tensor import Tensor
 from .parameter import Buffer, Parameter
 from .state_dict import StateDictMixin
@@ -113,8 +114,11 @@ class Module(StateDictMixin):
                 if r is not None:
                     args = r if isinstance(r, tuple) else (r,)
         called, result = set(), None
+        # a hooked module takes the plain path: its inputs and output are not fused with the ops beside it
+        # (autograd/pending.py), so its hooks see what they would see unfused
+        args = tuple(pending.resolve(a) for a in args)
         try:
-            result = self.forward(*args, **kwargs)
+            result = pending.resolve(self.forward(*args, **kwargs))
             for hook_id, hook in list(self._forward_hooks.items()):
                 called.add(hook_id)
                 result = self._run_forward_hook(hook_id, hook, args, kwargs, result)

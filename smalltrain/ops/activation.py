@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from ..autograd import grad_mode
+from ..autograd import grad_mode, pending
 from ..autograd.function import Function
 from ..backend import cpu
 from ..backend.cuda import activation as cuda_activation
@@ -280,6 +280,11 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    if dtype is None and (dim == 1 or dim == -1) and isinstance(input, Tensor):
+        a = pending.raw_array(input)   # (not running a held launch that writes it: log_softmax keeps it held)
+        if type(a) is not np.ndarray and a.ndim == 2 and a.dtype.kind == "f":
+            # on CUDA nll_loss after it may absorb it: cross_entropy, one fused op (ops/fusion.py)
+            return pending.defer("log_softmax", LogSoftmax.apply, (input, 1))
     x, d, scalar = _softmax_input("log_softmax", input, dim, dtype, _stacklevel)
     y = LogSoftmax.apply(x, d)
     return y.reshape(()) if scalar else y
@@ -309,6 +314,10 @@ def _maybe_inplace(x, op, fn, inplace):
 
 
 def relu(input, inplace=False):
+    if type(input) is pending.PendingTensor and not inplace:   # a deferred layer may take it (ops/fusion.py)
+        out = pending.absorb(input, "act", "relu")
+        if out is not None:
+            return out
     return _maybe_inplace(input, "relu", Relu.apply, inplace)
 
 
@@ -342,6 +351,10 @@ def softplus(input, beta=1.0, threshold=20.0):
 def gelu(input, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise RuntimeError(f"gelu: approximate argument must be either none or tanh, got {approximate!r}")
+    if type(input) is pending.PendingTensor:   # a deferred layer may take it (ops/fusion.py)
+        out = pending.absorb(input, "act", "gelu" if approximate == "none" else "gelu_tanh")
+        if out is not None:
+            return out
     return Gelu.apply(input, approximate)
 
 

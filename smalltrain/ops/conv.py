@@ -7,6 +7,7 @@ import operator
 
 import numpy as np
 
+from ..autograd import pending
 from ..autograd.engine import Prepared, takes_plainly
 from ..autograd.function import Function
 from ..backend import cpu, metadata_cache
@@ -172,8 +173,12 @@ class Conv2d(Function):
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv2d: input [N, C, H, W] or [C, H, W], weight [O, C/groups, kH, kW], bias [O]."""
     check_same_device("conv2d", input, weight, bias)
-    stride, pads, dilation, groups = _check(input.array, weight.array, None if bias is None else bias.array,
+    x = input.array
+    stride, pads, dilation, groups = _check(x, weight.array, None if bias is None else bias.array,
                                             stride, padding, dilation, groups)
+    if type(x) is not np.ndarray and x.ndim == 4 and x.dtype.kind == "f" and dilation == (1, 1) and groups == 1:
+        # on CUDA the op after it may absorb it (an activation, then max pooling, flatten, linear: ops/fusion.py)
+        return pending.defer("conv", Conv2d.apply, (input, weight, bias, stride, pads, dilation, groups, None))
     return Conv2d.apply(input, weight, bias, stride, pads, dilation, groups)
 
 
@@ -266,11 +271,19 @@ def conv2d_act_pool(input, weight, bias=None, stride=1, padding=0, dilation=1, g
     check_same_device("conv2d", input, weight, bias)
     stride, pads, dilation, groups = _check(x, weight.array, None if bias is None else bias.array, stride, padding,
                                             dilation, groups)
-    out_hw = _out_hw(x.shape[2:], weight.array.shape[2:], stride, pads, dilation)
-    k, s, p, d, _ = _geometry("max_pool2d", _Meta((x.shape[0], weight.array.shape[0]) + out_hw), kernel_size,
-                              pool_stride, pool_padding, pool_dilation, ceil_mode)
-    return Conv2dActPool.apply(input, weight, bias, stride, pads, dilation, groups, activation,
-                               (k, s, p, d, bool(ceil_mode)))
+    pool, _ = act_pool_geometry(x.shape, weight.array.shape, stride, pads, dilation, kernel_size, pool_stride,
+                                pool_padding, pool_dilation, ceil_mode)
+    return Conv2dActPool.apply(input, weight, bias, stride, pads, dilation, groups, activation, pool)
+
+
+def act_pool_geometry(x_shape, w_shape, stride, pads, dilation, kernel_size, pool_stride, pool_padding,
+                      pool_dilation, ceil_mode):
+    """((k, s, p, d, ceil_mode), (OH, OW)) of the pooling after a convolution of checked geometry (the pooling's
+    checks run on the convolution's output shape, which is not made yet)."""
+    out_hw = _out_hw(x_shape[2:], w_shape[2:], stride, pads, dilation)
+    k, s, p, d, pooled = _geometry("max_pool2d", _Meta((x_shape[0], w_shape[0]) + out_hw), kernel_size,
+                                   pool_stride, pool_padding, pool_dilation, ceil_mode)
+    return (k, s, p, d, bool(ceil_mode)), pooled
 
 
 class Conv2dActLinear(Function):
@@ -322,12 +335,17 @@ def conv2d_act_linear(input, weight, bias=None, stride=1, padding=0, dilation=1,
         check_same_device("conv2d", input, weight, bias, lin_weight, lin_bias)
         stride, pads, dilation, groups = _check(x, weight.array, None if bias is None else bias.array, stride,
                                                 padding, dilation, groups)
-        o = weight.array.shape[0]
-        oh, ow = _out_hw(x.shape[2:], weight.array.shape[2:], stride, pads, dilation)
-        lw, lb = lin_weight.array, None if lin_bias is None else lin_bias.array
-        if (lw.ndim == 2 and lw.shape[1] == o * oh * ow and lw.dtype == x.dtype
-                and (lb is None or (lb.shape == (lw.shape[0],) and lb.dtype == x.dtype))):
+        if act_linear_fits(x.shape, weight.array.shape, stride, pads, dilation, lin_weight, lin_bias, x.dtype):
             return Conv2dActLinear.apply(input, weight, bias, stride, pads, dilation, groups, activation, lin_weight,
                                          lin_bias)
     out = conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation)
     return linear(out.reshape(out.shape[0], -1), lin_weight, lin_bias)   # nn.Flatten()'s start_dim 1
+
+
+def act_linear_fits(x_shape, w_shape, stride, pads, dilation, lin_weight, lin_bias, dtype):
+    """Whether Conv2dActLinear takes linear layer (lin_weight, lin_bias) after a convolution of checked geometry:
+    lin_weight [F, O*OH*OW] and the bias of the input's dtype."""
+    oh, ow = _out_hw(x_shape[2:], w_shape[2:], stride, pads, dilation)
+    lw, lb = lin_weight.array, None if lin_bias is None else lin_bias.array
+    return (lw.ndim == 2 and lw.shape[1] == w_shape[0] * oh * ow and lw.dtype == dtype
+            and (lb is None or (lb.shape == (lw.shape[0],) and lb.dtype == dtype)))

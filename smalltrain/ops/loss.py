@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..autograd import held
+from ..autograd import held, pending
 from ..autograd.function import Function
 from ..backend.cuda import loss as cuda_loss
 from ._util import check_same_device, check_values, xp_of
@@ -78,20 +78,20 @@ class CrossEntropy(Function):
     smoothing terms are read from it. Backward: softmax * A - B (B at the targets and, with smoothing, w / C)."""
 
     @staticmethod
-    def forward(ctx, x, target, weight, ignore_index, reduction, eps, head=None):
+    def forward(ctx, x, target, weight, ignore_index, reduction, eps, head=None, op="cross_entropy"):
         # head: the held launch that writes x (cross_entropy), run with this loss in its epilogue by the kernel
-        # path, or first
-        a3, t2, out_shape = _class_layout("cross_entropy", x.array, target.array, weight)
+        # path, or first; op: the name errors give (nll_loss where this is nll_loss(log_softmax(x)))
+        a3, t2, out_shape = _class_layout(op, x.array, target.array, weight)
         xp, c = xp_of(a3), a3.shape[1]
         w = None if weight is None else weight.array.astype(a3.dtype, copy=False)
         if xp is not np and target.array.dtype == np.int64 and a3.size:
             # one fused kernel: log-softmax, the loss and the gradient backward only scales
             loss, ctx.kernel_saved = cuda_loss.cross_entropy_forward(x.array, target.array, w, ignore_index,
-                                                                   reduction, eps, head=head)
+                                                                   reduction, eps, head=head, op=op)
             return loss
         if head is not None:
             head.settle()
-        valid, w_t, idx = _targets("cross_entropy", t2, c, w, ignore_index, a3.dtype)
+        valid, w_t, idx = _targets(op, t2, c, w, ignore_index, a3.dtype)
         ctx.in_shape, ctx.reduction, ctx.denom = x.array.shape, reduction, w_t.sum()
         if c == 0:   # the bounds check passed, so every target is ignored: the loss is 0 (or 0/0 for 'mean')
             return _reduce(xp.zeros(out_shape, a3.dtype), reduction, ctx.denom)
@@ -223,16 +223,28 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     # input may be the output of a launch held back for this loss (autograd/held.py): taken before anything reads
     # it, it is run by CrossEntropy's kernel path with the loss in its epilogue, or as it was before any other path
     # reads input, or at the latest on the way out (an error)
-    head = held.take(input)
+    return _taking_head(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing,
+                        "cross_entropy")
+
+
+def nll_of_log_softmax(input, target, weight, ignore_index, reduction):  # noqa: A002
+    """nll_loss(log_softmax(input, 1), target, ...) as one cross_entropy (its value exactly), a bad target's error
+    named nll_loss's (ops/fusion.py)."""
+    return _taking_head(input, target, weight, None, ignore_index, None, reduction, 0.0, "nll_loss")
+
+
+def _taking_head(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing, op):  # noqa: A002
+    head = held.take(pending.resolve(input))
     try:
         return _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing,
-                              head)
+                              head, op)
     finally:
         if head is not None:
             head.settle()
 
 
-def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing, head):
+def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing, head,
+                   op):
     reduction = _reduction("cross_entropy", input, target, reduction, size_average, reduce)
     check_same_device("cross_entropy", input, target, weight)
     a, t = input.array, target.array
@@ -255,11 +267,15 @@ def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, re
         if head is not None:
             head.settle()
         return CrossEntropyProb.apply(input, target, weight, reduction, eps)
-    return CrossEntropy.apply(input, target, weight, ignore_index, reduction, eps, head)
+    return CrossEntropy.apply(input, target, weight, ignore_index, reduction, eps, head, op)
 
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
              reduction="mean"):
+    if type(input) is pending.PendingTensor:   # log_softmax before it: cross_entropy, one op (ops/fusion.py)
+        out = pending.absorb(input, "nll_loss", target, weight, size_average, ignore_index, reduce, reduction)
+        if out is not None:
+            return out
     reduction = _reduction("nll_loss", input, target, reduction, size_average, reduce)
     check_same_device("nll_loss", input, target, weight)
     if input.array.ndim == 0:

@@ -5,7 +5,7 @@ shapes that those do not cover (1-D operands, more than one batch dim) use the a
 """
 import numpy as np
 
-from ..autograd import held
+from ..autograd import held, pending
 from ..autograd.engine import Prepared, takes_plainly
 from ..autograd.function import Function
 from ..backend.cuda import blas
@@ -267,11 +267,24 @@ def bmm(a, b):
 
 
 def linear(input, weight, bias=None):  # noqa: A002
-    """x @ W^T + b. On CUDA the fused layer of backend/cuda/linear.py (one launch each way for small layers)."""
+    """x @ W^T + b. On CUDA the fused layer of backend/cuda/linear.py (one launch each way for small layers),
+    deferred so that an activation and further linear layers may join it (ops/fusion.py)."""
+    if type(input) is pending.PendingTensor:
+        out = pending.absorb(input, "linear", weight, bias)
+        if out is not None:
+            return out
     if _fused_linear(input, weight):
         check_same_device("linear", input, weight, bias)
-        return LinearAct.apply(input, weight, bias, None)
+        return pending.defer("linear", run_layers, (input, ((weight, bias, None),), False))
     return Linear.apply(input, weight, bias)
+
+
+def run_layers(input, layers, flatten):  # noqa: A002
+    """linear_chain's value for [(weight, bias, activation), ...]: one fused layer where there is one."""
+    if len(layers) == 1:
+        w, b, act = layers[0]
+        return linear_act(input.flatten(1) if flatten else input, w, b, act)
+    return linear_chain(input, layers, flatten)
 
 
 _ = xp_of

@@ -9,6 +9,7 @@ import operator
 
 import numpy as np
 
+from ..autograd import pending
 from ..autograd.function import Function
 from ..backend import cpu
 from ..backend.cuda import pool as cuda_pool
@@ -246,6 +247,10 @@ def _flat_indices(xp, idx, width, k, s, p, d, out_hw):
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                return_indices=False):
     """torch.nn.functional.max_pool2d on [N, C, H, W] or [C, H, W]; -inf padding; optionally the argmax indices."""
+    if type(input) is pending.PendingTensor:   # a deferred convolution + activation may take it (ops/fusion.py)
+        out = pending.absorb(input, "max_pool2d", kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+        if out is not None:
+            return out
     x = input.array
     k, s, p, d, out_hw = _geometry("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
     if x.dtype.kind not in "fiu":

@@ -2,6 +2,7 @@
 import numpy as np
 
 from .._dtype import result_type
+from ..autograd import pending
 from ..autograd.function import Function
 from ..tensor import Tensor
 from ._util import check_same_device, normalize_dim, xp_of
@@ -175,6 +176,10 @@ reshape = view
 
 
 def flatten(x, start_dim=0, end_dim=-1):
+    if type(x) is pending.PendingTensor and start_dim == 1 and end_dim == -1:   # a linear layer after it may fuse
+        out = pending.absorb(x, "flatten")                                     # with the op before (ops/fusion.py)
+        if out is not None:
+            return out
     shape = x.array.shape
     if not shape:
         return Reshape.apply(x, (1,))

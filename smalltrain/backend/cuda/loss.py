@@ -137,7 +137,7 @@ def bad_target_error(op, target, c, ignore_index):
 
 
 def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
-                          check_target=None, compute_grad=True, head=None):
+                          check_target=None, compute_grad=True, head=None, op="cross_entropy"):
     """torch's cross_entropy with class-index targets: logits x [N, C], [N, C, d1, ...] or [C]; target int64
     [N], [N, d1, ...] or []; weight [C] or None; label smoothing as torch (the smoothing term is weighted too and
     'mean' divides both terms by the sum of the targets' weights; all targets ignored gives NaN).
@@ -150,7 +150,8 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
     kernel, ops/loss.py CrossEntropy.backward_unit).
     head: the held launch (autograd/held.py) of the op whose output x is [N, C], its info a _common.HeldHead (the
     linear chain's, tile_conv_lin's): for 'mean' and 'sum' it runs with this loss in its epilogue, one kernel;
-    otherwise it runs first, as it was. Returns (loss, CrossEntropySaved).
+    otherwise it runs first, as it was. op: the name a bad target's error gives (nll_loss where it computes
+    nll_loss(log_softmax(x))). Returns (loss, CrossEntropySaved).
     """
     c = _ce_validate(x, target, weight, reduction, float(label_smoothing))
     cp = cupy()
@@ -164,7 +165,7 @@ def cross_entropy_forward(x, target, weight=None, ignore_index=-100, reduction="
         x, target, weight = contiguous(x), contiguous(target), contiguous(weight)
         flag = None
         if target.size and check_target is not False:
-            flag = device_checks.flag(lambda: bad_target_error("cross_entropy", target, c, ignore_index))
+            flag = device_checks.flag(lambda: bad_target_error(op, target, c, ignore_index))
         rows = outer * inner
         loss_rows = cp.empty(rows, dtype=x.dtype)
         wt_rows = cp.empty(rows, dtype=x.dtype)

@@ -97,36 +97,16 @@ class Sequential(Module):
         return [k for k in super().__dir__() if not k.isdigit()]
 
     def forward(self, input):
-        # on CUDA a run of Linear (+ ReLU/GELU) layers runs as one chain op (a single one as a fused layer), a
-        # Conv2d + ReLU/GELU (+ MaxPool2d, or + Flatten + a last Linear) as one fused op; on any device ReLU/GELU +
-        # MaxPool2d as one op, pooled first on the CPU (see nn/fusion.py)
+        # on CUDA the modules' ops fuse by themselves (ops/fusion.py); on the CPU an activation module followed by
+        # MaxPool2d runs as one op, pooled first (nn/fusion.py). (type(input) is Tensor: never a deferred op's
+        # placeholder, which exists on CUDA only and which reading the device would run.)
         fusion = _fusion()
         modules = list(self._modules.values())
         i = 0
         while i < len(modules):
             m = modules[i]
-            cuda = isinstance(input, Tensor) and input.is_cuda
-            # Flatten before Linear layers: flattened inside the chain op, so that its backward can hand a pooled
-            # convolution before it its g (a Flatten module between them would take that gradient itself)
-            flat = cuda and fusion.plain_flatten(m) and input.ndim >= 2
-            pairs, after = fusion.linear_run(modules, i + flat) if cuda else ((), i)
-            if pairs:   # Linear layers (+ activations): one chain op for a run, one fused layer for a single one
-                input = fusion.chain_act(input, pairs, flatten=flat)
-                i = after
-            elif flat:
-                input = m(input)
-                i += 1
-            elif cuda and fusion.linear_fusable(modules, i):
-                input = fusion.layer_act_linear(m, input, fusion.activation_name(modules[i + 1]), modules[i + 2],
-                                                modules[i + 3])
-                i += 4
-            elif cuda and i + 2 < len(modules) and fusion.pool_fusable(m, modules[i + 1], modules[i + 2]):
-                input = fusion.layer_act_pool(m, input, fusion.activation_name(modules[i + 1]), modules[i + 2])
-                i += 3
-            elif cuda and i + 1 < len(modules) and fusion.fusable(m, modules[i + 1]):
-                input = fusion.layer_act(m, input, fusion.activation_name(modules[i + 1]))
-                i += 2
-            elif i + 1 < len(modules) and fusion.act_pool_fusable(m, modules[i + 1]):
+            if (i + 1 < len(modules) and type(input) is Tensor and not input.is_cuda
+                    and fusion.act_pool_fusable(m, modules[i + 1])):
                 input = fusion.act_pool(input, fusion.activation_name(m), modules[i + 1])
                 i += 2
             else:
