@@ -9,7 +9,7 @@
 //       grad[r, c] = (1 - ls) * w[t] * (p[c] - [c == t]) + (ls / C) * (p[c] * sum_k w[k] - w[c])   (if grad != null)
 //     (w == null means all weights 1; ls = label_smoothing). Ignored rows give loss 0, wt 0, grad 0. A target outside
 //     [0, C) that is not ignore_index is never read through: its loss, wt and grad are NaN, and *bad is set to 1
-//     (when bad != null: the launcher reads that flag back, one copy, instead of a separate reduction kernel).
+//     (when bad != null: a device_checks.py flag, read at the next host sync, so no separate check kernel runs).
 //   cross_entropy_reduce: one block sums the rows' losses (and weights for 'mean') into the scalar loss.
 //   cross_entropy_fwd_reduce: cross_entropy_fwd and the 'mean' / 'sum' reduction in one launch: each block sums
 //     the losses (and weights) of the rows it computed into partial[2 * block], and the block that finishes last (a
