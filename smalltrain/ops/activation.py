@@ -14,6 +14,7 @@ from ..backend.cuda import activation as cuda_activation
 from ..tensor import Tensor
 from ._util import normalize_dim, xp_of
 from .elementwise import sigmoid, tanh  # noqa: F401  (re-exported: torch.nn.functional has both)
+from .inplace import recorded
 
 _SQRT1_2 = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
@@ -293,14 +294,10 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 # ---- the functional spellings ---------------------------------------------------------------------------------
 
 def apply_inplace(x, op, fn):
-    """torch's `inplace=True`: x is overwritten with fn(x) and returned. While recording, x is rebound to the
-    recorded result instead (the graph still holds x's old value for its producer's backward)."""
+    """torch's `inplace=True`: x is overwritten with fn(x) and returned; while recording, x (and its base, for a
+    view) takes the op's history, as the other in-place ops (ops/inplace.py recorded)."""
     if grad_mode._state.enabled and x.requires_grad:
-        if x._ctx is None:
-            raise RuntimeError(f"{op}: a leaf Variable that requires grad is being used in an in-place operation.")
-        y = fn(x)
-        x.array, x._ctx, x._out_idx = y.array, y._ctx, y._out_idx
-        return x
+        return recorded(x, op, fn)
     y = fn(x).array
     if x.array.ndim and getattr(x.array.flags, "writeable", True):
         x.array[...] = y

@@ -151,3 +151,19 @@ def test_no_grad_inplace_on_leaf_view_is_allowed(device):
     with st.no_grad():
         p[0].mul_(3)
     assert p.is_leaf and p.tolist() == [[3.0, 3.0, 3.0], [1.0, 1.0, 1.0]]
+
+
+@pytest.mark.parametrize("name, kwargs", [("relu", {}), ("leaky_relu", {"negative_slope": 0.1}), ("elu", {}),
+                                          ("hardtanh", {}), ("relu6", {}), ("silu", {}), ("hardswish", {})])
+def test_an_inplace_activation_on_a_view_writes_through_and_backpropagates_as_torchs(name, kwargs):
+    """F.<act>(view, inplace=True) on a view of a tensor that requires grad: the base sees the write, and the
+    gradient through the base is torch's."""
+    results = []
+    for lib in (st, torch):
+        a0 = lib.tensor([-1.5, 2.0, -3.0, 7.0, 0.5], requires_grad=True)
+        a = a0 * 2
+        out = getattr(lib.nn.functional, name)(a[1:4], inplace=True, **kwargs)
+        (a * lib.tensor([1.0, 2.0, 3.0, 4.0, 5.0])).sum().backward()
+        results.append((out.tolist(), a.tolist(), a0.grad.tolist()))
+    for ours, theirs in zip(*results):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)   # (elu_: torch derives from the output)
