@@ -310,9 +310,22 @@ def _maybe_inplace(x, op, fn, inplace):
     return apply_inplace(x, op, fn) if inplace else fn(x)
 
 
+def _deferred_on_cpu(input, name):
+    """On the CPU, ReLU or GELU of a batched float image is deferred: a max_pool2d after it pools first and runs
+    the activation on the pooled values (ops/fusion.py, ops/pool.py ActMaxPool2d); anything else runs it."""
+    a = input.array
+    if type(a) is np.ndarray and a.ndim == 4 and a.dtype.kind == "f" and a.size:
+        return pending.defer("act_cpu", apply_named, (input, name))
+    return None
+
+
 def relu(input, inplace=False):
     if type(input) is pending.PendingTensor and not inplace:   # a deferred layer may take it (ops/fusion.py)
         out = pending.absorb(input, "act", "relu")
+        if out is not None:
+            return out
+    if not inplace and type(input) is Tensor:
+        out = _deferred_on_cpu(input, "relu")
         if out is not None:
             return out
     return _maybe_inplace(input, "relu", Relu.apply, inplace)
@@ -350,6 +363,10 @@ def gelu(input, approximate="none"):
         raise RuntimeError(f"gelu: approximate argument must be either none or tanh, got {approximate!r}")
     if type(input) is pending.PendingTensor:   # a deferred layer may take it (ops/fusion.py)
         out = pending.absorb(input, "act", "gelu" if approximate == "none" else "gelu_tanh")
+        if out is not None:
+            return out
+    if type(input) is Tensor:
+        out = _deferred_on_cpu(input, "gelu" if approximate == "none" else "gelu_tanh")
         if out is not None:
             return out
     return Gelu.apply(input, approximate)

@@ -10,6 +10,9 @@ F.* calls):
                                                       convolution's g through the pooling)
   linear -> relu | gelu | gelu tanh -> linear ...     linear_act for one layer, linear_chain for a run of them
   log_softmax(dim=1) -> nll_loss                      cross_entropy (its value is exactly nll_loss(log_softmax))
+On the CPU a ReLU or GELU of a batched image is deferred (ops/activation.py) and joins a max_pool2d after it:
+  relu | gelu | gelu tanh -> max_pool2d               act_max_pool2d: pooled first, the activation on a quarter
+                                                      of the values for 2x2 windows (ops/pool.py ActMaxPool2d)
 Each rule returns its fused op deferred in turn, so that the next op may join; a rule returns None to decline
 (the consumer then runs its plain path, which runs the deferred op first). The value is the unfused ops' up to
 float32 rounding (the fused kernels sum in another order).
@@ -21,6 +24,16 @@ from ..tensor import Tensor
 from .conv import Conv2d, Conv2dActLinear, Conv2dActPool, act_linear_fits, act_pool_geometry
 from .loss import nll_of_log_softmax
 from .matmul import run_layers
+from .pool import act_max_pool2d
+
+
+@rule("act_cpu", "max_pool2d")
+def _act_pool_cpu(args, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
+    """On the CPU: the activation on the pooled values (act_max_pool2d checks the rest and otherwise runs both)."""
+    if return_indices:
+        return None
+    x, activation = args
+    return act_max_pool2d(x, activation, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 @rule("conv", "act")

@@ -1,7 +1,8 @@
 """ops/fusion.py: on CUDA a model written the ordinary way (modules or F.* calls) runs conv2d + activation (+ max
 pooling), linear + activation (+ more linear layers) and log_softmax + nll_loss as the fused ops, with the forward
 and every gradient of the unfused computation (torch's), up to float32 rounding; a placeholder read elsewhere keeps
-its value and gradient; the CPU is unchanged. The CUDA cases run on the emulator where there is no GPU."""
+its value and gradient; on the CPU only activation + max pooling join. The CUDA cases run on the emulator where
+there is no GPU."""
 import numpy as np
 import pytest
 import torch
@@ -185,12 +186,27 @@ def test_a_hooked_layer_takes_the_plain_path(rng):
     assert {"ReluBackward", "MaxPool2dBackward"} <= names and "Conv2dActPoolBackward" not in names
 
 
-def test_cpu_is_unchanged(rng):
-    model = _net(st, "relu", True, "functional")
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("style", ["modules", "functional"])
+def test_on_the_cpu_an_activation_before_max_pooling_pools_first(act, style, rng):
+    """On the CPU only the activation + max_pool2d pair joins (ActMaxPool2d: the activation runs on the pooled
+    values); values and every gradient are torch's."""
+    ref = _net(torch, act, True, style)
+    ours = _net(st, act, True, style)
+    for p, tp in zip(ours.parameters(), ref.parameters()):
+        p.array[...] = tp.detach().numpy()
     xs, ys = _data(rng)
-    out = _nll(st, model(st.tensor(xs)), st.tensor(ys))
+    out = _nll(st, ours(st.tensor(xs)), st.tensor(ys))
+    theirs = _nll(torch, ref(torch.tensor(xs)), torch.tensor(ys))
     assert not held.pending()
-    assert {"ReluBackward", "MaxPool2dBackward", "LogSoftmaxBackward", "NLLLossBackward"} <= _node_names(out)
+    names = _node_names(out)
+    assert "ActMaxPool2dBackward" in names and "MaxPool2dBackward" not in names   # (the linear layer's act stays)
+    assert {"LogSoftmaxBackward", "NLLLossBackward"} <= names   # (fused on CUDA only)
+    out.backward()
+    theirs.backward()
+    np.testing.assert_allclose(out.item(), theirs.item(), rtol=1e-5)
+    for (name, p), tp in zip(ours.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 @CUDA
