@@ -6,7 +6,7 @@ CuPy alike); sparse gradients are not supported.
 import numpy as np
 
 from ..autograd.function import Function
-from ..backend import to_host
+from ..backend.cuda import device_checks
 from ..tensor import Tensor
 from ._util import check_same_device, check_values, xp_of
 from .activation import expect_tensor
@@ -90,7 +90,6 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
 
 def _out_of_range(idx, n):
     """The IndexError for the first index outside [0, n) (idx read at the check)."""
-    i = to_host(idx).ravel()
-    bad = i[(i < 0) | (i >= n)]
-    got = f"index {int(bad[0])}" if bad.size else "an index"
+    bad = device_checks.first_outside(idx, 0, n)
+    got = "an index" if bad is None else f"index {bad}"
     return IndexError(f"embedding: index out of range in self ({got}, num_embeddings {n})")

@@ -85,9 +85,9 @@ def _fits(x_dtype, width, weight, bias):
 @rule("conv_act_flat", "linear")
 def _conv_act_linear(args, weight, bias):
     x, w, _, stride, pads, dilation = args[1:7]
+    a = raw_array(x)
     if not (isinstance(weight, Tensor) and (bias is None or isinstance(bias, Tensor)) and weight.is_cuda
-            and act_linear_fits(raw_array(x).shape, w.array.shape, stride, pads, dilation, weight, bias,
-                                                             raw_array(x).dtype)):
+            and act_linear_fits(a.shape, w.array.shape, stride, pads, dilation, weight, bias, a.dtype)):
         return None
     return defer("conv_act_linear", Conv2dActLinear.apply, args[1:] + (weight, bias))
 

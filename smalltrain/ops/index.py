@@ -3,8 +3,7 @@ import numpy as np
 
 from ..autograd import grad_mode
 from ..autograd.function import Function
-from ..backend import to_host
-from ..backend.cuda import index as cuda_index
+from ..backend.cuda import device_checks, index as cuda_index
 from ..tensor import Tensor
 from .inplace import commit, check_leaf, link_view
 from ._util import check_same_device, check_values, normalize_dim, xp_of
@@ -80,9 +79,8 @@ def _prepare_key(key, shape, xp):
 
 def _out_of_bounds(kind, what, index, lo, hi, where):
     """The `kind` error for the first index outside [lo, hi) (index read at the check: see check_values)."""
-    i = to_host(index).ravel()
-    bad = i[(i < lo) | (i >= hi)]
-    return kind(f"{what} {int(bad[0]) if bad.size else '(one of them)'} is out of bounds {where}")
+    bad = device_checks.first_outside(index, lo, hi)
+    return kind(f"{what} {'(one of them)' if bad is None else bad} is out of bounds {where}")
 
 
 def _check_broadcast(items):

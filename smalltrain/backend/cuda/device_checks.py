@@ -95,6 +95,18 @@ def raise_pending():
         raise failure()
 
 
+def first_outside(values, lo, hi, skip=None):
+    """The first of `values` (a NumPy or CuPy array, read to the host) outside [lo, hi) and other than `skip`, as
+    an int; None if there is none by now (a describe() runs at the check, when a graph's input may already hold
+    the next batch)."""
+    v = values.ravel() if isinstance(values, np.ndarray) else values.ravel().get()
+    out = (v < lo) | (v >= hi)
+    if skip is not None:
+        out &= v != skip
+    bad = v[out]
+    return int(bad[0]) if bad.size else None
+
+
 def discard_pending():
     """Forget the failures found so far without raising them (a test's teardown: what one test left behind must not
     fail the next); the flags are cleared all the same."""

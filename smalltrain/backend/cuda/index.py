@@ -81,9 +81,8 @@ def _bounds(op, index, dim, size):
     """Flag indices outside [0, size) on the GPU; the RuntimeError (as torch's) comes at the next host
     synchronization (device_checks.py), nothing is read back here."""
     def error():
-        i = index.ravel().get()
-        bad = i[(i < 0) | (i >= size)]
-        got = f"index {int(bad[0])}" if bad.size else "an index"
+        bad = device_checks.first_outside(index, 0, size)
+        got = "an index" if bad is None else f"index {bad}"
         return RuntimeError(f"{op}: {got} is out of bounds for dimension {dim} with size {size}")
     device_checks.expect_none((index < 0) | (index >= size), error)
 

@@ -130,9 +130,8 @@ LOSS = Tuning(
 def bad_target_error(op, target, c, ignore_index):
     """The IndexError for the first target outside [0, c) that is not ignore_index (target: a NumPy or CuPy array,
     read when the error is made: at a device check, after the work before it)."""
-    t = target.ravel() if isinstance(target, np.ndarray) else target.ravel().get()
-    bad = t[(t != ignore_index) & ((t < 0) | (t >= c))]
-    got = f"Target {int(bad[0])}" if bad.size else "A target"   # (a graph's input may hold the next batch by now)
+    bad = device_checks.first_outside(target, 0, c, skip=ignore_index)
+    got = "A target" if bad is None else f"Target {bad}"
     return IndexError(f"{op}: {got} is out of bounds (classes 0..{c - 1}, ignore_index={ignore_index}).")
 
 
