@@ -26,7 +26,7 @@ class Size(tuple):
 
 class Tensor:
     __slots__ = ("array", "grad", "requires_grad", "_ctx", "_out_idx", "_hooks", "_post_hooks", "_retain", "_view",
-                 "_version", "__weakref__")
+                 "_version", "_vc", "__weakref__")
     __array_ufunc__ = None  # make `ndarray + Tensor` defer to Tensor.__radd__
 
     def __init__(self, data=None, dtype=None, device=None, requires_grad=False):
@@ -49,6 +49,7 @@ class Tensor:
         self._retain = False
         self._view = None   # (base, fn, base's _version when made) for a view of base's memory: ops/inplace.py
         self._version = None   # a base's count of recorded in-place writes, once a view of it exists
+        self._vc = None   # the version counter of the memory, once an op has recorded it (autograd/versions.py)
 
     @classmethod
     def _wrap(cls, array, requires_grad=False):
@@ -227,7 +228,9 @@ class Tensor:
         return self.to(other.dtype)
 
     def detach(self):
-        return Tensor._wrap(self.array)
+        t = Tensor._wrap(self.array)
+        t._vc = _versions.counter(self)   # shared, as torch's: backward still sees writes through the detached one
+        return t
 
     def detach_(self):
         self._ctx = None
@@ -354,7 +357,7 @@ class Tensor:
             object.__setattr__(new, name, getattr(self, name))
         new.array = self.array.copy()
         new.grad = copy.deepcopy(self.grad, memo)
-        new._hooks = new._post_hooks = new._view = new._version = None
+        new._hooks = new._post_hooks = new._view = new._version = new._vc = None
         if hasattr(self, "__dict__"):  # subclasses (nn.Parameter) may carry attributes of their own
             new.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return new
@@ -553,6 +556,7 @@ def _init():
 
 
 from .autograd.function import Function  # noqa: E402
+from .autograd import versions as _versions  # noqa: E402
 
 
 class _Convert(Function):

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .._identity_map import IdentityWeakMap
-from . import grad_mode
+from . import grad_mode, versions
 from .function import Tensor   # the Tensor class, bound once tensor.py has loaded (function.py imports it)
 
 
@@ -373,6 +373,8 @@ def _run_tensor_hooks(node, grads):
 
 
 def _call_backward(node, grads):
+    if node.versions:
+        versions.check(node)
     if node.materialize:
         grads = [(g if isinstance(g, Prepared) else Tensor._wrap(g if g is not None else _filled(m, "zeros")))
                  if m is not None else None for g, m in zip(grads, node.out_meta)]

@@ -4,14 +4,14 @@
 `backward(ctx, *grads)` gets one gradient Tensor per output and returns one gradient per input.
 """
 from ..backend import hooks
-from . import grad_mode
+from . import grad_mode, versions
 
 
 class Node:
     """The graph node an op leaves behind (`tensor.grad_fn`); it is also the `ctx` that forward fills in."""
 
     __slots__ = ("fn", "inputs", "needs_input_grad", "to_save", "out_meta", "out_hooks", "non_differentiable",
-                 "freed", "materialize", "__dict__")
+                 "freed", "materialize", "versions", "__dict__")
 
     def __init__(self, fn):
         self.fn = fn
@@ -23,6 +23,7 @@ class Node:
         self.non_differentiable = ()
         self.freed = False
         self.materialize = True
+        self.versions = ()          # (counter, count) per tensor input, checked before backward (versions.py)
 
     def save_for_backward(self, *tensors):
         self.to_save = tensors
@@ -91,6 +92,8 @@ class Function:
             out = cls.forward(ctx, *args, **kwargs)
         finally:
             state.enabled = prev
+        if record:
+            versions.note_inputs(ctx, args, Tensor)
         if type(out) is not tuple:   # one output: the common case, kept short
             if isinstance(out, Tensor):
                 if record and out._ctx is None and not out.requires_grad and any(out is a for a in args):

@@ -130,8 +130,8 @@ def _become(t, out):
     t.__class__ = Tensor
     t.array = _ARRAY.__get__(out)   # (not out.array: a held launch's output would run it)
     t.grad, t.requires_grad, t._ctx, t._out_idx = out.grad, out.requires_grad, out._ctx, out._out_idx
-    t._hooks, t._post_hooks, t._retain, t._view, t._version = (out._hooks, out._post_hooks, out._retain, out._view,
-                                                                out._version)
+    t._hooks, t._post_hooks, t._retain, t._view, t._version, t._vc = (out._hooks, out._post_hooks, out._retain,
+                                                                       out._view, out._version, out._vc)
     h = hooks.held
     if h is not None and h.tensor is out:
         h.tensor = t
@@ -139,7 +139,7 @@ def _become(t, out):
 
 
 COPIED = ("array", "grad", "requires_grad", "_ctx", "_out_idx", "_hooks", "_post_hooks", "_retain", "_view",
-          "_version")
+          "_version", "_vc")
 _ARRAY = Tensor.__dict__["array"]   # the slot's own descriptor: a placeholder keeps its Pending record in it
 _SLOTS = [name for name in Tensor.__slots__ if name != "__weakref__"]
 

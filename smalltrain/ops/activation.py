@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from ..autograd import grad_mode, pending
+from ..autograd import grad_mode, pending, versions
 from ..autograd.function import Function
 from ..backend import cpu
 from ..backend.cuda import activation as cuda_activation
@@ -303,6 +303,7 @@ def apply_inplace(x, op, fn):
         x.array[...] = y
     else:
         x.array = y
+    versions.bump(x)
     return x
 
 

@@ -474,6 +474,7 @@ def _apply_inplace(t, op, ufunc, value):
     except ValueError as e:
         raise RuntimeError(f"{op}: cannot update a tensor of shape {list(a.shape)} in place with an operand of "
                            f"shape {list(getattr(value, 'shape', ()))} ({e})") from None
+    _inplace.versions.bump(t)
     return t
 
 
@@ -559,6 +560,7 @@ def copy_(t, src, non_blocking=False):
     except ValueError as e:
         raise RuntimeError(f"copy_: cannot copy a tensor of shape {list(getattr(s, 'shape', ()))} into one of "
                            f"shape {list(t.array.shape)} ({e})") from None
+    _inplace.versions.bump(t)
     return t
 
 
@@ -566,6 +568,7 @@ def fill_(t, value):
     if _inplace.recording(t, value):
         return _inplace.recorded(t, "fill_", lambda x: _inplace.Overwrite.apply(x, value), saves_input=False)
     t.array.fill(value.item() if isinstance(value, Tensor) else value)
+    _inplace.versions.bump(t)
     return t
 
 
@@ -573,6 +576,7 @@ def zero_(t):
     if _inplace.recording(t):
         return _inplace.recorded(t, "zero_", lambda x: _inplace.Overwrite.apply(x, 0), saves_input=False)
     t.array.fill(0)
+    _inplace.versions.bump(t)
     return t
 
 

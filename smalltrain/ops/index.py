@@ -1,7 +1,7 @@
 """Indexing: ints, slices, None, Ellipsis, integer and boolean arrays; gather. Gradients scatter-add repeats."""
 import numpy as np
 
-from ..autograd import grad_mode
+from ..autograd import grad_mode, versions
 from ..autograd.function import Function
 from ..backend.cuda import device_checks, index as cuda_index
 from ..tensor import Tensor
@@ -178,6 +178,7 @@ def setitem(x, key, value):
         raise RuntimeError("setitem: the tensor's memory is read-only (an expanded tensor or a read-only NumPy "
                            "array); clone() it first")
     _assign(a, key, value)
+    versions.bump(x)
 
 
 class Gather(Function):

@@ -6,36 +6,16 @@ A view remembers its base tensor and how to make the view from the base's array 
 version)`); view ops (basic indexing, view/reshape/flatten/squeeze/unsqueeze, permute/transpose) set it with
 link_view. A base counts its recorded in-place writes (`_version`, once it has views); a view whose version is
 behind takes the base's new history when next used by an op (refresh_view, called from Function.apply).
-Not tracked: a node that saved a tensor's values before they were overwritten in place (torch raises at backward
-through its version counter; here the producing node's own saved copy is kept, other consumers read the new values).
+Every write here counts in the memory's version counter (autograd/versions.py), so that backward refuses values an
+op saved before they were overwritten; the node that made the tensor gets a copy of what it saved instead (torch
+raises there too, where the op saved its output).
 """
 import numpy as np
 
-from ..autograd import grad_mode
+from ..autograd import grad_mode, versions
+from ..autograd.versions import overlaps
 from ..autograd.function import Function, stale_views
 from ..tensor import Tensor
-
-
-def _bounds(a):
-    """The [low, high) byte range an array's elements occupy."""
-    ptr = a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
-    if a.size == 0:
-        return ptr, ptr
-    lo = hi = ptr
-    for n, s in zip(a.shape, a.strides):
-        if s < 0:
-            lo += (n - 1) * s
-        else:
-            hi += (n - 1) * s
-    return lo, hi + a.itemsize
-
-
-def overlaps(a, b):
-    """Whether two arrays of one device may share memory (a bounds check, as numpy.may_share_memory)."""
-    if type(a) is not type(b) or not hasattr(a, "strides") or not hasattr(b, "strides"):
-        return False
-    (alo, ahi), (blo, bhi) = _bounds(a), _bounds(b)
-    return alo < bhi and blo < ahi
 
 
 def link_view(out, x, fn):
@@ -108,6 +88,7 @@ def commit(t, op, new):
         a[...] = new.array
     else:   # read-only memory (an expanded tensor): the tensor gets memory of its own
         t.array = new.array
+    versions.bump(t)
     if t._view is None or not new.requires_grad:
         t._ctx, t._out_idx, t.requires_grad = new._ctx, new._out_idx, new.requires_grad
         if t._version is not None:   # t has views: they now read t's new history (refresh_view)
@@ -157,6 +138,7 @@ def write(t, value):
         t.array = xp_of(a).asarray(value, dtype=a.dtype).reshape(a.shape).copy()
     else:
         a[...] = value
+    versions.bump(t)
     return t
 
 

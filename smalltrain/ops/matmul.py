@@ -107,7 +107,13 @@ class Linear(Function):
             raise RuntimeError(f"linear: mat1 and mat2 shapes cannot be multiplied ({rows}x{cols} and "
                                f"{'x'.join(str(n) for n in w.shape[::-1])}); expected input [..., "
                                f"{w.shape[-1] if w.ndim else '?'}] for weight {list(w.shape)}, got {list(a.shape)}")
-        ctx.a, ctx.w = a, w
+        need = ctx.needs_input_grad
+        ctx.a = a if need[1] else None   # save only what backward reads (as torch: a later in-place write
+        ctx.w = w if need[0] else None   # into what was not saved fails no backward)
+        # a transposed view of x (a flattened batch-inner conv output): dx in that layout too, so the reshape back
+        # and the activation's backward stay copy-free (w^T g^T is the same product)
+        ctx.transposed = a.ndim == 2 and isinstance(a, np.ndarray) and a.flags.f_contiguous and not \
+            a.flags.c_contiguous
         out = _mm(a.reshape(-1, a.shape[-1]), w.T).reshape(a.shape[:-1] + (w.shape[0],)) if a.ndim != 2 \
             else _mm(a, w.T)
         if bias is not None:
@@ -121,9 +127,7 @@ class Linear(Function):
         g2 = g.reshape(-1, g.shape[-1])
         dx = None
         if need[0]:
-            if a.ndim == 2 and isinstance(a, np.ndarray) and a.flags.f_contiguous and not a.flags.c_contiguous:
-                # x came as a transposed view (a flattened batch-inner conv output): dx in that layout too, so
-                # the reshape back and the activation's backward stay copy-free (w^T g^T is the same product)
+            if ctx.transposed:
                 dx = _mm(w.T, g2.T).T
             else:
                 dx = _mm(g2, w).reshape(g.shape[:-1] + (w.shape[1],))

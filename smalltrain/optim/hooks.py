@@ -4,6 +4,7 @@ import functools
 from collections import OrderedDict
 from itertools import chain
 
+from ..autograd import versions
 from ..nn.module import RemovableHandle
 
 _global_step_pre_hooks = OrderedDict()
@@ -41,11 +42,21 @@ def _with_step_hooks(step):
                                        f"{result}.")
                 args, kwargs = result
         out = step(*args, **kwargs)
+        _count_writes(self)
         for post_hook in chain(self._optimizer_step_post_hooks.values(), _global_step_post_hooks.values()):
             post_hook(self, args, kwargs)
         return out
     wrapper.hooked = True
     return wrapper
+
+
+def _count_writes(optimizer):
+    """The step wrote the parameters that have a gradient in place: count it in their version counters, so that
+    a graph recorded before the step fails its backward where it saved a parameter (autograd/versions.py)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p._vc is not None and p.grad is not None:
+                versions.bump(p)
 
 
 class OptimizerHooks:
