@@ -1,11 +1,14 @@
-"""CUDA batch normalization (kernels/norm.cu): training forward with batch statistics and the running-stat update
-fused in, eval forward with running statistics, and one backward kernel for both; x is [N, C, *]."""
+"""CUDA batch normalization (kernels/norm.cu), with an optional activation after it in the same pass: training
+forward with batch statistics and the running-stat update, eval forward with running statistics, and the backward
+of both; x is [N, C, *]. A channel's values are split over several blocks where the channels alone would leave
+the GPU idle (split)."""
 import math
 import numpy as np
 
 from . import cupy
-from ._common import (BLOCK, check_array, check_dtype, check_float, check_shape, contiguous, get, i32, i64, launch,
-                      ptr, require_contiguous, same_device)
+from ._common import (BLOCK, check_array, check_dtype, check_float, check_shape, contiguous, device_counters, get,
+                      i32, i64, launch, ptr, require_contiguous, same_device)
+from .conv.plan import ACTIVATIONS, sm_count
 
 
 def _validate(x, running_mean, running_var, weight, bias, training):
@@ -35,46 +38,78 @@ def _validate(x, running_mean, running_var, weight, bias, training):
     return c, math.prod(x.shape[2:])
 
 
-def batch_norm_forward(x, running_mean, running_var, weight=None, bias=None, training=True, momentum=0.1, eps=1e-5):
-    """torch's batch_norm: y = (x - mean) / sqrt(var + eps) * weight + bias per channel of x [N, C, *].
+def split(c, m):
+    """(P, chunk): each channel's m values in P slices of `chunk` (one block each), so that the grid C x P fills
+    the GPU (about _BLOCKS_PER_SM blocks per SM) without slices under _MIN_CHUNK values; P = 1 where C alone
+    fills it, or while capturing before the ticket counters exist (device_counters)."""
+    want = -(-_BLOCKS_PER_SM * sm_count() // max(c, 1))
+    p = max(1, min(want, -(-m // _MIN_CHUNK), _MAX_SLICES))
+    if p > 1 and (c > _MAX_CHANNELS or _tickets() is None):
+        p = 1
+    chunk = -(-m // p)
+    return -(-m // chunk), chunk
+
+
+_BLOCKS_PER_SM = 4
+_MIN_CHUNK = 4 * BLOCK
+_MAX_SLICES = 1024
+_MAX_CHANNELS = 4096   # (wider layers fill the GPU with a block per channel)
+
+
+def _tickets():
+    return device_counters("batch_norm", _MAX_CHANNELS)
+
+
+def batch_norm_forward(x, running_mean, running_var, weight=None, bias=None, training=True, momentum=0.1, eps=1e-5,
+                       activation=None):
+    """act(torch's batch_norm): y = act((x - mean) / sqrt(var + eps) * weight + bias) per channel of x [N, C, *];
+    activation None, 'relu', 'gelu' or 'gelu_tanh' (fused: one pass writes the activated output).
 
     training: batch statistics (biased var); running_mean/var (or None) are updated in place with momentum and the
     unbiased var. Eval: running statistics. weight/bias None means affine=False. All arrays cupy, one float dtype.
-    Returns (y, saved) with saved = (x, weight, mean, invstd, training): the batch mean and 1/sqrt(var + eps), or
-    for eval a copy of running_mean and 1/sqrt(running_var + eps).
+    Returns (y, saved) with saved = (x, weight, bias, mean, invstd, training, activation): the batch mean and
+    1/sqrt(var + eps), or for eval running_mean and 1/sqrt(running_var + eps).
     """
     c, s = _validate(x, running_mean, running_var, weight, bias, training)
+    act = ACTIVATIONS[activation]
     cp = cupy()
     n = x.shape[0]
+    m = n * s
     with x.device:
         x, weight, bias = contiguous(x), contiguous(weight), contiguous(bias)
         y = cp.empty_like(x)
-        if training:  # one block per channel; c > 0 here since m > 1
-            mean = cp.empty(c, dtype=x.dtype)
-            invstd = cp.empty(c, dtype=x.dtype)
-            get("norm", "bn_fwd_train", x.dtype)((c,), (BLOCK,), (
-                x, ptr(weight), ptr(bias), y, mean, invstd, ptr(running_mean), ptr(running_var), i64(n), i64(c),
-                i64(s), np.float64(eps), np.float64(momentum)))
+        mean = cp.empty(c, dtype=x.dtype)
+        invstd = cp.empty(c, dtype=x.dtype)
+        if training:  # c > 0 here since m > 1
+            p, chunk = split(c, m)
+            part = cp.empty(2 * c * p, dtype=cp.float64) if p > 1 else None
+            get("norm", "bn_stats", x.dtype)((c, p), (BLOCK,), (
+                x, ptr(weight), ptr(bias), y, mean, invstd, ptr(running_mean), ptr(running_var), ptr(part),
+                ptr(_tickets() if p > 1 else None), i64(n), i64(c), i64(s), i64(chunk), np.float64(eps),
+                np.float64(momentum), i32(act)))
+            applied = p == 1
         else:
-            rm, rv = contiguous(running_mean), contiguous(running_var)
-            launch("norm", "bn_fwd_eval", x.dtype, x.size,
-                   (x, ptr(weight), ptr(bias), rm, rv, y, i64(n), i64(c), i64(s), np.float64(eps)))
-            mean = rm.copy()
-            invstd = 1 / cp.sqrt(rv + x.dtype.type(eps))
-    return y, (x, weight, mean, invstd, bool(training))
+            launch("norm", "bn_eval_stats", x.dtype, c, (contiguous(running_mean), contiguous(running_var), mean,
+                                                          invstd, i64(c), np.float64(eps)))
+            applied = False
+        if not applied and x.size:
+            launch("norm", "bn_apply", x.dtype, x.size, (x, mean, invstd, ptr(weight), ptr(bias), y, i64(n), i64(c),
+                                                         i64(s), i32(act)))
+    return y, (x, weight, bias, mean, invstd, bool(training), activation)
 
 
 def batch_norm_backward(dout, saved, needs_input_grad=(True, True, True)):
     """Gradients (dx, dweight, dbias) of batch_norm_forward's output; None where needs_input_grad (input, weight,
-    bias) says no (dweight also without a weight). Training mode differentiates through the
-    batch statistics: dx = w * invstd * (dout - mean(dout) - xhat * mean(dout * xhat))."""
+    bias) says no (dweight also without a weight). Training mode differentiates through the batch statistics:
+    dx = w * invstd * (g - mean(g) - xhat * mean(g * xhat)), g = act'(pre-activation) * dout."""
     op = "batch_norm_backward"
-    x, weight, mean, invstd, training = saved
+    x, weight, bias, mean, invstd, training, activation = saved
     check_array(op, "grad_output", dout)
     check_dtype(op, "grad_output", dout, x.dtype)
     check_shape(op, "grad_output", dout, x.shape)
     same_device(op, dout, x)
     need_x, need_w, need_b = (tuple(bool(v) for v in needs_input_grad) + (True,) * 3)[:3]
+    act = ACTIVATIONS[activation]
     cp = cupy()
     n, c = x.shape[:2]
     s = math.prod(x.shape[2:])
@@ -83,9 +118,20 @@ def batch_norm_backward(dout, saved, needs_input_grad=(True, True, True)):
         dx = cp.empty_like(x) if need_x else None
         dw = cp.empty(c, dtype=x.dtype) if need_w and weight is not None else None
         db = cp.empty(c, dtype=x.dtype) if need_b else None
-        if c and (dx is not None or dw is not None or db is not None):
-            get("norm", "bn_bwd", x.dtype)((c,), (BLOCK,), (
-                dout, x, ptr(weight), mean, invstd, ptr(dx), ptr(dw), ptr(db), i64(n), i64(c), i64(s),
-                i32(training)))
+        if not c or (dx is None and dw is None and db is None):
+            return dx, dw, db
+        common = (ptr(weight), ptr(bias), mean, invstd)
+        if dw is None and db is None and not training:   # dx = w * invstd * g needs no sums
+            launch("norm", "bn_bwd_dx", x.dtype, x.size, (dout, x) + common + (ptr(None), dx, i64(n), i64(c), i64(s),
+                                                                                i32(0), i32(act)))
+            return dx, dw, db
+        p, chunk = split(c, n * s)
+        part = cp.empty(2 * c * p, dtype=cp.float64) if p > 1 else None
+        coef = cp.empty(2 * c, dtype=x.dtype) if p > 1 and dx is not None and training else None
+        get("norm", "bn_bwd_reduce", x.dtype)((c, p), (BLOCK,), (
+            dout, x) + common + (ptr(dx), ptr(dw), ptr(db), ptr(coef), ptr(part), ptr(_tickets() if p > 1 else None),
+                                 i64(n), i64(c), i64(s), i64(chunk), i32(training), i32(act)))
+        if p > 1 and dx is not None:
+            launch("norm", "bn_bwd_dx", x.dtype, x.size, (dout, x) + common + (ptr(coef), dx, i64(n), i64(c), i64(s),
+                                                                                i32(training), i32(act)))
     return dx, dw, db
-

@@ -17,15 +17,21 @@ def g(a):
     return cp.asarray(a)
 
 
+# ((shape), affine, track running stats); the last two are wide enough to split a channel over several blocks
+# (norm.py split: [6, 3, 24, 24] in 4 slices, [3000, 2] in 3), the partials combined by the last block
 BN_CASES = [((6, 5), True, True), ((4, 3, 7, 9), True, True), ((2, 4, 33), False, True), ((4, 3, 7, 9), True, False),
-            ((5, 2, 3), False, False)]
+            ((5, 2, 3), False, False), ((6, 3, 24, 24), True, True), ((3000, 2), False, True)]
+ACTS = {None: lambda t: t, "relu": lambda t: t.relu(),
+        "gelu": lambda t: __import__("torch").nn.functional.gelu(t),
+        "gelu_tanh": lambda t: __import__("torch").nn.functional.gelu(t, approximate="tanh")}
 
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("case", BN_CASES)
-def test_batch_norm(case, training, dtype, rng):
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_batch_norm(case, training, dtype, activation, rng):
     torch = pytest.importorskip("torch")
     shape, affine, track = case
     if not training and not track:
@@ -36,10 +42,10 @@ def test_batch_norm(case, training, dtype, rng):
     rm, rv = ((rng.standard_normal(c).astype(dtype), (rng.random(c) + 0.5).astype(dtype)) if track else (None, None))
     grm, grv = (g(rm), g(rv)) if track else (None, None)
     y, saved = ops.batch_norm_forward(g(x), grm, grv, None if w is None else g(w), None if b is None else g(b),
-                                      training, 0.1, 1e-5)
+                                      training, 0.1, 1e-5, activation=activation)
     ry, rrm, rrv = ref.batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5)
     tol = ref.tol(dtype)
-    assert_close(y, ry, tol, name="batch_norm forward")
+    assert_close(y, ACTS[activation](torch.tensor(ry)), tol, name="batch_norm forward")
     if track:
         assert_close(grm, rrm, tol, name="running_mean")
         assert_close(grv, rrv, tol, name="running_var")
@@ -49,7 +55,7 @@ def test_batch_norm(case, training, dtype, rng):
                                         None if rv is None else torch.tensor(rv.astype(np.float64)), tw, tb,
                                         training, 0.1, 1e-5)
     dout = rng.standard_normal(shape).astype(dtype)
-    ty.backward(torch.tensor(dout.astype(np.float64)))
+    ACTS[activation](ty).backward(torch.tensor(dout.astype(np.float64)))
     dx, dw, db = ops.batch_norm_backward(g(dout), saved)
     assert_close(dx, tx.grad, tol, name="batch_norm dx")
     if affine:
@@ -57,6 +63,26 @@ def test_batch_norm(case, training, dtype, rng):
         assert_close(db, tb.grad, tol, name="batch_norm dbias")
     else:
         assert dw is None
+    if training:   # dx alone, and the sums alone, as the op asks for them
+        dx_only = ops.batch_norm_backward(g(dout), saved, needs_input_grad=(True, False, False))
+        assert_close(dx_only[0], tx.grad, tol, name="batch_norm dx alone")
+        assert dx_only[1:] == (None, None)
+        if affine:
+            sums = ops.batch_norm_backward(g(dout), saved, needs_input_grad=(False, True, True))
+            assert sums[0] is None
+            assert_close(sums[2], tb.grad, tol, name="batch_norm dbias alone")
+
+
+@gpu
+def test_batch_norm_splits_wide_channels_and_leaves_the_counters_at_zero():
+    from smalltrain.backend.cuda import norm
+    assert norm.split(3, 6 * 24 * 24)[0] > 1 and norm.split(3, 252)[0] == 1
+    x = cp.asarray(np.random.default_rng(0).standard_normal((6, 3, 24, 24)).astype(np.float32))
+    for _ in range(2):   # the second launch finds the tickets the first one reset
+        y, saved = ops.batch_norm_forward(x, None, None)
+        ops.batch_norm_backward(cp.ones_like(y), saved)
+        assert int(norm._tickets().sum()) == 0
+    assert_close(y.mean(axis=(0, 2, 3)), np.zeros(3), 1e-5, name="normalized mean")
 
 
 @gpu
