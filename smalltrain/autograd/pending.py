@@ -16,7 +16,8 @@ Semantics never change, because anything else that could see the placeholder run
   - a placeholder absorbed but still referenced (a residual reading the convolution's output) is settled on its
     own, with its own recorded op, right after the fused op that absorbed it runs (`sources`: weak references, so
     the common case, a temporary that died, costs nothing).
-A placeholder that died before anything read it is never run. One deferred op is held at a time, except that one
+A placeholder that died before anything read it is never run, unless its op has effects beyond its output (a
+training batch_norm updates its running statistics: `effects`). One deferred op is held at a time, except that one
 whose input is the output of a held launch keeps that launch held beneath it (`prev`: log_softmax after the linear
 chain, whose loss head cross_entropy takes over).
 """
@@ -42,11 +43,12 @@ class Pending:
     it; `enabled` the grad mode it was called under. `tensor` is None for held.py, which resets the class of the
     tensors of held launches (a placeholder turns itself into a Tensor when settled)."""
 
-    __slots__ = ("kind", "run", "args", "enabled", "placeholder", "prev", "sources", "tensor")
+    __slots__ = ("kind", "run", "args", "enabled", "placeholder", "prev", "sources", "tensor", "effects")
 
-    def __init__(self, kind, run, args, enabled, sources):
+    def __init__(self, kind, run, args, enabled, sources, effects=False):
         self.kind, self.run, self.args, self.enabled, self.sources = kind, run, args, enabled, sources
         self.placeholder = self.prev = self.tensor = None
+        self.effects = effects
 
     def settle(self):
         """Run the op into its placeholder (unless that died unread), then settle the absorbed placeholders still
@@ -58,23 +60,26 @@ class Pending:
             held.flush()
             hooks.held = prev
         t = self.placeholder()
-        if t is not None and type(t) is PendingTensor:
+        alive = t is not None and type(t) is PendingTensor
+        if alive or (self.effects and t is None):
             state = grad_mode._state
             before, state.enabled = state.enabled, self.enabled
             try:
                 out = self.run(*self.args)
             finally:
                 state.enabled = before
-            _become(t, out)
+            if alive:
+                _become(t, out)
         for ref in self.sources:
             s = ref()
             if s is not None and type(s) is PendingTensor:
                 _ARRAY.__get__(s).settle()
 
 
-def defer(kind, run, args, sources=()):
-    """A placeholder for run(*args), held (hooks.held) until a consumer absorbs it or anything else settles it."""
-    p = Pending(kind, run, args, grad_mode._state.enabled, sources)
+def defer(kind, run, args, sources=(), effects=False):
+    """A placeholder for run(*args), held (hooks.held) until a consumer absorbs it or anything else settles it.
+    effects: run(*args) does more than make its output, so it runs even if the placeholder dies unread."""
+    p = Pending(kind, run, args, grad_mode._state.enabled, sources, effects)
     h = hooks.held
     if h is not None:
         if h.tensor is not None and any(a is h.tensor for a in args):

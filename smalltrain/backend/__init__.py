@@ -4,6 +4,8 @@ import functools
 
 import numpy as np
 
+from . import hooks
+
 
 class Device:
     """A device, spelled like torch's: `Device('cpu')`, `Device('cuda')`, `Device('cuda:1')`, `Device('cuda', 1)`."""
@@ -97,6 +99,8 @@ def to_host(array):
     the last synchronization have been read (cuda/device_checks.py: their failures raise here)."""
     if isinstance(array, np.ndarray):
         return array
+    if hooks.held is not None:   # what the host reads includes the effects of an op held back (a deferred
+        hooks.flush()            # batch_norm's running statistics)
     from .cuda import device_checks
     device_checks.raise_pending()
     return array.get()

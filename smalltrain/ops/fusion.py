@@ -1,8 +1,8 @@
 """The fusion rules: which deferred op (autograd/pending.py) the op after it absorbs, and into which fused op.
 
-On CUDA a convolution, a linear layer and log_softmax are deferred (ops/conv.py conv2d, ops/matmul.py linear,
-ops/activation.py log_softmax), and these rules join what follows them, however the model spells it (modules or
-F.* calls):
+On CUDA a convolution, a linear layer, batch_norm and log_softmax are deferred (ops/conv.py conv2d, ops/matmul.py
+linear, ops/norm.py batch_norm, ops/activation.py log_softmax), and these rules join what follows them, however the
+model spells it (modules or F.* calls):
   conv2d -> relu | gelu | gelu tanh (or none)        conv2d_act: bias and activation in the convolution's epilogue
          -> max_pool2d                                conv2d_act_pool (Conv2dActPool)
          -> flatten(1) -> linear                      conv2d_act_linear, or, after the pooling, the linear chain
@@ -10,6 +10,8 @@ F.* calls):
                                                       convolution's g through the pooling)
   linear -> relu | gelu | gelu tanh -> linear ...     linear_act for one layer, linear_chain for a run of them
   log_softmax(dim=1) -> nll_loss                      cross_entropy (its value is exactly nll_loss(log_softmax))
+  batch_norm -> relu | gelu | gelu tanh               batch_norm with the activation in its elementwise pass, and
+                                                      its backward's (ops/norm.py BatchNorm)
 On the CPU a ReLU or GELU of a batched image is deferred (ops/activation.py) and joins a max_pool2d after it:
   relu | gelu | gelu tanh -> max_pool2d               act_max_pool2d: pooled first, the activation on a quarter
                                                       of the values for 2x2 windows (ops/pool.py ActMaxPool2d)
@@ -24,6 +26,7 @@ from ..tensor import Tensor
 from .conv import Conv2d, Conv2dActLinear, Conv2dActPool, act_linear_fits, act_pool_geometry
 from .loss import nll_of_log_softmax
 from .matmul import run_layers
+from .norm import run_batch_norm
 from .pool import act_max_pool2d
 
 
@@ -136,6 +139,11 @@ def _linear_linear(args, weight, bias):
     if not _fits(raw_array(x).dtype, layers[-1][0].array.shape[0], weight, bias):
         return None
     return defer("linear", run_layers, (x, layers + ((weight, bias, None),), flatten))
+
+
+@rule("batch_norm", "act")
+def _batch_norm_act(args, activation):
+    return defer("batch_norm_act", run_batch_norm, args + (activation,), effects=args[5] and args[1] is not None)
 
 
 @rule("log_softmax", "nll_loss")

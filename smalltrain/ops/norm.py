@@ -3,6 +3,7 @@ running statistics in eval) and layer_norm. Each backward is one closed-form pas
 """
 import numpy as np
 
+from ..autograd import pending
 from ..autograd.function import Function
 from ..backend.cuda import norm as cuda_norm
 from ._util import check_same_device, xp_of
@@ -48,15 +49,20 @@ def _on_kernel(a, running_mean, running_var, weight, bias, training):
 
 
 class BatchNorm(Function):
+    """batch_norm, on CUDA optionally followed by an activation in the same kernels (the fusion rule of
+    batch_norm -> relu/gelu: ops/fusion.py)."""
+
     @staticmethod
-    def forward(ctx, x, running_mean, running_var, weight, bias, training, momentum, eps):
+    def forward(ctx, x, running_mean, running_var, weight, bias, training, momentum, eps, activation=None):
         a = x.array
         if _on_kernel(a, running_mean, running_var, weight, bias, training):
-            # CUDA: statistics, normalization and the running-stat update in one kernel (backend/cuda/norm.py)
+            # CUDA: statistics, the running-stat update, normalization and activation (backend/cuda/norm.py)
             arrays = [None if t is None else t.array for t in (running_mean, running_var, weight, bias)]
             y, ctx.kernel_saved = cuda_norm.batch_norm_forward(a, *arrays, training=training, momentum=momentum,
-                                                             eps=eps)
+                                                             eps=eps, activation=activation)
             return y
+        if activation is not None:
+            raise RuntimeError(f"batch_norm: a fused activation ({activation}) needs the CUDA kernels")
         xp, c = xp_of(a), a.shape[1]
         axes = (0,) + tuple(range(2, a.ndim))
         bshape = (1, c) + (1,) * (a.ndim - 2)
@@ -83,7 +89,7 @@ class BatchNorm(Function):
         if hasattr(ctx, "kernel_saved"):
             wanted = (need[0], len(need) > 3 and need[3], len(need) > 4 and need[4])
             dx, dw, db = cuda_norm.batch_norm_backward(dout.array, ctx.kernel_saved, needs_input_grad=wanted)
-            return dx, None, None, dw, db
+            return dx, None, None, dw, db, None, None, None, None
         g, xhat, invstd, w, axes = dout.array, ctx.xhat, ctx.invstd, ctx.w, ctx.axes
         shape = invstd.shape
         sum_g = g.sum(axis=axes, keepdims=True)
@@ -98,7 +104,7 @@ class BatchNorm(Function):
                 dx = g * k
         dw = sum_gx.reshape(shape[1]) if len(need) > 3 and need[3] else None
         db = sum_g.reshape(shape[1]) if len(need) > 4 and need[4] else None
-        return dx, None, None, dw, db
+        return dx, None, None, dw, db, None, None, None, None
 
 
 def _update(stat, value, momentum):
@@ -135,8 +141,21 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     for what, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
                     ("bias", bias)):
         _check_size("batch_norm", what, t, c)
-    return BatchNorm.apply(input, running_mean, running_var, weight, bias, bool(training), float(momentum),
-                           float(eps))
+    args = (input, running_mean, running_var, weight, bias, bool(training), float(momentum), float(eps))
+    if _on_kernel(a, running_mean, running_var, weight, bias, training):
+        # deferred: an activation after it may join it (ops/fusion.py); a training step's running-stat update
+        # happens even if nothing reads the output, and once (the token) if the output is also read unfused
+        return pending.defer("batch_norm", run_batch_norm, args + ([False],),
+                             effects=bool(training) and running_mean is not None)
+    return BatchNorm.apply(*args)
+
+
+def run_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps, token, activation=None):
+    """BatchNorm of a deferred batch_norm (token: [whether a run of it already updated the running statistics])."""
+    if token[0] and training:
+        running_mean = running_var = None
+    token[0] = True
+    return BatchNorm.apply(x, running_mean, running_var, weight, bias, training, momentum, eps, activation)
 
 
 class LayerNorm(Function):

@@ -252,3 +252,78 @@ def test_log_softmax_nll_after_a_chain_runs_in_the_chains_kernel(rng, record_ker
         out = _run(ours, ref, xs, ys, _nll)
     assert any(n.startswith("chain_fwd_ce") for n in names), names
     assert "CrossEntropyBackward" in _node_names(out)
+
+
+def _bn_net(lib, act, style):
+    """conv -> BatchNorm2d -> act -> max_pool -> flatten -> linear, in modules or F.* calls."""
+    nn, F = lib.nn, lib.nn.functional
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.act, self.fn = _acts(lib, act)
+            self.fc = nn.Linear(4 * 4 * 4, 5)
+
+        def forward(self, x):
+            if style == "modules":
+                return self.fc(lib.flatten(F.max_pool2d(self.act(self.bn(self.conv(x))), 2), 1))
+            h = F.batch_norm(self.conv(x), self.bn.running_mean, self.bn.running_var, self.bn.weight, self.bn.bias,
+                             self.training)
+            return self.fc(lib.flatten(F.max_pool2d(self.fn(h), 2), 1))
+    return Net()
+
+
+def _same_buffers(ours, ref):
+    for (name, b), (_, tb) in zip(ours.named_buffers(), ref.named_buffers()):
+        np.testing.assert_allclose(b.cpu().numpy(), tb.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@CUDA
+@pytest.mark.parametrize("style", ["modules", "functional"])
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_then_activation_is_one_op(style, act, training, rng):
+    ours, ref = _twins(lambda lib: _bn_net(lib, act, style), rng)
+    ours.train(training)
+    ref.train(training)
+    out = _run(ours, ref, *_data(rng, 4), _nll)
+    names = _node_names(out)
+    assert "BatchNormBackward" in names and not names & {"ReluBackward", "GeluBackward"}, names
+    _same_buffers(ours, ref)
+
+
+def _bn_read_twice(lib):
+    nn, F = lib.nn, lib.nn.functional
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm2d(3)
+            self.fc = nn.Linear(3 * 8 * 8, 5)
+
+        def forward(self, x):
+            h = self.bn(x)                        # read again after relu absorbed it: statistics updated once
+            return self.fc(lib.flatten(F.relu(h) + h, 1))
+    return Net()
+
+
+@CUDA
+def test_a_batch_norm_read_twice_updates_its_statistics_once(rng):
+    ours, ref = _twins(_bn_read_twice, rng)
+    _run(ours, ref, *_data(rng, 4), _nll)
+    _same_buffers(ours, ref)
+
+
+@CUDA
+def test_a_batch_norm_nobody_reads_still_updates_its_statistics(rng):
+    ours, ref = st.nn.BatchNorm2d(3).to("cuda"), torch.nn.BatchNorm2d(3)
+    xs = rng.standard_normal((4, 3, 5, 5)).astype(np.float32)
+    ours(st.tensor(xs, device="cuda"))   # output dropped at once, as in a statistics-recalibration loop
+    ref(torch.tensor(xs))
+    _same_buffers(ours, ref)             # (reading a buffer on the host runs what is held first)
+    ours(st.tensor(xs, device="cuda"))
+    ref(torch.tensor(xs))
+    st.cuda.synchronize()
+    _same_buffers(ours, ref)
