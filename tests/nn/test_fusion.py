@@ -1,7 +1,7 @@
 """Fusion found in models written the ordinary way (ops/fusion.py, autograd/pending.py): on CUDA Conv2d + ReLU/GELU
 (+ MaxPool2d, or + Flatten + Linear) and runs of Linear (+ activation) layers, in modules, nn.Sequential or F.* calls,
-equal the layers run apart and hand their gradients on as the fused ops do; on the CPU nn.Sequential runs
-ReLU/GELU + MaxPool2d pooled first (nn/fusion.py)."""
+equal the layers run apart and hand their gradients on as the fused ops do; on the CPU ReLU/GELU + MaxPool2d run
+pooled first (the activation deferred: ops/activation.py), in nn.Sequential too."""
 import numpy as np
 import pytest
 
@@ -9,7 +9,6 @@ import smalltrain as st
 from smalltrain import nn
 from smalltrain.autograd import pending
 from smalltrain.nn import functional as F
-from smalltrain.nn.fusion import act_pool, act_pool_fusable
 
 cuda = pytest.mark.skipif(not st.cuda.is_available(), reason="no CUDA device")
 ACTS = [None, "relu", "gelu", "gelu_tanh"]
@@ -155,8 +154,8 @@ def test_cpu_conv_act_pool_equals_the_unfused_ops(act, pool_kwargs):
     derivative multiplies each window's gradient before the sum, not after (float rounding)."""
     conv, pool = _conv_pool(pool_kwargs)
     x = st.randn(2, 3, 9, 8)
-    a = _grads(conv, x, lambda m, v: act_pool(m(v), act, pool))
-    b = _grads(conv, x, lambda m, v: pool(_unfused(m, v, act)))
+    a = _grads(conv, x, lambda m, v: layer_act_pool(m, v, act, pool))
+    b = _grads(conv, x, lambda m, v: pool(pending.resolve(_act(m(v), act))))   # the activation run on its own
     overlap = pool.stride != pool.kernel_size or pool.dilation != 1
     for u, v in zip(a, b):
         if overlap and act in ("gelu", "gelu_tanh"):
@@ -183,16 +182,6 @@ def test_sequential_pools_first_on_the_cpu_unless_hooked_or_in_place():
     hooked = seq(x)
     assert seen == [(3, 2, 4, 4)] and hooked.grad_fn.name() == "MaxPool2dBackward"
     np.testing.assert_array_equal(hooked.detach().numpy(), F.max_pool2d(F.gelu(x), 2).detach().numpy())
-
-
-def test_act_pool_fusable():
-    assert act_pool_fusable(nn.GELU(), nn.MaxPool2d(2))
-    assert act_pool_fusable(nn.GELU(approximate="tanh"), nn.MaxPool2d(3, 1))
-    assert act_pool_fusable(nn.ReLU(), nn.MaxPool2d(2))
-    assert not act_pool_fusable(nn.ReLU(inplace=True), nn.MaxPool2d(2))
-    assert not act_pool_fusable(nn.SiLU(), nn.MaxPool2d(2))
-    assert not act_pool_fusable(nn.GELU(), nn.MaxPool2d(2, return_indices=True))
-    assert not act_pool_fusable(nn.GELU(), nn.AvgPool2d(2))
 
 
 @cuda

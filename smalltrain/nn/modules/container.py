@@ -4,19 +4,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from itertools import chain, islice
 
-from ...tensor import Tensor
 from ..module import Module, _addindent
-
-_FUSION = []
-
-
-def _fusion():
-    """nn/fusion.py, imported once on first use (it imports the layer modules, which come after this one); an
-    import statement in Sequential.forward would cost ~2 us per call."""
-    if not _FUSION:
-        from .. import fusion
-        _FUSION.append(fusion)
-    return _FUSION[0]
 
 
 def _check_index(idx, size):
@@ -97,21 +85,9 @@ class Sequential(Module):
         return [k for k in super().__dir__() if not k.isdigit()]
 
     def forward(self, input):
-        # on CUDA the modules' ops fuse by themselves (ops/fusion.py); on the CPU an activation module followed by
-        # MaxPool2d runs as one op, pooled first (nn/fusion.py). (type(input) is Tensor: never a deferred op's
-        # placeholder, which exists on CUDA only and which reading the device would run.)
-        fusion = _fusion()
-        modules = list(self._modules.values())
-        i = 0
-        while i < len(modules):
-            m = modules[i]
-            if (i + 1 < len(modules) and type(input) is Tensor and not input.is_cuda
-                    and fusion.act_pool_fusable(m, modules[i + 1])):
-                input = fusion.act_pool(input, fusion.activation_name(m), modules[i + 1])
-                i += 2
-            else:
-                input = m(input)
-                i += 1
+        # (adjacent layers fuse inside the ops, however the model is written: ops/fusion.py)
+        for module in self._modules.values():
+            input = module(input)
         return input
 
     def append(self, module):
