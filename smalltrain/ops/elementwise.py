@@ -468,6 +468,7 @@ def _operand(t, op, other, floating=False):
 
 
 def _apply_inplace(t, op, ufunc, value):
+    _inplace.before_write()
     a = t.array
     try:
         ufunc(a, value, out=a, casting="unsafe")
@@ -551,6 +552,7 @@ def copy_(t, src, non_blocking=False):
         if isinstance(src, Tensor) and src.device != t.device:
             src = src.to(t.device)
         return _inplace.recorded(t, "copy_", lambda x: _inplace.Overwrite.apply(x, src), saves_input=False)
+    _inplace.before_write()
     s = arr(src)
     if isinstance(src, Tensor) and type(s) is not type(t.array):
         from ..backend import to_device
@@ -567,6 +569,7 @@ def copy_(t, src, non_blocking=False):
 def fill_(t, value):
     if _inplace.recording(t, value):
         return _inplace.recorded(t, "fill_", lambda x: _inplace.Overwrite.apply(x, value), saves_input=False)
+    _inplace.before_write()
     t.array.fill(value.item() if isinstance(value, Tensor) else value)
     _inplace.versions.bump(t)
     return t
@@ -575,6 +578,7 @@ def fill_(t, value):
 def zero_(t):
     if _inplace.recording(t):
         return _inplace.recorded(t, "zero_", lambda x: _inplace.Overwrite.apply(x, 0), saves_input=False)
+    _inplace.before_write()
     t.array.fill(0)
     _inplace.versions.bump(t)
     return t

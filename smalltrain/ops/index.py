@@ -5,7 +5,7 @@ from ..autograd import grad_mode, versions
 from ..autograd.function import Function
 from ..backend.cuda import device_checks, index as cuda_index
 from ..tensor import Tensor
-from .inplace import commit, check_leaf, link_view
+from .inplace import before_write, check_leaf, commit, link_view
 from ._util import check_same_device, check_values, normalize_dim, xp_of
 
 _KERNEL_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -170,6 +170,7 @@ def setitem(x, key, value):
         check_leaf(x, "setitem")
         commit(x, "setitem", SetItem.apply(x, value, key))   # written through, x's base rebased if x is a view
         return
+    before_write()
     a = x.array
     key, _, _ = _prepare_key(key, a.shape, xp_of(a))
     if isinstance(value, Tensor):

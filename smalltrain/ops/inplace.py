@@ -15,6 +15,7 @@ import numpy as np
 from ..autograd import grad_mode, versions
 from ..autograd.versions import overlaps
 from ..autograd.function import Function, stale_views
+from ..backend import hooks
 from ..tensor import Tensor
 
 
@@ -130,8 +131,16 @@ def _keep_saved(t):
                                  else s for s in node.to_save)
 
 
+def before_write():
+    """Run the op held back or deferred, if any, before an unrecorded in-place write: it may read the memory about
+    to be written, and must see it as it was when the op was called (recorded writes run ops, which run it)."""
+    if hooks.held is not None:
+        hooks.flush()
+
+
 def write(t, value):
     """Write `value` (array or scalar) into t's memory, keeping t's dtype and identity (no recording)."""
+    before_write()
     a = t.array
     if not getattr(a.flags, "writeable", True):
         from ._util import xp_of

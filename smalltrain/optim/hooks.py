@@ -5,6 +5,7 @@ from collections import OrderedDict
 from itertools import chain
 
 from ..autograd import versions
+from ..ops.inplace import before_write
 from ..nn.module import RemovableHandle
 
 _global_step_pre_hooks = OrderedDict()
@@ -41,6 +42,7 @@ def _with_step_hooks(step):
                     raise RuntimeError(f"{step} must return None or a tuple of (new_args, new_kwargs), but got "
                                        f"{result}.")
                 args, kwargs = result
+        before_write()   # an op deferred or held back may read a parameter the step overwrites
         out = step(*args, **kwargs)
         _count_writes(self)
         for post_hook in chain(self._optimizer_step_post_hooks.values(), _global_step_post_hooks.values()):

@@ -118,3 +118,38 @@ def test_a_hooked_module_sees_plain_tensors():
 
 def test_a_settled_placeholder_takes_every_slot_of_the_op_output():
     assert set(pending.COPIED) == set(Tensor.__slots__) - {"__weakref__"}
+
+
+@pytest.mark.parametrize("write", [
+    lambda x: x.add_(10), lambda x: x.mul_(3), lambda x: x.copy_(st.ones(2)), lambda x: x.fill_(7.0),
+    lambda x: x.zero_(), lambda x: x.__setitem__(0, 5.0), lambda x: x.clamp_(max=0.5), lambda x: x.exp_()])
+def test_an_unrecorded_in_place_write_into_its_input_runs_it_first(write):
+    log = []
+    x = st.tensor([1.0, 2.0])
+    t = _deferred(x, log)   # x * 2, deferred
+    write(x)
+    assert log == ["run"] and t.tolist() == [2.0, 4.0]
+
+
+def test_an_optimizer_step_runs_it_first():
+    log = []
+    w = st.tensor([1.0, 2.0], requires_grad=True)
+    w.grad = st.ones(2)
+    with st.no_grad():
+        t = _deferred(w, log)
+    st.optim.SGD([w], lr=1.0).step()
+    assert log == ["run"] and t.tolist() == [2.0, 4.0] and w.tolist() == [0.0, 1.0]
+
+
+def test_a_cpu_activation_deferred_before_pooling_reads_its_input_as_it_was():
+    import numpy as np
+    import torch
+    x = np.random.default_rng(0).standard_normal((1, 1, 4, 4)).astype(np.float32)
+    outs = []
+    for lib in (st, torch):
+        c = lib.tensor(x) * 1
+        with lib.no_grad():
+            r = lib.nn.functional.relu(c)   # deferred on our CPU, for a max_pool2d to absorb
+            c.add_(10)
+            outs.append(lib.nn.functional.max_pool2d(r, 2).flatten().tolist())
+    assert outs[0] == outs[1]
