@@ -12,14 +12,14 @@ import numpy as np
 
 
 class Counter:
-    """In-place writes so far into one tensor's memory, and that memory's byte range and description."""
+    """In-place writes so far into one tensor's memory, and the array last written (its memory, for the check; its
+    range is computed only when a check finds the count changed, since a step writes every parameter)."""
 
-    __slots__ = ("n", "lo", "hi", "what")
+    __slots__ = ("n", "array")
 
     def __init__(self):
         self.n = 0
-        self.lo = self.hi = 0
-        self.what = ""
+        self.array = None
 
 
 def bounds(a):
@@ -59,9 +59,7 @@ def bump(t):
     c = owner._vc
     if c is not None:
         c.n += 1
-        a = owner.array
-        c.lo, c.hi = bounds(a)
-        c.what = f"[{owner.dtype} tensor of shape {list(a.shape)}]"
+        c.array = owner.array
 
 
 def note_inputs(ctx, args, tensor_type):
@@ -80,12 +78,12 @@ def note_inputs(ctx, args, tensor_type):
 def check(node):
     """Raise torch's error when memory this node saved was written in place since it ran."""
     for c, n in node.versions:
-        if c.n != n and _saved_overlap(node, c.lo, c.hi):
+        if c.n != n and _saved_overlap(node, *bounds(c.array)):
             raise RuntimeError(
                 f"one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"{c.what}, saved by {node.name()}, is at version {c.n}; expected version {n} instead. Hint: the "
-                "in-place write came after the op that needed the old values; write into a clone() instead, or "
-                "make the write after backward.")
+                f"[{c.array.dtype} tensor of shape {list(c.array.shape)}], saved by {node.name()}, is at version "
+                f"{c.n}; expected version {n} instead. Hint: the in-place write came after the op that needed the "
+                "old values; write into a clone() instead, or make the write after backward.")
 
 
 def _saved_overlap(node, lo, hi):
