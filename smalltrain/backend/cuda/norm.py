@@ -9,6 +9,7 @@ from . import cupy
 from ._common import (BLOCK, check_array, check_dtype, check_float, check_shape, contiguous, device_counters, get,
                       i32, i64, launch, ptr, require_contiguous, same_device)
 from .conv.plan import ACTIVATIONS, sm_count
+from .tuning import Tuning
 
 
 def _validate(x, running_mean, running_var, weight, bias, training):
@@ -38,22 +39,26 @@ def _validate(x, running_mean, running_var, weight, bias, training):
     return c, math.prod(x.shape[2:])
 
 
+NORM = Tuning(
+    "norm",
+    blocks_per_sm=(4, "blocks per SM the grid C x P aims at: a channel's values split until the channels fill it"),
+    min_chunk=(4 * BLOCK, "the fewest values a slice of a channel gets (4 a thread): below it the partials and the "
+                          "last block's combination cost more than the split gains"),
+    max_slices=(1024, "the most slices of a channel (the last block combines one partial per slice)"),
+)
+_MAX_CHANNELS = 4096   # ticket counters: wider layers fill the GPU with a block per channel anyway
+
+
 def split(c, m):
     """(P, chunk): each channel's m values in P slices of `chunk` (one block each), so that the grid C x P fills
-    the GPU (about _BLOCKS_PER_SM blocks per SM) without slices under _MIN_CHUNK values; P = 1 where C alone
-    fills it, or while capturing before the ticket counters exist (device_counters)."""
-    want = -(-_BLOCKS_PER_SM * sm_count() // max(c, 1))
-    p = max(1, min(want, -(-m // _MIN_CHUNK), _MAX_SLICES))
+    the GPU (NORM.blocks_per_sm) without slices under NORM.min_chunk values; P = 1 where C alone fills it, or while
+    capturing before the ticket counters exist (device_counters)."""
+    want = -(-NORM.blocks_per_sm * sm_count() // max(c, 1))
+    p = max(1, min(want, -(-m // NORM.min_chunk), NORM.max_slices))
     if p > 1 and (c > _MAX_CHANNELS or _tickets() is None):
         p = 1
     chunk = -(-m // p)
     return -(-m // chunk), chunk
-
-
-_BLOCKS_PER_SM = 4
-_MIN_CHUNK = 4 * BLOCK
-_MAX_SLICES = 1024
-_MAX_CHANNELS = 4096   # (wider layers fill the GPU with a block per channel)
 
 
 def _tickets():
