@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from . import _dtype
-from .backend import CPU, as_device, device_of, to_device, to_host
+from .backend import CPU, as_device, device_of, hooks, to_device, to_host
 
 
 class Size(tuple):
@@ -115,6 +115,8 @@ class Tensor:
 
     @data.setter
     def data(self, value):
+        if hooks.held is not None:   # an op held back or deferred reads the array it was called with
+            hooks.flush()
         self.array = value.array if isinstance(value, Tensor) else value
 
     @property

@@ -153,3 +153,11 @@ def test_a_cpu_activation_deferred_before_pooling_reads_its_input_as_it_was():
             c.add_(10)
             outs.append(lib.nn.functional.max_pool2d(r, 2).flatten().tolist())
     assert outs[0] == outs[1]
+
+
+def test_replacing_its_inputs_data_runs_it_first():
+    log = []
+    x = st.tensor([1.0, 2.0])
+    t = _deferred(x, log)
+    x.data = st.tensor([5.0, 5.0])
+    assert log == ["run"] and t.tolist() == [2.0, 4.0]
