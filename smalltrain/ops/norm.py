@@ -63,25 +63,33 @@ class BatchNorm(Function):
             return y
         if activation is not None:
             raise RuntimeError(f"batch_norm: a fused activation ({activation}) needs the CUDA kernels")
-        xp, c = xp_of(a), a.shape[1]
+        # in x's own layout (a convolution's output may be batch-inner): per-channel sums over the other axes,
+        # broadcast back through [1, C, 1, ...]; the output is written over x * scale (scale = invstd * weight)
+        c = a.shape[1]
         axes = (0,) + tuple(range(2, a.ndim))
         bshape = (1, c) + (1,) * (a.ndim - 2)
-        w = None if weight is None else weight.array.reshape(bshape)
-        b = None if bias is None else bias.array.reshape(bshape)
+        count = a.size // c if c else 0
+        xp = xp_of(a)
         with _quiet():
             if training:
-                xhat, mean, var, invstd = _standardize(xp, a, axes, eps)
+                mean = a.sum(axis=axes) / count
+                centered = a - mean.astype(a.dtype).reshape(bshape)
+                var = xp.square(centered).sum(axis=axes) / count
                 if running_mean is not None and a.size:
-                    _update(running_mean.array, mean.reshape(c), momentum)
-                    n = a.size // c   # running_var tracks the unbiased variance, normalization uses the biased one
-                    _update(running_var.array, var.reshape(c) * (n / (n - 1)), momentum)
+                    _update(running_mean.array, mean, momentum)
+                    # running_var tracks the unbiased variance, normalization uses the biased one
+                    _update(running_var.array, var * (count / (count - 1)), momentum)
             else:
-                invstd = 1 / xp.sqrt(running_var.array.reshape(bshape) + eps)
-                xhat = (a - running_mean.array.reshape(bshape)) * invstd
-        xhat = xhat.astype(a.dtype, copy=False)
-        ctx.xhat, ctx.invstd = xhat, invstd.astype(a.dtype, copy=False)
-        ctx.w, ctx.axes, ctx.training = w, axes, training
-        return _affine(xhat, w, b)
+                centered = a - running_mean.array.reshape(bshape)
+                var = running_var.array
+            invstd = (1 / xp.sqrt(var + eps)).astype(a.dtype, copy=False)
+        scale = invstd if weight is None else invstd * weight.array
+        ctx.centered, ctx.invstd, ctx.weight, ctx.training = centered, invstd, weight, training
+        ctx.axes, ctx.bshape, ctx.count = axes, bshape, max(count, 1)
+        y = centered * scale.reshape(bshape)
+        if bias is not None:
+            y += bias.array.reshape(bshape)
+        return y
 
     @staticmethod
     def backward(ctx, dout):
@@ -90,20 +98,20 @@ class BatchNorm(Function):
             wanted = (need[0], len(need) > 3 and need[3], len(need) > 4 and need[4])
             dx, dw, db = cuda_norm.batch_norm_backward(dout.array, ctx.kernel_saved, needs_input_grad=wanted)
             return dx, None, None, dw, db, None, None, None, None
-        g, xhat, invstd, w, axes = dout.array, ctx.xhat, ctx.invstd, ctx.w, ctx.axes
-        shape = invstd.shape
-        sum_g = g.sum(axis=axes, keepdims=True)
-        sum_gx = (g * xhat).sum(axis=axes, keepdims=True)
+        g, centered, invstd, weight = dout.array, ctx.centered, ctx.invstd, ctx.weight
+        axes, bshape, count = ctx.axes, ctx.bshape, ctx.count
+        sum_g = g.sum(axis=axes)
+        # sum(g * xhat), xhat = centered * invstd (an empty batch: zeros, the sum of nothing, its statistics NaN)
+        sum_gx = (g * centered).sum(axis=axes) * invstd if g.size else sum_g
         dx = None
         if need[0]:
-            k = invstd if w is None else invstd * w
-            if ctx.training:
-                count = max(g.size // shape[1], 1)
-                dx = k * (g - sum_g / count - xhat * (sum_gx / count))
-            else:
-                dx = g * k
-        dw = sum_gx.reshape(shape[1]) if len(need) > 3 and need[3] else None
-        db = sum_g.reshape(shape[1]) if len(need) > 4 and need[4] else None
+            k = invstd if weight is None else invstd * weight.array
+            dx = g * k.reshape(bshape)
+            if ctx.training:   # dx = k * (g - mean(g) - xhat * mean(g * xhat))
+                dx -= (k * sum_g / count).reshape(bshape)
+                dx -= centered * (k * invstd * sum_gx / count).reshape(bshape)
+        dw = sum_gx if len(need) > 3 and need[3] else None
+        db = sum_g if len(need) > 4 and need[4] else None
         return dx, None, None, dw, db, None, None, None, None
 
 
