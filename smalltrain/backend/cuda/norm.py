@@ -51,18 +51,22 @@ _MAX_CHANNELS = 4096   # ticket counters: wider layers fill the GPU with a block
 
 def split(c, m):
     """(P, chunk): each channel's m values in P slices of `chunk` (one block each), so that the grid C x P fills
-    the GPU (NORM.blocks_per_sm) without slices under NORM.min_chunk values; P = 1 where C alone fills it, or while
-    capturing before the ticket counters exist (device_counters)."""
+    the GPU (NORM.blocks_per_sm) without slices under NORM.min_chunk values; P = 1 where C alone fills it."""
     want = -(-NORM.blocks_per_sm * sm_count() // max(c, 1))
     p = max(1, min(want, -(-m // NORM.min_chunk), NORM.max_slices))
-    if p > 1 and (c > _MAX_CHANNELS or _tickets() is None):
-        p = 1
     chunk = -(-m // p)
     return -(-m // chunk), chunk
 
 
-def _tickets():
-    return device_counters("batch_norm", _MAX_CHANNELS)
+def _slices(c, m):
+    """(P, chunk, part, tickets) of a launch over grid C x P (split): the float64 partials [C, P, 2] and the ticket
+    counters its last blocks take, None where P = 1, also with more channels than counters, or while capturing
+    before the counters exist (device_counters)."""
+    p, chunk = split(c, m)
+    tickets = device_counters("batch_norm", _MAX_CHANNELS) if p > 1 and c <= _MAX_CHANNELS else None
+    if tickets is None:
+        return 1, m, None, None
+    return p, chunk, cupy().empty(2 * c * p, dtype=np.float64), tickets
 
 
 def batch_norm_forward(x, running_mean, running_var, weight=None, bias=None, training=True, momentum=0.1, eps=1e-5,
@@ -86,12 +90,10 @@ def batch_norm_forward(x, running_mean, running_var, weight=None, bias=None, tra
         mean = cp.empty(c, dtype=x.dtype)
         invstd = cp.empty(c, dtype=x.dtype)
         if training:  # c > 0 here since m > 1
-            p, chunk = split(c, m)
-            part = cp.empty(2 * c * p, dtype=cp.float64) if p > 1 else None
+            p, chunk, part, tickets = _slices(c, m)
             get("norm", "bn_stats", x.dtype)((c, p), (BLOCK,), (
                 x, ptr(weight), ptr(bias), y, mean, invstd, ptr(running_mean), ptr(running_var), ptr(part),
-                ptr(_tickets() if p > 1 else None), i64(n), i64(c), i64(s), i64(chunk), np.float64(eps),
-                np.float64(momentum), i32(act)))
+                ptr(tickets), i64(n), i64(c), i64(s), i64(chunk), np.float64(eps), np.float64(momentum), i32(act)))
             applied = p == 1
         else:
             launch("norm", "bn_eval_stats", x.dtype, c, (contiguous(running_mean), contiguous(running_var), mean,
@@ -130,12 +132,11 @@ def batch_norm_backward(dout, saved, needs_input_grad=(True, True, True)):
             launch("norm", "bn_bwd_dx", x.dtype, x.size, (dout, x) + common + (ptr(None), dx, i64(n), i64(c), i64(s),
                                                                                 i32(0), i32(act)))
             return dx, dw, db
-        p, chunk = split(c, n * s)
-        part = cp.empty(2 * c * p, dtype=cp.float64) if p > 1 else None
+        p, chunk, part, tickets = _slices(c, n * s)
         coef = cp.empty(2 * c, dtype=x.dtype) if p > 1 and dx is not None and training else None
         get("norm", "bn_bwd_reduce", x.dtype)((c, p), (BLOCK,), (
-            dout, x) + common + (ptr(dx), ptr(dw), ptr(db), ptr(coef), ptr(part), ptr(_tickets() if p > 1 else None),
-                                 i64(n), i64(c), i64(s), i64(chunk), i32(training), i32(act)))
+            dout, x) + common + (ptr(dx), ptr(dw), ptr(db), ptr(coef), ptr(part), ptr(tickets), i64(n), i64(c),
+                                 i64(s), i64(chunk), i32(training), i32(act)))
         if p > 1 and dx is not None:
             launch("norm", "bn_bwd_dx", x.dtype, x.size, (dout, x) + common + (ptr(coef), dx, i64(n), i64(c), i64(s),
                                                                                 i32(training), i32(act)))

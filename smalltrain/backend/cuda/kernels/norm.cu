@@ -25,6 +25,22 @@ __device__ __forceinline__ i64 bn_at(i64 i, i64 c, i64 C, i64 S) {
     return S == 1 ? i * C + c : ((i / S) * C + c) * S + i % S;
 }
 
+// How many of a channel's M values slice q of `chunk` holds (the last slice may hold fewer).
+__device__ __forceinline__ double bn_slice_size(i64 q, i64 chunk, i64 M) {
+    return (double)(min(M, (q + 1) * chunk) - q * chunk);
+}
+
+// Write this block's two partials of channel c (slice p of P) to part; whether it is the last block of the channel
+// to arrive, which then reads every slice's pair (through L2: __ldcg) and resets the channel's ticket when done.
+__device__ __forceinline__ bool bn_publish(double* part, unsigned* tickets, i64 c, i64 p, i64 P, double a,
+                                           double b) {
+    if (threadIdx.x == 0) {
+        part[2 * (c * P + p)] = a;
+        part[2 * (c * P + p) + 1] = b;
+    }
+    return st_last_to_arrive(&tickets[c], (unsigned)P);
+}
+
 template <typename T>
 __device__ __forceinline__ T bn_pre(T xv, T m, T scale, T shift) { return (xv - m) * scale + shift; }
 
@@ -48,20 +64,15 @@ __device__ void bn_stats(const T* __restrict__ x, const T* __restrict__ w, const
     sq = block_sum(sq);
     double mean = local_mean, m2 = sq;
     if (P > 1) {
-        if (threadIdx.x == 0) {
-            part[2 * (c * P + p)] = local_mean;
-            part[2 * (c * P + p) + 1] = sq;
-        }
-        if (!st_last_to_arrive(&tickets[c], (unsigned)P)) return;
+        if (!bn_publish(part, tickets, c, p, P, local_mean, sq)) return;
         const double* cp = part + 2 * c * P;
         double s = 0.0;
-        for (i64 q = threadIdx.x; q < P; q += blockDim.x) s += (double)(min(M, (q + 1) * chunk) - q * chunk) *
-                                                               __ldcg(cp + 2 * q);
+        for (i64 q = threadIdx.x; q < P; q += blockDim.x) s += bn_slice_size(q, chunk, M) * __ldcg(cp + 2 * q);
         mean = block_sum(s) / (double)M;
         double s2 = 0.0;
         for (i64 q = threadIdx.x; q < P; q += blockDim.x) {
             const double d = __ldcg(cp + 2 * q) - mean;
-            s2 += __ldcg(cp + 2 * q + 1) + (double)(min(M, (q + 1) * chunk) - q * chunk) * d * d;
+            s2 += __ldcg(cp + 2 * q + 1) + bn_slice_size(q, chunk, M) * d * d;
         }
         m2 = block_sum(s2);
         if (threadIdx.x == 0) tickets[c] = 0u;
@@ -134,11 +145,7 @@ __device__ void bn_bwd_reduce(const T* __restrict__ dy, const T* __restrict__ x,
     sum_g = block_sum(sum_g);
     sum_gx = block_sum(sum_gx);
     if (P > 1) {
-        if (threadIdx.x == 0) {
-            part[2 * (c * P + p)] = sum_g;
-            part[2 * (c * P + p) + 1] = sum_gx;
-        }
-        if (!st_last_to_arrive(&tickets[c], (unsigned)P)) return;
+        if (!bn_publish(part, tickets, c, p, P, sum_g, sum_gx)) return;
         const double* cp = part + 2 * c * P;
         double s = 0.0, sx = 0.0;
         for (i64 q = threadIdx.x; q < P; q += blockDim.x) {
