@@ -16,6 +16,7 @@ from ..backend.conv_geometry import conv_padding as _padding
 from ..backend.cuda import conv as cuda_conv
 from ..backend.cuda import linear as cuda_linear
 from ..backend.cuda import pool as cuda_pool
+from ..tensor import Tensor
 from ._util import check_same_device, offered_producer, xp_of
 from .activation import apply_named
 from .matmul import linear
@@ -343,9 +344,18 @@ def conv2d_act_linear(input, weight, bias=None, stride=1, padding=0, dilation=1,
 
 
 def act_linear_fits(x_shape, w_shape, stride, pads, dilation, lin_weight, lin_bias, dtype):
-    """Whether Conv2dActLinear takes linear layer (lin_weight, lin_bias) after a convolution of checked geometry:
-    lin_weight [F, O*OH*OW] and the bias of the input's dtype."""
+    """Whether Conv2dActLinear takes linear layer (lin_weight, lin_bias) after a convolution of checked geometry
+    (linear_fits of its flattened output)."""
     oh, ow = _out_hw(x_shape[2:], w_shape[2:], stride, pads, dilation)
-    lw, lb = lin_weight.array, None if lin_bias is None else lin_bias.array
-    return (lw.ndim == 2 and lw.shape[1] == w_shape[0] * oh * ow and lw.dtype == dtype
-            and (lb is None or (lb.shape == (lw.shape[0],) and lb.dtype == dtype)))
+    return linear_fits(w_shape[0] * oh * ow, lin_weight, lin_bias, dtype)
+
+
+def linear_fits(width, weight, bias, dtype):
+    """Whether linear(x, weight, bias) may join, on CUDA, a fused op whose output has rows of `width` elements of
+    `dtype`: weight a CUDA tensor [F, width] and bias [F] or None, of that dtype (else the plain linear raises the
+    clear error)."""
+    if not isinstance(weight, Tensor) or not (bias is None or isinstance(bias, Tensor)):
+        return False
+    w, b = weight.array, None if bias is None else bias.array
+    return (type(w) is not np.ndarray and w.ndim == 2 and w.shape[1] == width and w.dtype == dtype
+            and (b is None or (type(b) is type(w) and b.shape == (w.shape[0],) and b.dtype == dtype)))

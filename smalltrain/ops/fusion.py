@@ -23,7 +23,7 @@ import numpy as np
 
 from ..autograd.pending import defer, raw_array, rule
 from ..tensor import Tensor
-from .conv import Conv2d, Conv2dActLinear, Conv2dActPool, act_linear_fits, act_pool_geometry
+from .conv import Conv2d, Conv2dActLinear, Conv2dActPool, act_linear_fits, act_pool_geometry, linear_fits
 from .loss import nll_of_log_softmax
 from .matmul import run_layers
 from .norm import run_batch_norm
@@ -75,22 +75,11 @@ def _run_flat(run, *args):
     return run(*args).flatten(1)
 
 
-def _fits(x_dtype, width, weight, bias):
-    """Whether linear(x, weight, bias) may join a deferred op whose output has rows of `width` elements of x_dtype
-    on CUDA (else the plain linear raises the clear error)."""
-    if not isinstance(weight, Tensor) or not (bias is None or isinstance(bias, Tensor)):
-        return False
-    w, b = weight.array, None if bias is None else bias.array
-    return (type(w) is not np.ndarray and w.ndim == 2 and w.shape[1] == width and w.dtype == x_dtype
-            and (b is None or (type(b) is type(w) and b.shape == (w.shape[0],) and b.dtype == x_dtype)))
-
-
 @rule("conv_act_flat", "linear")
 def _conv_act_linear(args, weight, bias):
     x, w, _, stride, pads, dilation = args[1:7]
     a = raw_array(x)
-    if not (isinstance(weight, Tensor) and (bias is None or isinstance(bias, Tensor)) and weight.is_cuda
-            and act_linear_fits(a.shape, w.array.shape, stride, pads, dilation, weight, bias, a.dtype)):
+    if not act_linear_fits(a.shape, w.array.shape, stride, pads, dilation, weight, bias, a.dtype):
         return None
     return defer("conv_act_linear", Conv2dActLinear.apply, args[1:] + (weight, bias))
 
@@ -98,7 +87,7 @@ def _conv_act_linear(args, weight, bias):
 @rule("conv_act_pool_flat", "linear")
 def _pooled_chain(args, weight, bias):
     x, width = args[1], args[-1]
-    if not _fits(raw_array(x).dtype, width, weight, bias):
+    if not linear_fits(width, weight, bias, raw_array(x).dtype):
         return None
     # the chain reads the pooled output flattened, inside its op: its backward hands the convolution its g
     return defer("linear", run_layers, (_run_pool(*args[1:]), ((weight, bias, None),), True))
@@ -119,7 +108,7 @@ def _conv_act_linear_act(args, activation):
 
 @rule("conv_act_linear", "linear")
 def _conv_act_linear_linear(args, weight, bias):
-    if not _fits(raw_array(args[0]).dtype, args[-2].array.shape[0], weight, bias):
+    if not linear_fits(args[-2].array.shape[0], weight, bias, raw_array(args[0]).dtype):
         return None
     return defer("linear", run_layers, _conv_act_then_chain(args, ((weight, bias, None),)))
 
@@ -136,7 +125,7 @@ def _linear_act(args, activation):
 @rule("linear", "linear")
 def _linear_linear(args, weight, bias):
     x, layers, flatten = args
-    if not _fits(raw_array(x).dtype, layers[-1][0].array.shape[0], weight, bias):
+    if not linear_fits(layers[-1][0].array.shape[0], weight, bias, raw_array(x).dtype):
         return None
     return defer("linear", run_layers, (x, layers + ((weight, bias, None),), flatten))
 
